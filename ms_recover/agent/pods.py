@@ -1,0 +1,121 @@
+"""LocalPods: a local stand-in for Kubernetes, one agent process per "pod".
+
+Each agent runs in its own session (process group), so killing the group loses the whole node,
+as a node failure would. When an agent exits with :data:`~ms_recover.exitcodes.RESCHEDULE`,
+or dies from a signal, the pod is recreated: a new agent with the same node rank starts after
+``reschedule_delay_s``. Any other exit code ends that pod, as ``restartPolicy: Never`` would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ms_recover import exitcodes
+from ms_recover.config import JobConfig
+from ms_recover.strategy import format_strategies
+
+
+class LocalPods:
+    def __init__(self, config: JobConfig, command: list[str], env: dict[str, str] | None = None,
+                 log_dir: str = "", reschedule_delay_s: float = 0.0, max_restarts: int = 5):
+        self.config = config
+        self.command = command
+        self.env = {**os.environ, **(env or {})}
+        self.log_dir = log_dir
+        self.delay = reschedule_delay_s
+        self.max_restarts = max_restarts
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.exit_codes: dict[int, int] = {}
+        self.restarts: dict[int, int] = {}
+        self._due: dict[int, float] = {}
+        self.history: list[tuple[float, int, str]] = []  # (time, node, what)
+
+    def agent_argv(self, node: int) -> list[str]:
+        cfg = self.config
+        argv = [sys.executable, "-m", "ms_recover.cli", "agent", "--node-rank", str(node),
+                "--node-nums", str(cfg.node_nums), "--proc-per-node", str(cfg.proc_per_node),
+                "--host", cfg.manager_host, "--port", str(cfg.manager_port),
+                "--job-id", cfg.job_id, "--strategy", format_strategies(cfg.strategies)]
+        if self.log_dir:
+            argv += ["--log-dir", self.log_dir]
+        return argv + ["--", *self.command]
+
+    def start(self) -> None:
+        for node in range(self.config.node_nums):
+            self._launch(node)
+
+    def _launch(self, node: int) -> None:
+        out = None
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            out = open(os.path.join(self.log_dir, f"agent_{node}.log"), "ab")  # noqa: SIM115
+        try:
+            self.procs[node] = subprocess.Popen(self.agent_argv(node), env=self.env, stdout=out,
+                                                stderr=out, start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()
+        self.history.append((time.time(), node, f"pod started (agent pid {self.procs[node].pid})"))
+
+    def poll(self) -> None:
+        """Reap exited agents and recreate pods that must be rescheduled."""
+        now = time.monotonic()
+        for node, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del self.procs[node]
+            reschedule = code == exitcodes.RESCHEDULE or code < 0
+            self.history.append((time.time(), node, f"pod exited ({_describe(code)})"))
+            if reschedule and self.restarts.get(node, 0) < self.max_restarts:
+                self.restarts[node] = self.restarts.get(node, 0) + 1
+                self._due[node] = now + self.delay
+            else:
+                self.exit_codes[node] = code
+        for node, due in list(self._due.items()):
+            if now >= due:
+                del self._due[node]
+                self._launch(node)
+
+    @property
+    def finished(self) -> bool:
+        return not self.procs and not self._due
+
+    def wait(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Supervise until every pod ended for good; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            if self.finished:
+                return True
+            time.sleep(poll_s)
+        return False
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL the pod's whole process group: its agent and every rank (a lost node)."""
+        proc = self.procs.get(node)
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Kill every pod's process group (by the agent pid we started) and reap it."""
+        self._due.clear()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+        self.procs.clear()
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        return f"killed by signal {-code}"
+    return {exitcodes.RESCHEDULE: "exit 86: reschedule", exitcodes.JOB_EXIT: "exit 87: job gave up",
+            0: "exit 0"}.get(code, f"exit {code}")

@@ -1,0 +1,128 @@
+"""Local rank processes: spawn them with the MindSpore env, watch them, kill them.
+
+The msrun contract: each rank gets ``MS_ROLE=MS_WORKER``, ``MS_NODE_ID``/``RANK_ID`` (global
+rank), ``DEVICE_ID`` (local rank), ``RANK_SIZE``/``MS_WORKER_NUM`` (world), ``MS_LOCAL_WORKER``,
+``MS_NODE_RANK`` and ``MS_SCHED_HOST``, plus ms_recover's own variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from typing import IO
+
+from ms_recover import env as E
+from ms_recover.config import JobConfig
+from ms_recover.strategy import format_strategies
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited:
+    rank: int
+    exit_code: int
+    signal: int
+    observed_at: float
+
+
+def rank_env(config: JobConfig, rank: int, incarnation: int) -> dict[str, str]:
+    """The environment variables a rank process gets on top of the agent's own."""
+    local = rank - config.node_rank * config.proc_per_node
+    return {
+        E.ROLE: E.ROLE_WORKER,
+        E.NODE_ID: str(rank),
+        E.RANK_ID: str(rank),
+        E.DEVICE_ID: str(local),
+        E.LOCAL_RANK: str(local),
+        E.RANK_SIZE: str(config.world_size),
+        E.WORKER_NUM: str(config.world_size),
+        E.LOCAL_WORKER: str(config.proc_per_node),
+        E.NODE_NUMS: str(config.node_nums),
+        E.NODE_RANK: str(config.node_rank),
+        E.SCHED_HOST: config.manager_host,
+        E.PORT: str(config.manager_port),
+        E.POD_IP: config.pod_ip,
+        E.TASK_ID: config.job_id,
+        E.STRATEGY: format_strategies(config.strategies),
+        E.INCARNATION: str(incarnation),
+        E.HEARTBEAT: str(config.heartbeat_s),
+        E.BACKEND: config.backend,
+    }
+
+
+class RankSet:
+    """The rank processes of one node, by global rank id."""
+
+    def __init__(self, config: JobConfig, command: list[str], log_dir: str = "") -> None:
+        self.config = config
+        self.command = command
+        self.log_dir = log_dir
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.incarnations: dict[int, int] = {}
+        self._logs: dict[int, IO[bytes]] = {}
+
+    def start(self, rank: int) -> int:
+        """Start (or restart) ``rank``; returns its pid. A still-running old process is killed."""
+        self.kill([rank])
+        inc = self.incarnations.get(rank, -1) + 1
+        self.incarnations[rank] = inc
+        child_env = {**os.environ, **rank_env(self.config, rank, inc)}
+        out = self._log_file(rank)
+        proc = subprocess.Popen(self.command, env=child_env, stdout=out, stderr=out)
+        self.procs[rank] = proc
+        return proc.pid
+
+    def _log_file(self, rank: int) -> IO[bytes] | None:
+        if not self.log_dir:
+            return None
+        os.makedirs(self.log_dir, exist_ok=True)
+        if rank not in self._logs:
+            path = os.path.join(self.log_dir, f"rank_{rank}.log")
+            self._logs[rank] = open(path, "ab")  # noqa: SIM115 - closed in close()
+        return self._logs[rank]
+
+    def poll(self) -> list[Exited]:
+        """Ranks that exited since the last poll (each reported once)."""
+        exited = []
+        for rank, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is not None:
+                del self.procs[rank]
+                sig = -code if code < 0 else 0
+                exited.append(Exited(rank, code if code >= 0 else 128 + sig, sig, time.time()))
+        return exited
+
+    def kill(self, ranks: list[int], sig: int = signal.SIGKILL, grace_s: float = 5.0) -> list[Exited]:
+        """Send ``sig`` to the given ranks and reap them (SIGKILL after ``grace_s``)."""
+        targets = {r: self.procs.pop(r) for r in ranks if r in self.procs}
+        for proc in targets.values():
+            _signal(proc, sig)
+        exited = []
+        deadline = time.monotonic() + grace_s
+        for rank, proc in targets.items():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(proc, signal.SIGKILL)
+                proc.wait()
+            code = proc.returncode
+            exited.append(Exited(rank, code if code >= 0 else 128 - code, max(0, -code), time.time()))
+        return exited
+
+    def pids(self) -> dict[int, int]:
+        return {rank: proc.pid for rank, proc in self.procs.items()}
+
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        self.kill(list(self.procs), sig)
+        for fh in self._logs.values():
+            fh.close()
+        self._logs.clear()
+
+
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,57 @@
+"""The ``ms-recover`` command line.
+
+Each subcommand lives in its own module exposing ``configure(parser)`` and ``run(args) -> int``.
+Bad flags or environment values exit 2 with a one-line reason, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ms_recover.errors import MsRecoverError
+
+# (name, module, one-line help). Modules are imported lazily and must stay light at import.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("manager", "ms_recover.manager.main", "run the job's recovery manager in the foreground"),
+    ("agent", "ms_recover.agent.main", "launch and watch this node's rank processes"),
+    ("check-job", "ms_recover.checkjob", "validate AscendJob YAML files before submission"),
+    ("report", "ms_recover.report", "print a recovery timeline from a manager event log"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ms-recover",
+        description="Process-level fault recovery for MindSpore training jobs.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name, help_text in COMMANDS:
+        module = importlib.import_module(module_name)
+        child = sub.add_parser(name, help=help_text, description=module.__doc__)
+        module.configure(child)
+        child.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args._run(args))
+    except MsRecoverError as exc:
+        print(f"ms-recover {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""CommBackend: the collective-communication interface every backend implements.
+
+Contract shared by all backends:
+
+* Every call names a group; ``"world"`` always exists after :meth:`init` / :meth:`rebuild`.
+* :meth:`abort` may be called from any thread. Every call blocked in it, on this rank, raises
+  :class:`~ms_recover.errors.Interrupted` promptly; further calls raise it too until
+  :meth:`rebuild`.
+* :meth:`rebuild` tears down every communicator and creates the world group and then every group
+  of the log, in order, under the new epoch. Traffic from older epochs is dropped.
+* Results of reductions are deterministic: the same inputs on the same world give the same bits.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable
+from typing import Any
+
+from numpy.typing import NDArray
+
+from ms_recover.comm.grouplog import WORLD, GroupLog
+
+
+class ReduceOp(str, enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class CommBackend(abc.ABC):
+    """Abstract communicator for one rank."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.group_log = GroupLog()
+        # Called after a user-created group exists, so the worker can mirror it to the manager.
+        self.on_group_created: Callable[[str, tuple[int, ...]], None] | None = None
+        # Fault-injection hook for tests: called after each data-plane chunk this rank sends.
+        self.chunk_hook: Callable[[], None] | None = None
+
+    @property
+    @abc.abstractmethod
+    def endpoint(self) -> str:
+        """Where peers reach this rank's data plane (exchanged through the manager)."""
+
+    @abc.abstractmethod
+    def init(self, epoch: int, members: dict[int, str]) -> None:
+        """Create the world group over ``members`` (rank -> endpoint) at ``epoch``."""
+
+    @abc.abstractmethod
+    def _make_group(self, name: str, ranks: tuple[int, ...]) -> None:
+        """Backend-specific creation of one group (called by create_group and rebuild)."""
+
+    def create_group(self, name: str, ranks: list[int] | tuple[int, ...]) -> None:
+        """Create a sub-group, record it in the group log and notify ``on_group_created``."""
+        key = tuple(int(r) for r in ranks)
+        # Validate on a copy, build, and only then log: a group the backend refused to build
+        # must not stay in the log (a retry would be taken for a no-op).
+        if GroupLog(list(self.group_log)).add(name, key):
+            self._make_group(name, key)
+            self.group_log.add(name, key)
+            if self.on_group_created is not None:
+                self.on_group_created(name, key)
+
+    @abc.abstractmethod
+    def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM,
+                  group: str = WORLD) -> NDArray[Any]:
+        """Reduce ``array`` over the group; every member gets the same result."""
+
+    @abc.abstractmethod
+    def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:
+        """Return root's ``array`` on every member (``array`` gives shape/dtype elsewhere)."""
+
+    @abc.abstractmethod
+    def barrier(self, group: str = WORLD) -> None:
+        """Return once every member of the group has entered the barrier."""
+
+    @abc.abstractmethod
+    def send(self, arrays: dict[str, NDArray[Any]], dst: int, tag: str = "") -> None:
+        """Send named arrays to ``dst`` (point to point, world group)."""
+
+    @abc.abstractmethod
+    def recv(self, src: int, tag: str = "") -> dict[str, NDArray[Any]]:
+        """Receive the named arrays ``src`` sent with the same tag."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Interrupt every blocked and future call until rebuild (thread-safe)."""
+
+    @abc.abstractmethod
+    def rebuild(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
+        """Recreate the world group and every logged group at ``epoch``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every socket / communicator. Idempotent."""

@@ -1,0 +1,346 @@
+"""HostBackend: the CPU data plane, ZeroMQ peer sockets and a ring allreduce over numpy buffers.
+
+Algorithms (``n`` members of a group, ring order = the group's rank order):
+
+* **allreduce**: ring reduce-scatter then ring all-gather, streamed chunk by chunk: a chunk is
+  forwarded as soon as it has been reduced (or received), so both phases pipeline. Segment
+  ``j`` is always summed in the same order (starting at member ``j``, around the ring), so the
+  result is bit-for-bit reproducible, and the all-gather copies final bits, so every member
+  ends with identical bits. MEAN divides each final segment once, at its owner.
+* **broadcast**: a pipelined chain from the root along the ring.
+* **barrier**: dissemination, ``ceil(log2 n)`` rounds of empty messages.
+* **send/recv**: a manifest plus a chunked byte stream (see :mod:`hoststream`).
+
+Zero-copy sends must not see their buffer change before zmq has read it. Sends from buffers
+that go back to the caller (the caller's arrays, the segment a rank finishes reducing) are
+tracked and waited for before returning; all-gather forwards re-send the received zmq frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+import zmq
+from numpy.typing import NDArray
+
+from ms_recover.comm import hoststream
+from ms_recover.comm.base import CommBackend, ReduceOp
+from ms_recover.comm.grouplog import WORLD, GroupLog
+from ms_recover.comm.hostlink import Link
+from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
+from ms_recover.errors import CommError, ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One collective call on one rank: where it sits in the group and how to label frames."""
+
+    epoch: int
+    rank: int
+    group: str
+    ranks: tuple[int, ...]
+    seq: int
+    kind: str
+    meta: str
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def index(self) -> int:
+        return self.ranks.index(self.rank)
+
+    def peer(self, shift: int) -> int:
+        return self.ranks[(self.index + shift) % self.n]
+
+    def header(self, offset: int) -> Header:
+        return Header(self.epoch, self.rank, self.group, self.seq, self.kind, offset, self.meta)
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.seq} on group {self.group!r}"
+
+
+class HostBackend(CommBackend):
+    """Host (CPU) communicator of one rank. All calls but :meth:`abort` belong to one thread."""
+
+    def __init__(self, rank: int, world_size: int, bind_host: str = "127.0.0.1",
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float | None = None,
+                 advertise_host: str | None = None) -> None:
+        """Bind the inbound socket now, so :attr:`endpoint` is known before :meth:`init`.
+
+        ``timeout`` (seconds) bounds each wait for a peer; None waits until :meth:`abort`.
+        ``advertise_host`` is the address peers dial when ``bind_host`` is a wildcard.
+        """
+        super().__init__(rank, world_size)
+        if chunk_bytes < 64:
+            raise ConfigError(f"chunk_bytes must be >= 64, got {chunk_bytes}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"timeout must be > 0 seconds or None, got {timeout}")
+        self.chunk_bytes = chunk_bytes
+        self._boxes = Mailboxes()
+        self._link = Link(rank, bind_host, advertise_host, timeout, self._boxes)
+        self._groups: dict[str, tuple[int, ...]] = {}
+        self._seq: dict[str, int] = {}
+        self._built = False
+
+    @property
+    def endpoint(self) -> str:
+        return self._link.endpoint
+
+    @property
+    def stats(self) -> WireStats:
+        """Counters of delivered, stale and malformed inbound frames."""
+        return self._boxes.stats
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def init(self, epoch: int, members: dict[int, str]) -> None:
+        if self._built:
+            raise CommError(f"rank {self.rank}: init() called twice (built at epoch "
+                            f"{self.epoch}); use rebuild()")
+        self._build(epoch, members, GroupLog())
+
+    def rebuild(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
+        if self._built and epoch <= self.epoch:
+            raise CommError(f"rank {self.rank}: rebuild epoch {epoch} is not newer than the "
+                            f"current epoch {self.epoch}")
+        self._build(epoch, members, group_log)
+
+    def _build(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
+        if self.rank not in members:
+            raise CommError(f"rank {self.rank} is not among the members {sorted(members)}")
+        # Clear the abort first: an abort() racing with this rebuild must stay in force.
+        self._link.clear_abort()
+        self._link.connect(epoch, members)
+        self.epoch = epoch
+        self._boxes.advance(epoch)
+        self._groups = {WORLD: tuple(sorted(members))}
+        self._seq = {WORLD: 0}
+        self.group_log = GroupLog()
+        self._built = True
+        for name, ranks in group_log:
+            self._make_group(name, ranks)
+            self.group_log.add(name, ranks)
+        log.info("host backend built epoch=%d rank=%d world=%s groups=%s endpoint=%s", epoch,
+                 self.rank, list(self._groups[WORLD]), self.group_log.names(), self.endpoint)
+
+    def _make_group(self, name: str, ranks: tuple[int, ...]) -> None:
+        if not self._built:
+            raise CommError(f"rank {self.rank}: create group {name!r} after init(), not before")
+        missing = [r for r in ranks if r not in self._groups[WORLD]]
+        if not name or missing:
+            raise CommError(f"group {name!r} with ranks {list(ranks)}: needs a name, and ranks "
+                            f"{missing} are not in the world {list(self._groups[WORLD])}")
+        self._groups[name] = ranks
+        self._seq[name] = 0
+
+    def abort(self) -> None:
+        self._link.abort()
+
+    def close(self) -> None:
+        self._link.close()
+
+    # -- collectives -----------------------------------------------------------------------
+
+    def _enter(self, group: str, kind: str, meta: str) -> _Call:
+        """Check the rank may call ``kind`` on ``group`` and number the call."""
+        self._link.check()
+        if not self._built:
+            raise CommError(f"rank {self.rank}: {kind} called before init()")
+        ranks = self._groups.get(group)
+        if ranks is None:
+            raise CommError(f"{kind} on unknown group {group!r}; known: {', '.join(self._groups)}")
+        if self.rank not in ranks:
+            raise CommError(f"rank {self.rank} called {kind} on group {group!r} (ranks "
+                            f"{list(ranks)}) but is not a member")
+        seq = self._seq[group]
+        self._seq[group] = seq + 1
+        return _Call(self.epoch, self.rank, group, ranks, seq, kind, meta)
+
+    def _take(self, call: _Call, src: int, offset: int) -> zmq.Frame:
+        """The next frame of ``call`` from ``src``; checks both ranks made the same call."""
+        key = (call.epoch, src, call.group, call.seq)
+        header, frame = self._link.take(key, f"{call} from rank {src}")
+        if header.kind != call.kind or header.meta != call.meta:
+            raise CommError(f"group {call.group!r} op #{call.seq}: rank {src} called "
+                            f"{header.kind}({header.meta}) but rank {self.rank} called "
+                            f"{call.kind}({call.meta})")
+        if header.offset != offset:
+            raise CommError(f"{call}: rank {src} sent offset {header.offset}, expected {offset}")
+        return frame
+
+    def _values(self, call: _Call, frame: zmq.Frame, dtype: np.dtype[Any], start: int,
+                end: int) -> NDArray[Any]:
+        try:
+            values = np.frombuffer(frame.buffer, dtype=dtype)
+        except ValueError as exc:
+            raise CommError(f"{call}: payload of {len(frame.buffer)} bytes is not {dtype}") from exc
+        if values.size == 0 or start + values.size > end:
+            raise CommError(f"{call}: {values.size} elements at {start} overrun segment end {end}")
+        return values
+
+    def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM,
+                  group: str = WORLD) -> NDArray[Any]:
+        """Sum (or mean) over the group; identical bits on every member; input untouched."""
+        reduce_op = _reduce_op(op)
+        src = _contiguous(array)
+        _check_reducible(src.dtype, reduce_op)
+        call = self._enter(group, "allreduce", _signature(src))
+        flat = src.reshape(-1)
+        if call.n == 1 or flat.size == 0:
+            return flat.copy().reshape(src.shape)
+        return self._ring(call, flat, reduce_op is ReduceOp.MEAN).reshape(src.shape)
+
+    def _ring(self, call: _Call, flat: NDArray[Any], mean: bool) -> NDArray[Any]:
+        n, right = call.n, call.peer(1)
+        bounds = _segments(flat.size, n)
+        step = max(1, self.chunk_bytes // flat.itemsize)
+        out = np.empty_like(flat)
+        # Own segment first. It is read from the caller's array: its final value comes back
+        # around the ring only after the right peer has received it, so no tracking is needed.
+        for a in range(bounds[call.index], bounds[call.index + 1], step):
+            self._link.send(right, call.header(a), flat[a:min(a + step, bounds[call.index + 1])])
+        trackers: list[zmq.MessageTracker] = []
+        last = 2 * n - 3
+        for t in range(last + 1):
+            seg = (call.index - t - 1) % n
+            got, end = bounds[seg], bounds[seg + 1]
+            while got < end:
+                frame = self._take(call, call.peer(-1), got)
+                values = self._values(call, frame, flat.dtype, got, end)
+                stop = got + values.size
+                dst = out[got:stop]
+                if t < n - 1:  # reduce-scatter: add our contribution, forward the partial sum
+                    np.add(flat[got:stop], values, out=dst)
+                    if t == n - 2 and mean:
+                        np.divide(dst, n, out=dst)
+                    # The owned segment never comes back to us: track it (see module doc).
+                    tracker = self._link.send(right, call.header(got), dst, track=t == n - 2)
+                    if tracker is not None:
+                        trackers.append(tracker)
+                else:  # all-gather: keep the final bits, forward the very same frame
+                    dst[...] = values
+                    if t < last:
+                        self._link.send(right, call.header(got), frame)
+                got = stop
+        self._link.wait_sent(trackers, right, str(call))
+        return out
+
+    def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:
+        """Root's array on every member (a new array everywhere, the root's input untouched)."""
+        src = _contiguous(array)
+        call = self._enter(group, "broadcast", _signature(src))
+        if root not in call.ranks:
+            raise CommError(f"broadcast root {root} is not in group {group!r} "
+                            f"(ranks {list(call.ranks)})")
+        flat = src.reshape(-1)
+        chain = call.ranks[call.ranks.index(root):] + call.ranks[:call.ranks.index(root)]
+        pos = chain.index(self.rank)
+        nxt = chain[pos + 1] if pos + 1 < len(chain) else None
+        step = max(1, self.chunk_bytes // flat.itemsize)
+        if pos == 0:
+            if nxt is not None:
+                trackers = [self._link.send(nxt, call.header(a), flat[a:a + step], track=True)
+                            for a in range(0, flat.size, step)]
+                self._link.wait_sent([t for t in trackers if t is not None], nxt, str(call))
+            return flat.copy().reshape(src.shape)
+        out = np.empty_like(flat)
+        got = 0
+        while got < flat.size:
+            frame = self._take(call, chain[pos - 1], got)
+            values = self._values(call, frame, flat.dtype, got, flat.size)
+            out[got:got + values.size] = values
+            if nxt is not None:
+                self._link.send(nxt, call.header(got), frame)
+            got += values.size
+        return out.reshape(src.shape)
+
+    def barrier(self, group: str = WORLD) -> None:
+        call = self._enter(group, "barrier", "")
+        distance, round_ = 1, 0
+        while distance < call.n:
+            self._link.send(call.peer(distance), call.header(round_), b"")
+            self._take(call, call.peer(-distance), round_)
+            distance, round_ = distance * 2, round_ + 1
+
+    # -- point to point --------------------------------------------------------------------
+
+    def _p2p_check(self, peer: int, tag: str, what: str) -> None:
+        self._link.check()
+        if not self._built:
+            raise CommError(f"rank {self.rank}: {what} called before init()")
+        if peer not in self._groups[WORLD] or not isinstance(tag, str):
+            raise CommError(f"{what}: peer {peer!r} must be one of {list(self._groups[WORLD])}"
+                            f" and tag a str, got {tag!r}")
+
+    def send(self, arrays: dict[str, NDArray[Any]], dst: int, tag: str = "") -> None:
+        """Send named arrays; returns once zmq no longer reads them (they may then change)."""
+        self._p2p_check(dst, tag, "send")
+        manifest, views = hoststream.flatten(arrays)
+        self._link.send(dst, self._p2p_header(tag, 0, "manifest"), manifest)
+        trackers: list[zmq.MessageTracker] = []
+        for offset, payload, borrowed in hoststream.chunks(views, self.chunk_bytes):
+            tracker = self._link.send(dst, self._p2p_header(tag, offset, "data"), payload,
+                                      track=borrowed)
+            if tracker is not None:
+                trackers.append(tracker)
+        self._link.wait_sent(trackers, dst, f"send with tag {tag!r}")
+
+    def recv(self, src: int, tag: str = "") -> dict[str, NDArray[Any]]:
+        """The named arrays ``src`` sent with ``tag`` (same names, dtypes, shapes, order)."""
+        self._p2p_check(src, tag, "recv")
+        key = (self.epoch, src, P2P, tag)
+        what = f"recv with tag {tag!r} from rank {src}"
+        header, frame = self._link.take(key, what)
+        if header.meta != "manifest":
+            raise CommError(f"{what}: expected a manifest, got {header.meta!r} at {header.offset}")
+        arrays, scatter = hoststream.allocate(frame.buffer)
+        while scatter.received < scatter.total:
+            header, frame = self._link.take(key, what)
+            if header.meta != "data" or header.offset != scatter.received:
+                raise CommError(f"{what}: expected data at offset {scatter.received}, got "
+                                f"{header.meta!r} at {header.offset}")
+            scatter.write(frame.buffer)
+        return arrays
+
+    def _p2p_header(self, tag: str, offset: int, meta: str) -> Header:
+        return Header(self.epoch, self.rank, P2P, tag, "p2p", offset, meta)
+
+
+def _contiguous(array: NDArray[Any]) -> NDArray[Any]:
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _signature(array: NDArray[Any]) -> str:
+    return f"{array.dtype.str}:{array.size}"
+
+
+def _segments(size: int, n: int) -> list[int]:
+    """Boundaries of ``n`` near-equal segments of ``size`` elements (``n + 1`` entries)."""
+    base, extra = divmod(size, n)
+    return [k * base + min(k, extra) for k in range(n + 1)]
+
+
+def _reduce_op(op: ReduceOp | str) -> ReduceOp:
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        valid = ", ".join(o.value for o in ReduceOp)
+        raise CommError(f"reduce op {op!r} is not one of: {valid}") from None
+
+
+def _check_reducible(dtype: np.dtype[Any], op: ReduceOp) -> None:
+    kinds = "fc" if op is ReduceOp.MEAN else "fciu"
+    if dtype.kind not in kinds:
+        valid = "float or complex" if op is ReduceOp.MEAN else "float, complex or integer"
+        raise CommError(f"allreduce {op.value} of dtype {dtype} is not supported; "
+                        f"dtype must be {valid}")

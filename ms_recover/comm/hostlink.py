@@ -1,0 +1,223 @@
+"""The sockets of one rank's host data plane, and every blocking wait on them.
+
+* One inbound ROUTER, bound once on an ephemeral port and kept across rebuilds, so a surviving
+  rank keeps its endpoint.
+* One outbound DEALER per member (this rank included, so sending to oneself is not a special
+  case), recreated on every build. DEALERs carry no fixed routing id: a restarted peer must
+  never collide with the id of its dead predecessor; the sender's rank is in the header.
+* Every socket has ``linger=0`` and generous high-water marks.
+
+zmq sockets are not thread-safe, so everything here runs on the training thread except
+:meth:`Link.abort`, which only sets an Event and writes a byte to a pipe that every poll watches.
+Every wait is therefore woken at once by an abort, and also re-checks it every
+``POLL_SLICE_MS`` as a safety net.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from ms_recover.comm.hostwire import Header, Key, Mailboxes
+from ms_recover.errors import CommError, Interrupted
+
+POLL_SLICE_MS = 50
+TRACK_SLICE_S = 0.02
+HWM = 100_000  # messages per pipe; a chunk is <= chunk_bytes, so this is not a real limit
+DRAIN_BATCH = 256  # inbound messages read per drain before looking at the caller's mailbox
+Payload = Any  # bytes, a C-contiguous numpy array, or a received zmq.Frame (forwarded)
+
+
+class Link:
+    """Sockets, wake-up pipe and abort flag of one rank."""
+
+    def __init__(self, rank: int, bind_host: str, advertise_host: str | None,
+                 timeout: float | None, sink: Mailboxes) -> None:
+        self.rank = rank
+        self.timeout = timeout
+        self.epoch = 0
+        self._sink = sink
+        self._ctx = zmq.Context(io_threads=1)
+        self._router = self._socket(zmq.ROUTER)
+        port = self._router.bind_to_random_port(f"tcp://{bind_host}")
+        self.endpoint = f"tcp://{advertise_host or bind_host}:{port}"
+        self._dealers: dict[int, zmq.Socket[bytes]] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller = zmq.Poller()
+        self._poller.register(self._router, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._aborted = threading.Event()
+        self._lock = threading.Lock()  # orders abort() against close() on the pipe
+        self._closed = False
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self._ctx.socket(kind)
+        sock.linger = 0
+        sock.sndhwm = HWM
+        sock.rcvhwm = HWM
+        return sock
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def connect(self, epoch: int, members: dict[int, str]) -> None:
+        """Replace every outbound socket by a fresh one per member (unsent data is dropped)."""
+        self.check_open()
+        for sock in self._dealers.values():
+            sock.close(linger=0)
+        self._dealers = {}
+        for rank, endpoint in sorted(members.items()):
+            sock = self._socket(zmq.DEALER)
+            try:
+                sock.connect(endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise CommError(f"rank {rank} endpoint {endpoint!r} is not usable: {exc}") from exc
+            self._dealers[rank] = sock
+        self.epoch = epoch
+
+    def abort(self) -> None:
+        """Make every current and future wait raise Interrupted. Safe from any thread."""
+        with self._lock:
+            self._aborted.set()  # set before the wake byte: a woken poll must see the flag
+            if not self._closed:
+                try:
+                    os.write(self._wake_w, b"\0")
+                except BlockingIOError:  # pipe full: a wake-up is pending anyway
+                    pass
+
+    def clear_abort(self) -> None:
+        self._aborted.clear()
+        self._drain_wake()
+
+    def close(self) -> None:
+        """Close every socket, the pipe and the context. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        for sock in [*self._dealers.values(), self._router]:
+            sock.close(linger=0)
+        self._dealers = {}
+        self._ctx.term()
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise CommError(f"rank {self.rank}: host backend is closed")
+
+    def check(self) -> None:
+        """Raise Interrupted after an abort, CommError after close."""
+        self.check_open()
+        if self._aborted.is_set():
+            raise Interrupted(
+                f"rank {self.rank} epoch {self.epoch}: communicator aborted, waiting for rebuild")
+
+    # -- data ------------------------------------------------------------------------------
+
+    def send(self, dst: int, header: Header, payload: Payload,
+             track: bool = False) -> zmq.MessageTracker | None:
+        """Queue one message to ``dst``; blocks (abortably) only while its queue is full.
+
+        With ``track`` the returned tracker tells when zmq no longer reads ``payload``; small
+        payloads are always copied, so only large ones are sent zero-copy.
+        """
+        sock = self._dealers.get(dst)
+        if sock is None:
+            raise CommError(f"rank {self.rank}: rank {dst} is not a member of epoch {self.epoch}"
+                            f" (members: {sorted(self._dealers)})")
+        data = header.encode()
+        deadline = self._deadline()
+        while True:
+            try:
+                sock.send(data, zmq.SNDMORE | zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                self._wait_writable(sock, dst, deadline)
+        # Once the first part is queued, zmq accepts the rest of the message without blocking.
+        tracker = sock.send(payload, copy=False, track=track)
+        return tracker if track else None
+
+    def take(self, key: Key, what: str) -> tuple[Header, zmq.Frame]:
+        """Next message of mailbox ``key``, pumping the inbound socket until it arrives."""
+        deadline = self._deadline()
+        while True:
+            item = self._sink.pop(key)
+            if item is not None:
+                return item
+            self.check()
+            if self._drain():
+                continue
+            self._poll(self._poller, deadline)
+            if deadline is not None and time.monotonic() > deadline:
+                raise CommError(f"rank {self.rank}: nothing from rank {key[1]} for "
+                                f"{self.timeout}s while waiting for {what} (epoch {key[0]})")
+
+    def wait_sent(self, trackers: list[zmq.MessageTracker], dst: int, what: str) -> None:
+        """Return once zmq is done reading every tracked payload (so the caller may reuse it)."""
+        deadline = self._deadline()
+        for tracker in trackers:
+            while not tracker.done:
+                self.check()
+                try:
+                    tracker.wait(TRACK_SLICE_S)
+                except zmq.NotDone:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise CommError(f"rank {self.rank}: rank {dst} took more than "
+                                        f"{self.timeout}s to take {what}") from None
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    def _drain(self) -> int:
+        """Move up to DRAIN_BATCH waiting inbound messages to the mailboxes."""
+        count = 0
+        while count < DRAIN_BATCH:
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._sink.deliver(frames)
+            count += 1
+        return count
+
+    def _poll(self, poller: zmq.Poller, deadline: float | None) -> dict[Any, int]:
+        slice_ms = POLL_SLICE_MS
+        if deadline is not None:
+            slice_ms = max(0, min(slice_ms, int((deadline - time.monotonic()) * 1000) + 1))
+        events = dict(poller.poll(slice_ms))
+        if self._wake_r in events:
+            self._drain_wake()
+        return events
+
+    def _wait_writable(self, sock: zmq.Socket[bytes], dst: int, deadline: float | None) -> None:
+        # Keep reading inbound traffic meanwhile: if every rank waited on a full queue without
+        # reading, the ring would deadlock.
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLOUT)
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        self.check()
+        self._drain()
+        self._poll(poller, deadline)
+        if deadline is not None and time.monotonic() > deadline:
+            raise CommError(f"rank {self.rank}: sending to rank {dst} blocked for more than "
+                            f"{self.timeout}s (its queue stays full)")
+
+    def _drain_wake(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass

@@ -1,0 +1,229 @@
+"""JobConfig: every setting of a job, built once, frozen, validated.
+
+Precedence is defaults < environment < explicit arguments. The environment is read only in
+:meth:`JobConfig.from_env`. Unknown keys and invalid values raise :class:`ConfigError` with the
+valid values in the message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ms_recover import env as E
+from ms_recover.errors import ConfigError
+from ms_recover.strategy import (
+    Strategy,
+    format_strategies,
+    from_operator_env,
+    parse_strategies,
+)
+
+DEFAULT_PORT = 9601
+DEFAULT_STRATEGIES = (Strategy.RECOVER_IN_PLACE, Strategy.RECOVER, Strategy.EXIT)
+BACKENDS = ("host", "ascend")
+ROLES = ("", E.ROLE_WORKER, E.ROLE_SCHED)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """One job's settings. Fields are documented by the environment variable they come from.
+
+    Timeouts are in seconds. ``heartbeat_s * liveness`` is how long a silent peer stays alive;
+    it must be shorter than ``hang_timeout_s`` and ``phase_timeout_s``.
+    """
+
+    job_id: str = "default"  # MINDX_TASK_ID
+    node_nums: int = 1  # MS_RECOVER_NODE_NUMS, or MS_WORKER_NUM / MS_LOCAL_WORKER
+    proc_per_node: int = 1  # MS_LOCAL_WORKER
+    node_rank: int = 0  # MS_NODE_RANK
+    role: str = ""  # MS_ROLE
+    manager_host: str = "127.0.0.1"  # MS_SCHED_HOST
+    manager_port: int = DEFAULT_PORT  # MS_RECOVER_PORT
+    pod_ip: str = "127.0.0.1"  # POD_IP
+    strategies: tuple[Strategy, ...] = DEFAULT_STRATEGIES  # MS_RECOVER_STRATEGY / MS_ENABLE_TFT
+    secret: bytes = b""  # MS_RECOVER_SECRET / MS_RECOVER_SECRET_FILE
+    heartbeat_s: float = 0.5  # MS_RECOVER_HEARTBEAT_S
+    liveness: int = 3
+    hang_timeout_s: float = 120.0  # MS_RECOVER_HANG_TIMEOUT_S
+    phase_timeout_s: float = 60.0  # MS_RECOVER_PHASE_TIMEOUT_S
+    wait_reschedule_timeout_s: float = 270.0  # MS_RECOVER_WAIT_RESCHEDULE_TIMEOUT
+    max_tries: int = 2  # MS_RECOVER_MAX_TRIES, per strategy
+    events_path: str = ""  # MS_RECOVER_EVENTS
+    sched_node_rank: int = 0  # MS_RECOVER_SCHED_NODE_RANK
+    backend: str = "host"  # MS_RECOVER_BACKEND
+    max_frame_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    @property
+    def world_size(self) -> int:
+        return self.node_nums * self.proc_per_node
+
+    @property
+    def manager_endpoint(self) -> str:
+        return f"tcp://{self.manager_host}:{self.manager_port}"
+
+    @property
+    def silence_s(self) -> float:
+        """How long a peer may stay silent before it is declared lost."""
+        return self.heartbeat_s * self.liveness
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.proc_per_node
+
+    def ranks_of(self, node_rank: int) -> tuple[int, ...]:
+        first = node_rank * self.proc_per_node
+        return tuple(range(first, first + self.proc_per_node))
+
+    def effective_secret(self) -> bytes:
+        """The HMAC key: the configured secret, else one derived from the job id.
+
+        The derived key only separates jobs; it is not a secret. Deployments set
+        MS_RECOVER_SECRET (from a Kubernetes Secret).
+        """
+        return self.secret or b"ms-recover-insecure:" + self.job_id.encode()
+
+    def replace(self, **changes: Any) -> JobConfig:
+        """A copy with some fields changed; unknown fields raise ConfigError."""
+        _check_keys(changes)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> JobConfig:
+        """Defaults, then the environment (DESIGN.md §6), then ``overrides``."""
+        _check_keys(overrides)
+        values = _read_env(os.environ if environ is None else environ)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(values.get("strategies"), str):
+            values["strategies"] = parse_strategies(values["strategies"])
+        return cls(**values)
+
+    def _validate(self) -> None:
+        _positive_int("node_nums", self.node_nums)
+        _positive_int("proc_per_node", self.proc_per_node)
+        _positive_int("liveness", self.liveness)
+        _positive_int("max_tries", self.max_tries)
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise ConfigError(f"job_id must be a non-empty string, got {self.job_id!r}")
+        if not 0 <= self.node_rank < self.node_nums:
+            raise ConfigError(
+                f"node_rank {self.node_rank} is outside 0..{self.node_nums - 1} (node_nums)"
+            )
+        if not 0 <= self.sched_node_rank < self.node_nums:
+            raise ConfigError(f"sched_node_rank {self.sched_node_rank} is outside 0..{self.node_nums - 1}")
+        if not 0 <= self.manager_port < 65536:
+            raise ConfigError(f"manager_port {self.manager_port} is not in 0..65535 (0: any)")
+        if self.role not in ROLES:
+            raise ConfigError(f"MS_ROLE {self.role!r} is not one of: {', '.join(map(repr, ROLES))}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is not one of: {', '.join(BACKENDS)}")
+        if not all(isinstance(s, Strategy) for s in self.strategies):
+            raise ConfigError(f"strategies must be Strategy values, got {self.strategies!r}")
+        for name in ("heartbeat_s", "hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.silence_s >= min(self.hang_timeout_s, self.phase_timeout_s):
+            raise ConfigError(
+                f"heartbeat_s*liveness ({self.silence_s:g}s) must be below hang_timeout_s "
+                f"({self.hang_timeout_s:g}s) and phase_timeout_s ({self.phase_timeout_s:g}s)"
+            )
+
+    def describe(self) -> str:
+        return (
+            f"job={self.job_id} nodes={self.node_nums}x{self.proc_per_node} "
+            f"strategy={format_strategies(self.strategies) or '(none)'} "
+            f"manager={self.manager_endpoint}"
+        )
+
+
+FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(JobConfig))
+
+
+def _check_keys(keys: Mapping[str, Any]) -> None:
+    unknown = sorted(set(keys) - FIELD_NAMES)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(FIELD_NAMES))}"
+        )
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _int(environ: Mapping[str, str], key: str) -> int | None:
+    raw = environ.get(key, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not an integer") from None
+
+
+def _float(environ: Mapping[str, str], key: str) -> float | None:
+    raw = environ.get(key, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a number of seconds") from None
+
+
+def _read_secret(environ: Mapping[str, str]) -> bytes | None:
+    if environ.get(E.SECRET):
+        return environ[E.SECRET].encode()
+    path = environ.get(E.SECRET_FILE, "").strip()
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"{E.SECRET_FILE}={path!r} cannot be read: {exc.strerror}") from exc
+
+
+def _read_strategies(environ: Mapping[str, str]) -> tuple[Strategy, ...] | None:
+    if E.STRATEGY in environ:
+        return parse_strategies(environ[E.STRATEGY])
+    if environ.get(E.ENABLE_TFT):
+        return from_operator_env(environ[E.ENABLE_TFT], environ.get(E.RESTART_FAULT_PROCESS, ""))
+    return None
+
+
+def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    local = _int(environ, E.LOCAL_WORKER)
+    world = _int(environ, E.WORKER_NUM)
+    nodes = _int(environ, E.NODE_NUMS)
+    if nodes is None and world is not None and local:
+        if world % local:
+            raise ConfigError(f"{E.WORKER_NUM}={world} is not a multiple of {E.LOCAL_WORKER}={local}")
+        nodes = world // local
+    found: dict[str, Any] = {
+        "job_id": environ.get(E.TASK_ID) or None,
+        "node_nums": nodes,
+        "proc_per_node": local,
+        "node_rank": _int(environ, E.NODE_RANK),
+        "role": environ.get(E.ROLE),
+        "manager_host": environ.get(E.SCHED_HOST) or None,
+        "manager_port": _int(environ, E.PORT),
+        "pod_ip": environ.get(E.POD_IP) or None,
+        "strategies": _read_strategies(environ),
+        "secret": _read_secret(environ),
+        "heartbeat_s": _float(environ, E.HEARTBEAT),
+        "hang_timeout_s": _float(environ, E.HANG_TIMEOUT),
+        "phase_timeout_s": _float(environ, E.PHASE_TIMEOUT),
+        "wait_reschedule_timeout_s": _float(environ, E.WAIT_RESCHEDULE),
+        "max_tries": _int(environ, E.MAX_TRIES),
+        "events_path": environ.get(E.EVENTS) or None,
+        "sched_node_rank": _int(environ, E.SCHED_NODE_RANK),
+        "backend": environ.get(E.BACKEND) or None,
+    }
+    return {k: v for k, v in found.items() if v is not None}

@@ -1,0 +1,51 @@
+"""Run the job's recovery manager in the foreground until the job ends.
+
+Every option falls back to the MindCluster environment (MINDX_TASK_ID, MS_SCHED_HOST, POD_IP,
+MS_WORKER_NUM, MS_LOCAL_WORKER, MS_RECOVER_*) and then to the defaults. SIGTERM stops it
+cleanly. Exit code: 0 when the job finished, 87 when recovery gave up (exit strategy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import types
+
+from ms_recover.config import JobConfig
+from ms_recover.manager.server import ManagerServer
+
+log = logging.getLogger("ms_recover.manager")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="address to bind (env POD_IP / MS_SCHED_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (env MS_RECOVER_PORT, default 9601; 0 = any)")
+    p.add_argument("--job-id", help="job id (env MINDX_TASK_ID, default 'default')")
+    p.add_argument("--node-nums", type=int, help="number of nodes (env MS_RECOVER_NODE_NUMS)")
+    p.add_argument("--proc-per-node", type=int, help="ranks per node (env MS_LOCAL_WORKER)")
+    p.add_argument("--strategy", help="recover-strategy comma list: retry, recover-in-place, "
+                   "recover, elastic-training, dump, exit (env MS_RECOVER_STRATEGY)")
+    p.add_argument("--events", help="JSONL event log path (env MS_RECOVER_EVENTS)")
+    p.add_argument("--wait-reschedule-timeout", type=float,
+                   help="seconds to wait for a rescheduled pod (default 270)")
+
+
+def config_from_args(args: argparse.Namespace) -> JobConfig:
+    return JobConfig.from_env(
+        manager_port=args.port, job_id=args.job_id, node_nums=args.node_nums,
+        proc_per_node=args.proc_per_node, strategies=args.strategy, events_path=args.events,
+        wait_reschedule_timeout_s=args.wait_reschedule_timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    server = ManagerServer(config, bind=args.host or config.pod_ip)
+    log.info("manager for %s listening on port %d", config.describe(), server.port)
+
+    def on_term(signum: int, frame: types.FrameType | None) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_term)
+    return server.serve()

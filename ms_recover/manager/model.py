@@ -1,0 +1,168 @@
+"""The manager's view of the job: job state machine, members, faults and the recovery round.
+
+``JobState`` lifecycle::
+
+    FORMING ──all ranks registered──▶ REBUILDING ─all rebuilt─▶ REPAIRING ─all repaired─▶
+    RESUMING ──every rank committed the resume step──▶ RUNNING
+    RUNNING ──fault──▶ STOPPING ──survivors stopped and replacements registered──▶ REBUILDING
+    any recovery state ──new fault / failure / timeout──▶ STOPPING (new epoch) or EXITING
+    RUNNING ──every rank done──▶ FINISHED
+
+Only :meth:`JobModel.transition` changes the state, and it raises on a transition the table
+does not allow. The model holds data only; the pure :func:`~ms_recover.manager.decide.decide`
+reads it and the server's executor changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from ms_recover.comm.grouplog import GroupLog
+from ms_recover.config import JobConfig
+from ms_recover.errors import MsRecoverError
+from ms_recover.strategy import Strategy
+
+
+class JobState(str, enum.Enum):
+    FORMING = "forming"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    REBUILDING = "rebuilding"
+    REPAIRING = "repairing"
+    RESUMING = "resuming"
+    EXITING = "exiting"
+    FINISHED = "finished"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_RECOVERY = {JobState.STOPPING, JobState.REBUILDING, JobState.REPAIRING, JobState.RESUMING}
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.FORMING: frozenset({JobState.REBUILDING, JobState.STOPPING, JobState.EXITING}),
+    JobState.RUNNING: frozenset({JobState.STOPPING, JobState.FINISHED, JobState.EXITING}),
+    JobState.STOPPING: frozenset({JobState.REBUILDING, JobState.STOPPING, JobState.EXITING}),
+    JobState.REBUILDING: frozenset({JobState.REPAIRING, JobState.STOPPING, JobState.EXITING}),
+    JobState.REPAIRING: frozenset({JobState.RESUMING, JobState.REPAIRING, JobState.STOPPING,
+                                   JobState.EXITING}),
+    JobState.RESUMING: frozenset({JobState.RUNNING, JobState.STOPPING, JobState.EXITING,
+                                  JobState.FINISHED}),
+    JobState.EXITING: frozenset(),
+    JobState.FINISHED: frozenset(),
+}
+
+
+class IllegalTransition(MsRecoverError):
+    """The state machine was asked for a transition its table does not allow."""
+
+
+@dataclasses.dataclass
+class RankInfo:
+    """What the manager knows about one rank."""
+
+    rank: int
+    node_rank: int
+    registered: bool = False
+    alive: bool = False
+    incarnation: int = -1
+    pid: int = 0
+    endpoint: str = ""
+    shard: int = 0
+    committed_step: int = -1
+    last_seen: float = 0.0
+    last_progress: float = 0.0
+    acked: dict[str, int] = dataclasses.field(default_factory=dict)  # phase -> epoch
+    repair_failure: tuple[int, int, str] | None = None  # (attempt, failed peer, reason)
+    done: bool = False
+    identity: bytes = b""
+
+
+@dataclasses.dataclass
+class AgentInfo:
+    """What the manager knows about one node's agent."""
+
+    node_rank: int
+    registered: bool = False
+    alive: bool = False
+    is_scheduler: bool = False
+    pid: int = 0
+    last_seen: float = 0.0
+    pod_ip: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A detected failure. ``kind`` is rank_exit, rank_silent, node_lost, hang or worker_error."""
+
+    kind: str
+    node_rank: int
+    rank: int  # -1 for a whole node
+    detail: str
+    ts: float
+    detect_s: float  # from the last sign of health to detection
+
+
+@dataclasses.dataclass
+class Round:
+    """One recovery attempt (or the initial formation when ``strategy`` is None)."""
+
+    epoch: int
+    strategy: Strategy | None
+    faults: list[Fault]
+    replace_ranks: frozenset[int]
+    reschedule_nodes: frozenset[int]
+    started: float
+    incident_start: float
+    detect_s: float
+    target_step: int = -1
+    peak_step: int = -1
+    repair_attempt: int = 0
+    bad_sources: frozenset[int] = frozenset()
+    phase_start: float = 0.0
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    stop_done: float = 0.0
+    replace_done: float = 0.0
+
+
+@dataclasses.dataclass
+class JobModel:
+    """The mutable job view owned by the manager server."""
+
+    config: JobConfig
+    state: JobState = JobState.FORMING
+    epoch: int = 0
+    ranks: dict[int, RankInfo] = dataclasses.field(default_factory=dict)
+    agents: dict[int, AgentInfo] = dataclasses.field(default_factory=dict)
+    pending: list[Fault] = dataclasses.field(default_factory=list)
+    round: Round | None = None
+    tries: dict[str, int] = dataclasses.field(default_factory=dict)
+    group_log: GroupLog = dataclasses.field(default_factory=GroupLog)
+    recoveries: int = 0
+    last_recovery: dict[str, object] | None = None
+    exit_code: int | None = None
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        for rank in range(cfg.world_size):
+            self.ranks.setdefault(rank, RankInfo(rank=rank, node_rank=cfg.node_of(rank)))
+        for node in range(cfg.node_nums):
+            self.agents.setdefault(node, AgentInfo(node_rank=node))
+
+    @property
+    def in_recovery(self) -> bool:
+        return self.state in _RECOVERY
+
+    def transition(self, to: JobState) -> None:
+        if to not in TRANSITIONS[self.state]:
+            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self.state])) or "none"
+            raise IllegalTransition(f"job state {self.state.value} -> {to.value} is not allowed "
+                                    f"(allowed: {allowed})")
+        self.state = to
+
+    def live_ranks(self) -> list[int]:
+        return [r for r, info in self.ranks.items() if info.alive]
+
+    def min_committed(self) -> int:
+        return min(info.committed_step for info in self.ranks.values())

@@ -1,0 +1,369 @@
+"""The manager server: a ZeroMQ ROUTER, message handlers, and the one executor of actions.
+
+Handlers only record facts in the :class:`JobModel` (registrations, heartbeats, acks, faults).
+After every batch of messages, and at least every ``tick_s``, the pure ``decide`` runs and
+:meth:`ManagerServer.execute` applies its actions in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ms_recover import exitcodes
+from ms_recover.config import JobConfig
+from ms_recover.errors import CommError, ProtocolError
+from ms_recover.events import EventLog
+from ms_recover.manager import actions as A
+from ms_recover.manager.decide import decide
+from ms_recover.manager.model import Fault, JobModel, JobState
+from ms_recover.manager.status import status_of
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec, DropLog, Envelope
+from ms_recover.transport import make_socket
+
+log = logging.getLogger("ms_recover.manager")
+
+PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
+
+
+class ManagerServer:
+    """Owns the job model. ``serve()`` runs until the job finishes or exits, or ``stop()``."""
+
+    def __init__(self, config: JobConfig, events: EventLog | None = None,
+                 clock: Callable[[], float] = time.time, tick_s: float = 0.02,
+                 bind: str | None = None) -> None:
+        self.config = config
+        self.events = events or EventLog(config.events_path)
+        self.clock = clock
+        self.tick_s = tick_s
+        self.model = JobModel(config)
+        self.codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
+        self.drops = DropLog(log)
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._sock = make_socket(self._ctx, zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        host = bind or config.manager_host
+        if config.manager_port == 0:
+            self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+        else:
+            self._sock.bind(f"tcp://{host}:{config.manager_port}")
+            self.port = config.manager_port
+        self._stop = threading.Event()
+        self._agent_ids: dict[int, bytes] = {}
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
+            M.AgentHello: self._on_agent_hello, M.AgentHeartbeat: self._on_agent_heartbeat,
+            M.RankExited: self._on_rank_exited, M.WorkerHello: self._on_worker_hello,
+            M.WorkerHeartbeat: self._on_worker_heartbeat, M.GroupCreated: self._on_group,
+            M.Stopped: self._on_stopped, M.Rebuilt: self._on_rebuilt,
+            M.Repaired: self._on_repaired, M.WorkerFault: self._on_worker_fault,
+            M.WorkerDone: self._on_worker_done, M.StatusRequest: self._on_status,
+        }
+        self.events.write("manager_start", epoch=0, config=config.describe(), port=self.port)
+
+    # ------------------------------------------------------------------ loop
+    def serve(self, end_grace_s: float = 1.0) -> int:
+        """Run until the job ends (plus a grace period to flush) or stop(); returns the exit code."""
+        ended_at: float | None = None
+        try:
+            while not self._stop.is_set():
+                if self._sock.poll(int(self.tick_s * 1000)):
+                    self._drain()
+                with self._lock:
+                    self.execute(decide(self.model, self.clock()))
+                    done = self.model.state in (JobState.FINISHED, JobState.EXITING)
+                if done and ended_at is None:
+                    ended_at = time.monotonic()
+                if ended_at is not None and time.monotonic() - ended_at > end_grace_s:
+                    break
+        finally:
+            self.close()
+        return self.exit_code()
+
+    def exit_code(self) -> int:
+        if self.model.state is JobState.FINISHED:
+            return exitcodes.OK
+        return self.model.exit_code if self.model.exit_code is not None else exitcodes.FAILED
+
+    def start_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve, name="ms-recover-manager", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self._ctx.term()
+        self.events.close()
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return status_of(self.model, self.clock())
+
+    def _drain(self, budget: int = 1000) -> None:
+        for _ in range(budget):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, body = frames[0], frames[1:]
+            try:
+                env = self.codec.decode(body)
+            except ProtocolError as exc:
+                self.drops.drop(str(exc), repr(identity[:16]))
+                continue
+            with self._lock:
+                self._handlers[type(env.msg)](identity, env, env.msg)
+
+    def _send(self, identity: bytes, msg: M.Message) -> None:
+        self._seq += 1
+        frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
+        try:
+            self._sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("send %s to %r failed: %s", msg.KIND.decode(), identity, exc)
+
+    # ------------------------------------------------------------------ agent handlers
+    def _on_agent_hello(self, ident: bytes, env: Envelope, msg: M.AgentHello) -> None:
+        m, now = self.model, self.clock()
+        if not 0 <= msg.node_rank < self.config.node_nums:
+            reason = f"node_rank {msg.node_rank} is outside 0..{self.config.node_nums - 1}"
+            self._send(ident, M.AgentWelcome(False, reason))
+            log.warning("rejected agent: %s", reason)
+            return
+        agent = m.agents[msg.node_rank]
+        if agent.alive and agent.pid != msg.pid:
+            m.pending.append(Fault("node_lost", msg.node_rank, -1,
+                                   f"agent of node {msg.node_rank} restarted (pid {agent.pid} -> "
+                                   f"{msg.pid})", now, now - agent.last_seen))
+        agent.registered = agent.alive = True
+        agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
+        agent.last_seen = now
+        self._agent_ids[msg.node_rank] = ident
+        self._send(ident, M.AgentWelcome(True, ""))
+        self.events.write("member", epoch=m.epoch, role="agent", node_rank=msg.node_rank,
+                          pid=msg.pid, pod_ip=msg.pod_ip)
+
+    def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
+        agent = self.model.agents.get(node_rank)
+        if agent is None or not agent.alive or self._agent_ids.get(node_rank) != ident:
+            self.drops.drop(f"message from unregistered agent of node {node_rank}", repr(ident))
+            return False
+        return True
+
+    def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
+        if self._agent_ok(ident, msg.node_rank):
+            self.model.agents[msg.node_rank].last_seen = self.clock()
+
+    def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
+        m, now = self.model, self.clock()
+        if not self._agent_ok(ident, msg.node_rank) or msg.rank not in m.ranks:
+            return
+        m.agents[msg.node_rank].last_seen = now
+        info = m.ranks[msg.rank]
+        how = f"signal {msg.signal}" if msg.signal else f"exit code {msg.exit_code}"
+        self.events.write("rank_exit", epoch=m.epoch, rank=msg.rank, exit_code=msg.exit_code,
+                          signal=msg.signal, expected=not info.alive)
+        if msg.exit_code == 0 and msg.signal == 0:
+            info.done, info.alive = True, False
+        elif info.alive or m.state is JobState.FORMING:
+            m.pending.append(Fault("rank_exit", msg.node_rank, msg.rank,
+                                   f"rank {msg.rank} died ({how})", now,
+                                   max(0.0, now - msg.observed_at)))
+
+    # ------------------------------------------------------------------ worker handlers
+    def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
+        m, now = self.model, self.clock()
+        reason = self._reject_worker(msg)
+        if reason:
+            self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
+            log.warning("rejected worker: %s", reason)
+            self.events.write("reject", epoch=m.epoch, rank=msg.rank, reason=reason)
+            return
+        info = m.ranks[msg.rank]
+        info.registered = info.alive = True
+        info.identity, info.pid, info.incarnation = ident, msg.pid, msg.incarnation
+        info.endpoint, info.shard, info.committed_step = msg.data_endpoint, msg.shard, msg.committed_step
+        info.last_seen = info.last_progress = now
+        info.acked, info.repair_failure, info.done = {}, None, False
+        reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
+        self._send(ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire()))
+        if m.state is JobState.STOPPING and not reboot:
+            self._send(ident, M.Stop("joining during recovery"))
+        self.events.write("member", epoch=m.epoch, role="worker", rank=msg.rank, pid=msg.pid,
+                          incarnation=msg.incarnation, reboot=reboot)
+
+    def _reject_worker(self, msg: M.WorkerHello) -> str:
+        world = self.config.world_size
+        if not 0 <= msg.rank < world:
+            return f"rank {msg.rank} is outside the world 0..{world - 1}"
+        expected = self.config.node_of(msg.rank)
+        if msg.node_rank != expected:
+            return f"rank {msg.rank} belongs to node {expected}, not node {msg.node_rank}"
+        info = self.model.ranks[msg.rank]
+        if info.alive and info.pid != msg.pid:
+            return f"rank {msg.rank} is already registered by pid {info.pid}"
+        return ""
+
+    def _worker(self, ident: bytes, rank: int) -> Any:
+        info = self.model.ranks.get(rank)
+        if info is None or not info.alive or info.identity != ident:
+            self.drops.drop(f"message from unregistered rank {rank}", repr(ident))
+            return None
+        info.last_seen = self.clock()
+        return info
+
+    def _current(self, env: Envelope, what: str) -> bool:
+        if env.epoch != self.model.epoch:
+            self.drops.drop(f"stale {what} of epoch {env.epoch} (now {self.model.epoch})", env.sender)
+            return False
+        return True
+
+    def _on_worker_heartbeat(self, ident: bytes, env: Envelope, msg: M.WorkerHeartbeat) -> None:
+        info = self._worker(ident, msg.rank)
+        if info is not None and msg.committed_step > info.committed_step:
+            info.committed_step, info.last_progress = msg.committed_step, self.clock()
+
+    def _on_group(self, ident: bytes, env: Envelope, msg: M.GroupCreated) -> None:
+        if self._worker(ident, msg.rank) is None:
+            return
+        try:
+            if self.model.group_log.add(msg.name, msg.ranks):
+                self.events.write("group", epoch=self.model.epoch, name=msg.name, ranks=msg.ranks)
+        except CommError as exc:
+            log.warning("rank %d: %s", msg.rank, exc)
+
+    def _on_stopped(self, ident: bytes, env: Envelope, msg: M.Stopped) -> None:
+        info = self._worker(ident, msg.rank)
+        if info is not None and self._current(env, "stopped"):
+            info.acked["stop"], info.committed_step = env.epoch, msg.committed_step
+
+    def _on_rebuilt(self, ident: bytes, env: Envelope, msg: M.Rebuilt) -> None:
+        info = self._worker(ident, msg.rank)
+        if info is not None and self._current(env, "rebuilt"):
+            info.acked["rebuild"] = env.epoch
+
+    def _on_repaired(self, ident: bytes, env: Envelope, msg: M.Repaired) -> None:
+        info = self._worker(ident, msg.rank)
+        if info is None or not self._current(env, "repaired"):
+            return
+        if msg.ok:
+            info.acked[f"repair{msg.attempt}"] = env.epoch
+            info.committed_step = msg.committed_step
+        else:
+            info.repair_failure = (msg.attempt, msg.failed_peer, msg.reason)
+
+    def _on_worker_fault(self, ident: bytes, env: Envelope, msg: M.WorkerFault) -> None:
+        info = self._worker(ident, msg.rank)
+        if info is not None:
+            self.model.pending.append(Fault("worker_error", info.node_rank, msg.rank,
+                                            f"rank {msg.rank} {msg.kind}: {msg.message}",
+                                            self.clock(), 0.0))
+
+    def _on_worker_done(self, ident: bytes, env: Envelope, msg: M.WorkerDone) -> None:
+        info = self._worker(ident, msg.rank)
+        if info is not None:
+            info.done, info.committed_step = True, max(info.committed_step, msg.committed_step)
+
+    def _on_status(self, ident: bytes, env: Envelope, msg: M.StatusRequest) -> None:
+        self._send(ident, M.StatusReply(status_of(self.model, self.clock())))
+
+    # ------------------------------------------------------------------ executor
+    def execute(self, actions: list[A.Action]) -> None:
+        """Apply ``decide``'s actions, in order. The only place that changes the job state."""
+        for action in actions:
+            self._log_action(action)
+            self._apply(action)
+
+    def _apply(self, action: A.Action) -> None:
+        m = self.model
+        if isinstance(action, A.SendRanks):
+            for rank in action.ranks:
+                if m.ranks[rank].identity:
+                    self._send(m.ranks[rank].identity, action.msg)
+        elif isinstance(action, A.SendAgent):
+            ident = self._agent_ids.get(action.node_rank)
+            if ident is not None:
+                self._send(ident, action.msg)
+        elif isinstance(action, A.MarkLost):
+            self._mark_lost(action)
+        elif isinstance(action, A.StartRound):
+            self._start_round(action)
+        elif isinstance(action, A.UpdateRound):
+            assert m.round is not None
+            m.round = dataclasses.replace(m.round, **action.changes)
+        elif isinstance(action, A.Transition):
+            m.transition(action.to)
+            if action.to is JobState.EXITING and m.exit_code is None:
+                m.exit_code = exitcodes.JOB_EXIT
+        elif isinstance(action, A.FinishRound):
+            self._finish_round(action.ok, action.reason)
+        elif isinstance(action, A.Emit):
+            self.events.write(action.event, epoch=m.epoch, state=m.state.value, **action.fields)
+
+    def _mark_lost(self, action: A.MarkLost) -> None:
+        m = self.model
+        if action.fault in m.pending:
+            m.pending.remove(action.fault)
+        for rank in action.ranks:
+            m.ranks[rank].alive = False
+            m.ranks[rank].identity = b""
+        if action.agent:
+            m.agents[action.fault.node_rank].alive = False
+
+    def _start_round(self, action: A.StartRound) -> None:
+        m, rnd = self.model, action.round
+        m.round, m.epoch = rnd, rnd.epoch
+        m.pending.clear()
+        if rnd.strategy is not None:
+            m.tries[rnd.strategy.value] = m.tries.get(rnd.strategy.value, 0) + 1
+        for rank in rnd.replace_ranks:
+            info = m.ranks[rank]
+            info.alive, info.identity, info.committed_step, info.done = False, b"", -1, False
+        for node in rnd.reschedule_nodes:
+            m.agents[node].alive = False
+        for info in m.ranks.values():
+            info.repair_failure = None
+
+    def _finish_round(self, ok: bool, reason: str) -> None:
+        m, now = self.model, self.clock()
+        rnd = m.round
+        assert rnd is not None
+        phases = {"detect": rnd.detect_s,
+                  "stop": (rnd.stop_done or now) - rnd.started if rnd.strategy else 0.0,
+                  "replace": (rnd.replace_done or now) - rnd.started if rnd.strategy else 0.0,
+                  **rnd.phases}
+        phases = {p: round(phases.get(p, 0.0), 4) for p in PHASES}
+        if rnd.strategy is None:
+            self.events.write("job_start", epoch=m.epoch, phases=phases)
+            return
+        record = {"ok": ok, "strategy": rnd.strategy.value, "reason": reason,
+                  "mttr_s": round(now - rnd.incident_start, 4), "phases": phases,
+                  "target_step": rnd.target_step,
+                  "lost_steps": max(0, rnd.peak_step - rnd.target_step) if ok else None,
+                  "faults": [f.detail for f in rnd.faults], "replaced": sorted(rnd.replace_ranks)}
+        for phase in PHASES:
+            self.events.write("phase", epoch=m.epoch, phase=phase, duration_s=phases[phase])
+        m.last_recovery = self.events.write("recovery", epoch=m.epoch, **record)
+        if ok:
+            m.recoveries += 1
+            m.tries.clear()
+
+    def _log_action(self, action: A.Action) -> None:
+        if isinstance(action, (A.SendRanks, A.SendAgent)) and log.isEnabledFor(logging.DEBUG):
+            log.debug("%s epoch=%d state=%s %s", type(action).__name__, self.model.epoch,
+                      self.model.state.value, action.reason)
+        elif not isinstance(action, (A.SendRanks, A.SendAgent, A.UpdateRound)):
+            rank = getattr(getattr(action, "fault", None), "rank", "-")
+            log.info("%s epoch=%d rank=%s state=%s reason=%s", type(action).__name__,
+                     self.model.epoch, rank, self.model.state.value, action.reason)

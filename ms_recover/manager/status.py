@@ -1,0 +1,34 @@
+"""A JSON-ready snapshot of the job for ``ms-recover status`` and the demo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ms_recover.manager.model import JobModel
+from ms_recover.strategy import format_strategies
+
+
+def status_of(m: JobModel, now: float) -> dict[str, Any]:
+    """Members, steps, epoch, state and the last recovery, as plain data."""
+    return {
+        "job_id": m.config.job_id,
+        "state": m.state.value,
+        "epoch": m.epoch,
+        "world_size": m.config.world_size,
+        "strategies": format_strategies(m.config.strategies),
+        "recoveries": m.recoveries,
+        "last_recovery": m.last_recovery,
+        "ranks": [
+            {"rank": i.rank, "node_rank": i.node_rank, "alive": i.alive, "done": i.done,
+             "step": i.committed_step, "pid": i.pid, "incarnation": i.incarnation,
+             "silent_s": round(now - i.last_seen, 3) if i.registered else None}
+            for _, i in sorted(m.ranks.items())
+        ],
+        "agents": [
+            {"node_rank": a.node_rank, "alive": a.alive, "pid": a.pid, "pod_ip": a.pod_ip,
+             "is_scheduler": a.is_scheduler,
+             "silent_s": round(now - a.last_seen, 3) if a.registered else None}
+            for _, a in sorted(m.agents.items())
+        ],
+        "groups": m.group_log.to_wire(),
+    }

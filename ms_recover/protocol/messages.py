@@ -1,0 +1,271 @@
+"""Control-plane messages. One frozen dataclass per kind; the docstring gives the direction.
+
+Every message travels inside an :class:`~ms_recover.protocol.codec.Envelope` that adds job_id,
+epoch, sender and seq. Bodies hold only msgpack-native values (int, float, str, bool, bytes,
+lists and string- or int-keyed maps); nothing is pickled.
+"""
+
+import dataclasses
+import typing
+from typing import Any, ClassVar
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    KIND: ClassVar[bytes] = b""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# ----------------------------------------------------------------------------- agent -> manager
+@dataclasses.dataclass(frozen=True)
+class AgentHello(Message):
+    """agent -> manager: a (re)started agent announces its node and local ranks."""
+
+    KIND: ClassVar[bytes] = b"agent_hello"
+    node_rank: int
+    pod_ip: str
+    ranks: list[int]
+    pid: int
+    is_scheduler: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentHeartbeat(Message):
+    """agent -> manager: liveness, with the pid of every local rank still running (-1: none)."""
+
+    KIND: ClassVar[bytes] = b"agent_hb"
+    node_rank: int
+    pids: dict[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankExited(Message):
+    """agent -> manager: a local rank process ended. signal > 0 if it was killed by one."""
+
+    KIND: ClassVar[bytes] = b"rank_exited"
+    node_rank: int
+    rank: int
+    exit_code: int
+    signal: int
+    observed_at: float
+
+
+# ----------------------------------------------------------------------------- manager -> agent
+@dataclasses.dataclass(frozen=True)
+class AgentWelcome(Message):
+    """manager -> agent: registration accepted (or ``ok=False`` with a reason)."""
+
+    KIND: ClassVar[bytes] = b"agent_welcome"
+    ok: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KillRanks(Message):
+    """manager -> agent: SIGKILL these local ranks (leftovers of a fault) and reap them."""
+
+    KIND: ClassVar[bytes] = b"kill_ranks"
+    ranks: list[int]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StartRanks(Message):
+    """manager -> agent: (re)start these local ranks with the same rank ids."""
+
+    KIND: ClassVar[bytes] = b"start_ranks"
+    ranks: list[int]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentExit(Message):
+    """manager -> agent: kill every local rank and exit with ``code`` (a pod reschedule or the end)."""
+
+    KIND: ClassVar[bytes] = b"agent_exit"
+    code: int
+    reason: str
+
+
+# ----------------------------------------------------------------------------- worker -> manager
+@dataclasses.dataclass(frozen=True)
+class WorkerHello(Message):
+    """worker -> manager: a rank process registers; committed_step is -1 for a fresh process."""
+
+    KIND: ClassVar[bytes] = b"worker_hello"
+    rank: int
+    node_rank: int
+    pid: int
+    incarnation: int
+    data_endpoint: str
+    committed_step: int
+    shard: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerHeartbeat(Message):
+    """worker -> manager: liveness plus the last committed step."""
+
+    KIND: ClassVar[bytes] = b"worker_hb"
+    rank: int
+    committed_step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupCreated(Message):
+    """worker -> manager: the rank created a communicator group; the manager keeps the log."""
+
+    KIND: ClassVar[bytes] = b"group_created"
+    rank: int
+    name: str
+    ranks: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopped(Message):
+    """worker -> manager: the rank is paused at a step boundary (answer to Stop)."""
+
+    KIND: ClassVar[bytes] = b"stopped"
+    rank: int
+    committed_step: int
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Rebuilt(Message):
+    """worker -> manager: the rank rebuilt every group of the log at the current epoch."""
+
+    KIND: ClassVar[bytes] = b"rebuilt"
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Repaired(Message):
+    """worker -> manager: the rank finished its part of the repair plan (sent and/or received)."""
+
+    KIND: ClassVar[bytes] = b"repaired"
+    rank: int
+    attempt: int
+    ok: bool
+    committed_step: int
+    failed_peer: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFault(Message):
+    """worker -> manager: the rank caught an error it survived (kind: comm, device, hang...)."""
+
+    KIND: ClassVar[bytes] = b"worker_fault"
+    rank: int
+    kind: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerDone(Message):
+    """worker -> manager: the rank finished training normally at ``committed_step``."""
+
+    KIND: ClassVar[bytes] = b"worker_done"
+    rank: int
+    committed_step: int
+
+
+# ----------------------------------------------------------------------------- manager -> worker
+@dataclasses.dataclass(frozen=True)
+class Welcome(Message):
+    """manager -> worker: registration accepted. ``reboot`` tells a restarted rank to wait."""
+
+    KIND: ClassVar[bytes] = b"welcome"
+    ok: bool
+    reason: str
+    reboot: bool
+    world_size: int
+    group_log: list[list[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop(Message):
+    """manager -> worker: abort in-flight collectives, pause at the step boundary, answer Stopped."""
+
+    KIND: ClassVar[bytes] = b"stop"
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Rebuild(Message):
+    """manager -> worker: rebuild the world and every logged group with these data endpoints."""
+
+    KIND: ClassVar[bytes] = b"rebuild"
+    members: dict[int, str]
+    group_log: list[list[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Repair(Message):
+    """manager -> worker: bring every rank to ``target_step``.
+
+    ``send_to`` lists ranks this rank must send its whole state to; ``recv_from`` is the rank
+    to receive from, or -1.
+    """
+
+    KIND: ClassVar[bytes] = b"repair"
+    target_step: int
+    attempt: int
+    send_to: list[int]
+    recv_from: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume(Message):
+    """manager -> worker: training continues with ``step``."""
+
+    KIND: ClassVar[bytes] = b"resume"
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit(Message):
+    """manager -> worker: leave the training loop and exit the process with ``code``."""
+
+    KIND: ClassVar[bytes] = b"exit"
+    code: int
+    reason: str
+
+
+# ----------------------------------------------------------------------------- status (any client)
+@dataclasses.dataclass(frozen=True)
+class StatusRequest(Message):
+    """client -> manager: ask for a status snapshot."""
+
+    KIND: ClassVar[bytes] = b"status_req"
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusReply(Message):
+    """manager -> client: the status snapshot (members, steps, epoch, state, last recovery)."""
+
+    KIND: ClassVar[bytes] = b"status"
+    status: dict[str, Any]
+
+
+KINDS: dict[bytes, type[Message]] = {
+    cls.KIND: cls
+    for cls in (
+        AgentHello, AgentHeartbeat, RankExited, AgentWelcome, KillRanks, StartRanks, AgentExit,
+        WorkerHello, WorkerHeartbeat, GroupCreated, Stopped, Rebuilt, Repaired, WorkerFault,
+        WorkerDone, Welcome, Stop, Rebuild, Repair, Resume, Exit, StatusRequest, StatusReply,
+    )
+}
+
+
+def field_types(cls: type[Message]) -> dict[str, type]:
+    """The runtime origin type of each field (int, str, list, dict...), for body validation."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, type] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        out[f.name] = typing.get_origin(hint) or hint
+    return out

@@ -1,0 +1,283 @@
+"""Summarise a manager event log (JSONL) as a text timeline, and optionally a Gantt PNG.
+
+Reads one JSON object per line with at least ``ts`` (unix seconds) and ``event``. Lines that
+are not JSON objects with a numeric ``ts`` and a string ``event`` are skipped and counted.
+Times are printed relative to the first event. Each ``recovery`` event closes a group: the
+``fault`` and ``phase`` events since the previous one belong to it.
+
+Exit status: 0 on success, 1 when the file is missing or unreadable, has no valid event, or the
+plot cannot be written, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+Event = dict[str, Any]
+PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
+COLLAPSED = frozenset({"member", "group"})  # one line per run of these, not one per event
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadResult:
+    """Valid events in file order, how many lines were skipped, and why the first one was."""
+
+    events: list[Event]
+    skipped: int
+    first_problem: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bar:
+    """One phase of one recovery, in seconds relative to the first event."""
+
+    phase: str
+    start: float
+    duration: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Incident:
+    """A recovery with the faults and phases that led to it (``recovery`` None: unfinished)."""
+
+    recovery: Event | None
+    faults: tuple[Event, ...]
+    phases: tuple[Event, ...]
+
+    @property
+    def label(self) -> str:
+        rec = self.recovery or {}
+        status = "ok" if rec.get("ok") else ("FAILED" if self.recovery else "unfinished")
+        return f"epoch {rec.get('epoch', '?')} {rec.get('strategy', '?')} ({status})"
+
+
+def load_events(lines: Iterable[str]) -> LoadResult:
+    """Parse JSONL text; never raises on malformed content."""
+    events: list[Event] = []
+    skipped, first = 0, ""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        problem = _problem(line)
+        if problem:
+            skipped += 1
+            first = first or f"line {number}: {problem}"
+            continue
+        events.append(json.loads(line))
+    return LoadResult(events, skipped, first)
+
+
+def _problem(line: str) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"not JSON ({exc.msg})"
+    except (ValueError, RecursionError) as exc:
+        return f"not usable JSON ({exc})"
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    ts = record.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        return f"'ts' is {ts!r}, not a number of seconds"
+    if not isinstance(record.get("event"), str):
+        return "no string 'event' field"
+    return ""
+
+
+def incidents(events: list[Event]) -> list[Incident]:
+    """Group faults and phases by the recovery event that closes them, in order."""
+    out: list[Incident] = []
+    faults: list[Event] = []
+    phases: list[Event] = []
+    for event in events:
+        kind = event["event"]
+        if kind == "fault":
+            faults.append(event)
+        elif kind == "phase":
+            phases.append(event)
+        elif kind == "recovery":
+            out.append(Incident(event, tuple(faults), tuple(phases)))
+            faults, phases = [], []
+    if faults or phases:
+        out.append(Incident(None, tuple(faults), tuple(phases)))
+    return out
+
+
+def bars(incident: Incident, t0: float) -> list[Bar]:
+    """The phase bars of one incident, relative to ``t0``.
+
+    ``phase`` events with ``start``/``end`` are drawn where they happened. Otherwise the
+    recovery's ``phases`` durations are laid end to end in phase order, starting at the
+    incident's start (recovery ``ts`` minus ``mttr_s``), which is an approximation.
+    """
+    timed = [p for p in incident.phases if _num(p.get("start")) is not None]
+    if timed:
+        out = []
+        for p in timed:
+            start = float(p["start"])
+            end = _num(p.get("end"))
+            length = (end - start) if end is not None else (_num(p.get("duration_s")) or 0.0)
+            out.append(Bar(str(p.get("phase", "?")), start - t0, max(0.0, length)))
+        return out
+    rec = incident.recovery or {}
+    durations = _phase_dict(rec)
+    if not durations:
+        durations = {str(p.get("phase")): _num(p.get("duration_s")) or 0.0
+                     for p in incident.phases}
+    total = sum(_num(v) or 0.0 for v in durations.values())
+    last = incident.recovery or (incident.phases[-1] if incident.phases else {"ts": t0})
+    cursor = float(last["ts"]) - (_num(rec.get("mttr_s")) or total) - t0
+    out = []
+    for name in [p for p in PHASES if p in durations] + [p for p in durations if p not in PHASES]:
+        length = max(0.0, _num(durations[name]) or 0.0)
+        out.append(Bar(str(name), cursor, length))
+        cursor += length
+    return out
+
+
+def _phase_dict(event: Event) -> dict[str, Any]:
+    phases = event.get("phases")
+    return {str(k): v for k, v in phases.items()} if isinstance(phases, dict) else {}
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def describe(event: Event) -> str:
+    """One event's own fields as ``key=value`` words, in a readable order."""
+    kind = event["event"]
+    if kind == "phase":
+        return f"{event.get('phase', '?')} {_num(event.get('duration_s')) or 0.0:.3f}s"
+    if kind == "recovery":
+        detail = " ".join(f"{k}={_num(v) or 0.0:.3f}" for k, v in _phase_dict(event).items())
+        status = "ok" if event.get("ok") else "FAILED"
+        return (f"{status} strategy={event.get('strategy')} mttr={event.get('mttr_s')}s "
+                f"lost_steps={event.get('lost_steps')} [{detail}]")
+    skip = {"ts", "event", "epoch", "state"}
+    return " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def print_timeline(events: list[Event], out: TextIO) -> None:
+    """The text timeline: one line per event (runs of member/group events collapsed)."""
+    t0 = events[0]["ts"]
+    run_kind, run_count, run_start = "", 0, 0.0
+    for event in events + [{"ts": events[-1]["ts"], "event": ""}]:
+        kind = event["event"]
+        if run_count and kind != run_kind:
+            out.write(f"{run_start:+10.3f}s            {run_kind:<10} x{run_count}\n")
+            run_count = 0
+        if kind in COLLAPSED:
+            run_kind, run_start = kind, (run_start if run_count else event["ts"] - t0)
+            run_count += 1
+        elif kind:
+            epoch = event.get("epoch", "-")
+            out.write(f"{event['ts'] - t0:+10.3f}s  epoch {epoch!s:<4} {kind:<10} "
+                      f"{describe(event)}\n")
+
+
+def print_summary(events: list[Event], out: TextIO) -> None:
+    """Counts, and one line per recovery with its MTTR and lost steps."""
+    recs = [e for e in events if e["event"] == "recovery"]
+    faults = sum(e["event"] == "fault" for e in events)
+    good = [e for e in recs if e.get("ok")]
+    span = events[-1]["ts"] - events[0]["ts"]
+    out.write(f"\n{len(events)} events over {span:.3f}s: {faults} fault(s), {len(recs)} "
+              f"recovery(ies), {len(good)} ok\n")
+    mttrs = [m for m in (_num(e.get("mttr_s")) for e in good) if m is not None]
+    if mttrs:
+        out.write(f"MTTR: mean {sum(mttrs) / len(mttrs):.3f}s, max {max(mttrs):.3f}s\n")
+
+
+PHASE_COLOURS = {"detect": "#d62728", "stop": "#ff7f0e", "replace": "#9467bd",
+                 "rebuild": "#1f77b4", "repair": "#2ca02c", "resume": "#17becf"}
+
+
+def plot(events: list[Event], path: str) -> str:
+    """Draw one Gantt row per incident into ``path``; return "" on success, else the problem."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+    except ImportError:
+        return "--plot needs matplotlib: install ms-recover[plot]"
+    rows = incidents(events)
+    if not rows:
+        return "nothing to plot: the log has no fault, phase or recovery event"
+    t0 = events[0]["ts"]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * len(rows)))
+    try:
+        for row, incident in enumerate(rows):
+            _draw_row(ax, row, incident, t0)
+        ax.set_yticks(range(len(rows)), [i.label for i in rows])
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds since the first event")
+        ax.set_title("ms_recover recoveries: phases and faults")
+        handles: list[Any] = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
+        handles.append(Line2D([], [], color="black", marker="x", linestyle="", label="fault"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1))
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    except (OSError, ValueError) as exc:
+        return f"cannot write {path}: {exc}"
+    finally:
+        plt.close(fig)
+    return ""
+
+
+def _draw_row(ax: Any, row: int, incident: Incident, t0: float) -> None:
+    for bar in bars(incident, t0):
+        ax.broken_barh([(bar.start, max(bar.duration, 1e-3))], (row - 0.3, 0.6),
+                       color=PHASE_COLOURS.get(bar.phase, "grey"))
+    for fault in incident.faults:
+        ax.plot(fault["ts"] - t0, row, marker="x", color="black", markersize=9)
+        ax.annotate(str(fault.get("kind", "fault")), (fault["ts"] - t0, row - 0.35),
+                    fontsize=7, ha="center")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("events", metavar="EVENTS.jsonl", help="the manager's event log")
+    parser.add_argument("--plot", metavar="PNG", help="also draw a Gantt chart of the phases")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the timeline (and write the plot); return the exit status."""
+    try:
+        with open(args.events, encoding="utf-8", errors="replace") as fh:
+            loaded = load_events(fh)
+    except OSError as exc:
+        reason = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
+        print(f"ms-recover report: error: {args.events}: {reason}", file=sys.stderr)
+        return 1
+    if loaded.skipped:
+        print(f"ms-recover report: warning: skipped {loaded.skipped} malformed line(s) "
+              f"(first at {loaded.first_problem})", file=sys.stderr)
+    if not loaded.events:
+        print(f"ms-recover report: error: {args.events}: no events", file=sys.stderr)
+        return 1
+    loaded.events.sort(key=lambda e: e["ts"])  # stable: file order breaks ties
+    print_timeline(loaded.events, sys.stdout)
+    print_summary(loaded.events, sys.stdout)
+    if args.plot:
+        problem = plot(loaded.events, args.plot)
+        if problem:
+            print(f"ms-recover report: error: {problem}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,262 @@
+"""The per-rank session: registration, the step loop's safe point, and recovery on command.
+
+The training thread is the only one that touches the backend and the state. Commands from the
+manager are latched by the link thread and acted on here, at a safe point between steps:
+
+* STOP: answer with the committed step and a state digest, then wait;
+* REBUILD: rebuild every communicator of the group log at the new epoch;
+* REPAIR: send and/or receive whole state, checksummed, and load it in place;
+* RESUME: continue at the given step;
+* EXIT: close and leave the process with the manager's code.
+
+A collective interrupted by a STOP raises :class:`Interrupted`; the step is not committed and
+is redone after recovery, so no rank ever goes backwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ms_recover.comm.base import CommBackend, ReduceOp
+from ms_recover.comm.grouplog import GroupLog
+from ms_recover.config import JobConfig
+from ms_recover.errors import CommError, Interrupted, RecoveryError, RepairError
+from ms_recover.protocol import messages as M
+from ms_recover.testing.faults import FaultInjector
+from ms_recover.worker import repair
+from ms_recover.worker.link import ManagerLink
+from ms_recover.worker.state import StateProvider
+
+log = logging.getLogger("ms_recover.worker")
+
+
+class Session:
+    """One rank's connection to the job. Build it with :func:`ms_recover.init`."""
+
+    def __init__(self, config: JobConfig, rank: int, backend: CommBackend,
+                 state: StateProvider | None = None, shard: int = 0, incarnation: int = 0,
+                 faults: FaultInjector | None = None, standalone: bool = False) -> None:
+        self.config = config
+        self.rank = rank
+        self.comm = backend
+        self.state = state
+        self.shard = shard
+        self.incarnation = incarnation
+        self.faults = faults or FaultInjector((), rank, incarnation)
+        self.standalone = standalone
+        self.committed = -1
+        self.next_step = 0
+        self.reboot = False
+        self.recoveries = 0
+        self._interrupted = False
+        self.link: ManagerLink | None = None
+        if not standalone:
+            ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
+            self.link = ManagerLink(config, rank, ident, backend.abort)
+            backend.on_group_created = self._group_created
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    # ------------------------------------------------------------------ lifecycle
+    def connect(self, timeout_s: float = 60.0) -> None:
+        """Register, then wait for the manager's first rebuild/repair/resume.
+
+        Raises RecoveryError if the manager does not answer within ``timeout_s``.
+        """
+        if self.link is None:
+            self.comm.init(0, {0: self.comm.endpoint})
+            return
+        self.link.send(M.WorkerHello(self.rank, self.config.node_rank, os.getpid(),
+                                     self.incarnation, self.comm.endpoint, self.committed,
+                                     self.shard))
+        self.link.start()
+        if not self.wait_for_manager(timeout_s):
+            self.link.close()
+            raise RecoveryError(f"rank {self.rank}: no manager answered at "
+                                f"{self.config.manager_endpoint} within {timeout_s:g}s")
+        self._recover()
+
+    def wait_for_manager(self, timeout_s: float) -> bool:
+        """True once the manager has answered the registration (Welcome latched)."""
+        assert self.link is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.link.has_command():
+                return True
+            time.sleep(0.01)
+        return False
+
+    def finish(self) -> None:
+        """Tell the manager this rank is done, then release sockets."""
+        if self.link is not None:
+            self.link.send(M.WorkerDone(self.rank, self.committed))
+            deadline = time.monotonic() + 2.0
+            while not self.link._out.empty() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(2 * 0.01)  # one link tick to hand the frame to zmq
+            self.link.close()
+        self.comm.close()
+
+    # ------------------------------------------------------------------ the step loop
+    def commit(self, step: int) -> None:
+        """Record that ``step``'s optimizer update finished on this rank."""
+        self.committed = step
+        self.next_step = step + 1
+        if self.link is not None:
+            self.link.committed = step
+        self.faults.after_commit(step)
+
+    def safe_point(self) -> None:
+        """Handle any latched command; returns once training may go on."""
+        if self.link is not None and self.link.has_command():
+            self._recover()
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield the steps to run, handling recovery between them.
+
+        The loop body should run inside :meth:`guard`; a step whose body returns normally is
+        committed, a step interrupted by recovery is redone.
+        """
+        while True:
+            self.safe_point()
+            if self.next_step >= total:
+                return
+            step, self._interrupted = self.next_step, False
+            yield step
+            if not self._interrupted:
+                self.commit(step)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Swallow an :class:`Interrupted` collective so the step is redone after recovery."""
+        try:
+            yield
+        except Interrupted:
+            self._interrupted = True
+
+    def run(self, step_fn: Callable[[int], Any], total: int) -> int:
+        """Call ``step_fn(step)`` for every step up to ``total``; returns the last committed."""
+        for step in self.steps(total):
+            with self.guard():
+                step_fn(step)
+        return self.committed
+
+    def allreduce(self, array: np.ndarray, op: ReduceOp | str = ReduceOp.MEAN) -> np.ndarray:
+        """The world allreduce of the current step, with the fault-injection points."""
+        step = self.next_step
+        self.faults.before_allreduce(step)
+        if self.faults.in_allreduce(step):
+            self._die_in_collective()
+        return self.comm.allreduce(array, op)
+
+    def _die_in_collective(self) -> None:
+        """Arm the backend so this process is SIGKILLed after its first chunk is on the wire."""
+        self.comm.chunk_hook = lambda: os.kill(os.getpid(), signal.SIGKILL)
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        assert self.link is not None
+        limit = self.config.wait_reschedule_timeout_s + 4 * self.config.phase_timeout_s
+        last = time.monotonic()
+        while True:
+            env = self.link.next_command(0.5)
+            if env is None:
+                if time.monotonic() - last > limit:
+                    raise RecoveryError(f"rank {self.rank}: no word from the manager for {limit:g}s")
+                continue
+            last = time.monotonic()
+            try:
+                if self._handle(env.epoch, env.msg):
+                    return
+            except Interrupted:
+                log.info("rank %d: recovery step interrupted by a newer command", self.rank)
+
+    def _handle(self, epoch: int, msg: M.Message) -> bool:
+        """Carry out one command; True when training resumes."""
+        assert self.link is not None
+        if isinstance(msg, M.Welcome):
+            if not msg.ok:
+                raise RecoveryError(f"manager rejected rank {self.rank}: {msg.reason}", 2)
+            self.reboot = msg.reboot
+            log.info("rank %d registered (reboot=%s)", self.rank, msg.reboot)
+        elif isinstance(msg, M.Stop):
+            self.link.send(M.Stopped(self.rank, self.committed, self._digest()), epoch)
+        elif isinstance(msg, M.Rebuild):
+            self.comm.rebuild(epoch, dict(msg.members), GroupLog.from_wire(msg.group_log))
+            self.link.send(M.Rebuilt(self.rank), epoch)
+        elif isinstance(msg, M.Repair):
+            self._repair(epoch, msg)
+        elif isinstance(msg, M.Resume):
+            self.next_step = msg.step
+            if msg.step > 0:
+                self.recoveries += 1
+            log.info("rank %d resumes at step %d (epoch %d)", self.rank, msg.step, epoch)
+            return True
+        elif isinstance(msg, M.Exit):
+            self._exit(msg)
+        return False
+
+    def _repair(self, epoch: int, msg: M.Repair) -> None:
+        assert self.link is not None
+        tag = f"repair.{epoch}.{msg.attempt}"
+        try:
+            if msg.send_to:
+                payload = repair.pack(self._state().state_dict(), self.committed)
+                if self.faults.corrupt_repair():
+                    _flip_one_byte(payload)
+                for dst in msg.send_to:
+                    self.comm.send(payload, dst, tag)
+            if msg.recv_from >= 0:
+                arrays, step = repair.unpack(self.comm.recv(msg.recv_from, tag), msg.recv_from)
+                if step != msg.target_step:
+                    raise RepairError(f"rank {msg.recv_from} sent step {step}, "
+                                      f"expected {msg.target_step}")
+                self._state().load_state_dict(arrays)
+                self.committed = step
+                self.link.committed = step
+        except (RepairError, CommError) as exc:
+            if isinstance(exc, Interrupted):
+                raise
+            log.error("rank %d: repair failed: %s", self.rank, exc)
+            self.link.send(M.Repaired(self.rank, msg.attempt, False, self.committed,
+                                      msg.recv_from, str(exc)), epoch)
+            return
+        self.link.send(M.Repaired(self.rank, msg.attempt, True, self.committed, -1, ""), epoch)
+
+    def _state(self) -> StateProvider:
+        if self.state is None:
+            raise RepairError(f"rank {self.rank} has no state provider; pass state= to "
+                              "ms_recover.init()")
+        return self.state
+
+    def _digest(self) -> str:
+        return repair.digest(self.state.state_dict()) if self.state is not None else ""
+
+    def _exit(self, msg: M.Exit) -> None:
+        log.warning("rank %d: manager says exit %d: %s", self.rank, msg.code, msg.reason)
+        if self.link is not None:
+            self.link.close()
+        self.comm.close()
+        sys.exit(msg.code)
+
+    def _group_created(self, name: str, ranks: tuple[int, ...]) -> None:
+        if self.link is not None:
+            self.link.send(M.GroupCreated(self.rank, name, list(ranks)))
+
+
+def _flip_one_byte(payload: dict[str, np.ndarray]) -> None:
+    name = next(n for n in sorted(payload) if n != repair.MANIFEST and payload[n].nbytes)
+    corrupted = np.array(payload[name], copy=True)
+    corrupted.view(np.uint8).reshape(-1)[0] ^= 0xFF
+    payload[name] = corrupted

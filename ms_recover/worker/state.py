@@ -1,0 +1,23 @@
+"""The state provider interface: a rank's named training state as numpy arrays.
+
+Repair copies a replica's whole state to a rank that is missing it or is behind. A provider
+exposes parameters, optimizer moments, step counters, RNG state, etc. under stable names.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class StateProvider(Protocol):
+    """What the worker needs to copy a rank's state to a peer and back."""
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Every piece of named state, as contiguous numpy arrays (copies are fine)."""
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+        """Load state in place. Raises RepairError naming the first missing/extra/mismatched
+        entry (name, shape, dtype); on error nothing is half-loaded where avoidable."""
