@@ -25,11 +25,26 @@ from ms_recover.crdschema import Path, format_path
 from ms_recover.jobrules import ERROR, WARNING
 
 KIND = "AscendJob"
-META_FIELDS = frozenset({
-    "name", "generateName", "namespace", "labels", "annotations", "finalizers",
-    "ownerReferences", "uid", "resourceVersion", "generation", "creationTimestamp",
-    "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink",
-})
+Issue = tuple[str, Path, str]  # (severity, path, message)
+META_FIELDS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "labels",
+        "annotations",
+        "finalizers",
+        "ownerReferences",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "managedFields",
+        "selfLink",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +88,8 @@ class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ign
                 continue
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -109,8 +125,11 @@ def check_text(text: str, name: str) -> FileReport:
     for index, doc in _documents(text, name, findings):
         kind = doc.get("kind") if isinstance(doc, dict) else None
         if not isinstance(doc, dict):
-            findings.append(Finding(name, index, "", ERROR,
-                                    f"is a {type(doc).__name__}, not a Kubernetes object"))
+            findings.append(
+                Finding(
+                    name, index, "", ERROR, f"is a {type(doc).__name__}, not a Kubernetes object"
+                )
+            )
         elif kind == KIND:
             jobs += 1
             findings += [Finding(name, index, format_path(p), s, m) for s, p, m in check_job(doc)]
@@ -118,8 +137,9 @@ def check_text(text: str, name: str) -> FileReport:
             kinds.append(str(kind))
     if jobs == 0 and not any(f.severity == ERROR for f in findings):
         found = ", ".join(kinds) if kinds else "no documents"
-        findings.append(Finding(name, None, "", ERROR,
-                                f"has no kind: {KIND} document (found: {found})"))
+        findings.append(
+            Finding(name, None, "", ERROR, f"has no kind: {KIND} document (found: {found})")
+        )
     return FileReport(name, jobs, tuple(findings))
 
 
@@ -142,30 +162,37 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
     return where + (f"{problem} ({context})" if context else str(problem))
 
 
-def check_job(doc: dict[str, Any]) -> list[tuple[str, Path, str]]:
+def check_job(doc: dict[str, Any]) -> list[Issue]:
     """(severity, path, message) for one AscendJob document: CRD schema, metadata, our rules."""
     crd = crdschema.load_crd()
-    out: list[tuple[str, Path, str]] = []
-    version = doc.get("apiVersion")
-    if version not in crd.api_versions:
-        out.append((ERROR, ("apiVersion",), f"{version!r} is not served by the {KIND} CRD; "
-                                            f"valid: {', '.join(crd.api_versions)}"))
+    out = _check_api_version(doc.get("apiVersion"), crd.api_versions)
     out += _check_metadata(doc.get("metadata"))
     out += [(ERROR, i.path, i.message) for i in crdschema.validate(doc, crd.schema)]
-    specs = doc.get("spec", {}).get("replicaSpecs") if isinstance(doc.get("spec"), dict) else None
-    if isinstance(specs, dict) and not specs:
-        out.append((ERROR, ("spec", "replicaSpecs"), "is empty; for MindSpore add Scheduler "
-                                                     "(replicas: 1) and Worker"))
+    spec = doc.get("spec")
+    specs = spec.get("replicaSpecs") if isinstance(spec, dict) else None
     if isinstance(specs, dict):
+        if not specs:
+            out.append((ERROR, ("spec", "replicaSpecs"), "is empty; add Scheduler and Worker"))
         out += [(i.severity, i.path, i.message) for i in jobrules.check_job(doc)]
     return out
 
 
-def _check_metadata(meta: Any) -> list[tuple[str, Path, str]]:
+def _check_api_version(version: Any, served: tuple[str, ...]) -> list[Issue]:
+    valid = ", ".join(served)
+    if version is None:
+        return [(ERROR, ("apiVersion",), f"is missing; valid: {valid}")]
+    if version not in served:
+        return [(ERROR, ("apiVersion",), f"{version!r} is not served by the CRD; valid: {valid}")]
+    return []
+
+
+def _check_metadata(meta: Any) -> list[Issue]:
     """What the API server checks in ObjectMeta that matters before submission."""
+    if meta is None:
+        return [(ERROR, ("metadata",), "is missing; it needs at least a name")]
     if not isinstance(meta, dict):
-        return [(ERROR, ("metadata",), "is missing or not a mapping; it needs at least a name")]
-    out: list[tuple[str, Path, str]] = []
+        return []  # the schema check reports the wrong type
+    out: list[Issue] = []
     if not meta.get("name") and not meta.get("generateName"):
         out.append((ERROR, ("metadata", "name"), "is missing"))
     for key in meta:
@@ -178,15 +205,23 @@ def _check_metadata(meta: Any) -> list[tuple[str, Path, str]]:
             continue
         for key, value in (values or {}).items():
             if not isinstance(value, str):
-                out.append((ERROR, ("metadata", section, str(key)), (
-                    f"must be a string, got {value!r}; quote it in YAML "
-                    f"({key}: \"{_yaml_spelling(value)}\")")))
+                out.append(
+                    (
+                        ERROR,
+                        ("metadata", section, str(key)),
+                        (
+                            f"must be a string, got {value!r}; quote it in YAML "
+                            f'({key}: "{_yaml_spelling(value)}")'
+                        ),
+                    )
+                )
     return out
 
 
 def _yaml_spelling(value: Any) -> str:
-    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) \
-        else str(value)
+    return (
+        {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -223,8 +258,7 @@ def _as_json(reports: list[FileReport], errors: int, warnings: int) -> dict[str,
         "errors": errors,
         "warnings": warnings,
         "files": [
-            {"file": r.file, "jobs": r.jobs, "errors": r.count(ERROR),
-             "warnings": r.count(WARNING)}
+            {"file": r.file, "jobs": r.jobs, "errors": r.count(ERROR), "warnings": r.count(WARNING)}
             for r in reports
         ],
         "findings": [dataclasses.asdict(f) for r in reports for f in r.findings],

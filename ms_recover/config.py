@@ -8,6 +8,7 @@ valid values in the message.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -46,7 +47,7 @@ class JobConfig:
     strategies: tuple[Strategy, ...] = DEFAULT_STRATEGIES  # MS_RECOVER_STRATEGY / MS_ENABLE_TFT
     secret: bytes = b""  # MS_RECOVER_SECRET / MS_RECOVER_SECRET_FILE
     heartbeat_s: float = 0.5  # MS_RECOVER_HEARTBEAT_S
-    liveness: int = 3
+    liveness: int = 4
     hang_timeout_s: float = 120.0  # MS_RECOVER_HANG_TIMEOUT_S
     phase_timeout_s: float = 60.0  # MS_RECOVER_PHASE_TIMEOUT_S
     wait_reschedule_timeout_s: float = 270.0  # MS_RECOVER_WAIT_RESCHEDULE_TIMEOUT
@@ -103,6 +104,8 @@ class JobConfig:
         return cls(**values)
 
     def _validate(self) -> None:
+        for name in ("node_rank", "sched_node_rank", "manager_port", "max_frame_bytes"):
+            _int_field(name, getattr(self, name))
         _positive_int("node_nums", self.node_nums)
         _positive_int("proc_per_node", self.proc_per_node)
         _positive_int("liveness", self.liveness)
@@ -125,7 +128,7 @@ class JobConfig:
             raise ConfigError(f"strategies must be Strategy values, got {self.strategies!r}")
         for name in ("heartbeat_s", "hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         if self.silence_s >= min(self.hang_timeout_s, self.phase_timeout_s):
             raise ConfigError(
@@ -150,6 +153,11 @@ def _check_keys(keys: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(FIELD_NAMES))}"
         )
+
+
+def _int_field(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -185,9 +193,12 @@ def _read_secret(environ: Mapping[str, str]) -> bytes | None:
         return None
     try:
         with open(path, "rb") as fh:
-            return fh.read().strip()
+            secret = fh.read().strip()
     except OSError as exc:
         raise ConfigError(f"{E.SECRET_FILE}={path!r} cannot be read: {exc.strerror}") from exc
+    if not secret:
+        raise ConfigError(f"{E.SECRET_FILE}={path!r} is empty: the job would run unauthenticated")
+    return secret
 
 
 def _read_strategies(environ: Mapping[str, str]) -> tuple[Strategy, ...] | None:
@@ -202,10 +213,19 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
     local = _int(environ, E.LOCAL_WORKER)
     world = _int(environ, E.WORKER_NUM)
     nodes = _int(environ, E.NODE_NUMS)
-    if nodes is None and world is not None and local:
+    if world is not None and local:
         if world % local:
             raise ConfigError(f"{E.WORKER_NUM}={world} is not a multiple of {E.LOCAL_WORKER}={local}")
+        if nodes is not None and nodes * local != world:
+            raise ConfigError(f"{E.NODE_NUMS}={nodes} x {E.LOCAL_WORKER}={local} != "
+                              f"{E.WORKER_NUM}={world}")
         nodes = world // local
+    elif world is not None and nodes is not None and local is None:
+        if world % nodes:
+            raise ConfigError(f"{E.WORKER_NUM}={world} is not a multiple of {E.NODE_NUMS}={nodes}")
+        local = world // nodes
+    elif world is not None and world != 1:
+        raise ConfigError(f"{E.WORKER_NUM}={world} needs {E.LOCAL_WORKER} (ranks per node) too")
     found: dict[str, Any] = {
         "job_id": environ.get(E.TASK_ID) or None,
         "node_nums": nodes,

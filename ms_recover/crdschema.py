@@ -187,10 +187,15 @@ def _check_list_map(
             entry.get(k) if entry.get(k) is not None else props.get(k, {}).get("default")
             for k in keys
         )
+        if not all(isinstance(k, (str, int, float)) or k is None for k in key):
+            continue  # a mistyped key field is reported by the type check
         if key in seen:
             shown = ", ".join(f"{k}={v}" for k, v in zip(keys, key, strict=True))
-            out.append(SchemaIssue(path + (index,), f"duplicate entry ({shown}) of {path[-1]}"
-                                   f"[{seen[key]}]"))
+            out.append(
+                SchemaIssue(
+                    path + (index,), f"duplicate entry ({shown}) of {path[-1]}[{seen[key]}]"
+                )
+            )
         else:
             seen[key] = index
 
@@ -216,8 +221,14 @@ def _type_ok(value: Any, expected: Any) -> bool:
 
 def _kind(value: Any) -> str:
     """How a YAML reader would name the type of a parsed value."""
-    names = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object",
-             list: "array"}
+    names = {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        dict: "object",
+        list: "array",
+    }
     name = names.get(type(value), type(value).__name__)
     if isinstance(value, (str, int, float, bool)):
         return f"{name} {value!r}"

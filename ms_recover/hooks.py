@@ -13,7 +13,7 @@
   scheduler process started with ``MS_RECOVER_AUTOSTART=1`` starts the manager itself
   (see :mod:`ms_recover.autostart`).
 
-The run directory is ``MS_RECOVER_RUN_DIR``, default ``/tmp/ms_recover/<MINDX_TASK_ID>``.
+The run directory is ``MS_RECOVER_RUN_DIR``, default ``/tmp/ms-recover/<MINDX_TASK_ID>``.
 Exit status: 0 done or nothing to do, 1 failed, 2 usage error, 3 (status) not running.
 """
 
@@ -89,18 +89,20 @@ def placement(environ: Mapping[str, str]) -> Placement:
         same = host == pod_ip
         relation = "==" if same else "!="
         return Placement(same, f"{E.SCHED_HOST}={host} {relation} {E.POD_IP}={pod_ip}")
-    missing = tuple(name for name, value in ((E.SCHED_HOST, host), (E.POD_IP, pod_ip))
-                    if not value)
-    return Placement(False, f"{' and '.join(missing)} not set and {E.ROLE} is "
-                            f"{role or 'unset'} (not {E.ROLE_SCHED})", missing)
+    missing = tuple(name for name, value in ((E.SCHED_HOST, host), (E.POD_IP, pod_ip)) if not value)
+    return Placement(
+        False,
+        f"{' and '.join(missing)} not set and {E.ROLE} is {role or 'unset'} (not {E.ROLE_SCHED})",
+        missing,
+    )
 
 
 def run_files(environ: Mapping[str, str]) -> RunFiles:
-    """The run directory: MS_RECOVER_RUN_DIR, else /tmp/ms_recover/<job id> (sanitised)."""
+    """The run directory: MS_RECOVER_RUN_DIR, else /tmp/ms-recover/<job id> (sanitised)."""
     if environ.get(RUN_DIR):
         return RunFiles(pathlib.Path(environ[RUN_DIR]))
     job = re.sub(r"[^A-Za-z0-9_.-]", "_", environ.get(E.TASK_ID, "") or "default")
-    return RunFiles(pathlib.Path("/tmp/ms_recover") / (job.strip(".") or "default"))
+    return RunFiles(pathlib.Path("/tmp/ms-recover") / (job.strip(".") or "default"))
 
 
 def manager_address(environ: Mapping[str, str]) -> tuple[str, int]:
@@ -179,14 +181,23 @@ def _spawn(environ: Mapping[str, str], files: RunFiles) -> int:
     command = [sys.executable, "-m", "ms_recover.cli", "manager"]
     if not environ.get(E.EVENTS):
         command += ["--events", str(files.events)]
+    if not environ.get(E.POD_IP) and environ.get(E.SCHED_HOST):
+        # MS_ROLE=MS_SCHED without POD_IP: bind where agents look (the operator sets
+        # MS_SCHED_HOST to this pod's IP), not on the loopback default.
+        command += ["--host", environ[E.SCHED_HOST]]
     child_env = dict(environ)
     child_env[E.AUTOSTART] = "0"  # the manager is python too: no recursive autostart
     with open(files.log, "ab") as log:
         log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command)}\n".encode())
         log.flush()
         proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=child_env, cwd=files.directory, start_new_session=True, close_fds=True,
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            start_new_session=True,
+            close_fds=True,
         )
     return proc.pid
 
@@ -230,16 +241,20 @@ def cmd_start(environ: Mapping[str, str], timeout: float) -> int:
     where = placement(environ)
     if not where.is_scheduler:
         if where.missing:
-            say(f"warning: cannot tell whether this pod hosts the manager: {where.reason}; "
+            say(
+                f"warning: cannot tell whether this pod hosts the manager: {where.reason}; "
                 "the Ascend Operator injects MS_SCHED_HOST and MS_ROLE, add POD_IP from "
-                "fieldRef status.podIP; not starting the manager", error=True)
+                "fieldRef status.podIP; not starting the manager",
+                error=True,
+            )
         else:
             say(f"not the scheduler pod ({where.reason}): nothing to start")
         return 0
     files = run_files(environ)
     pid, started = launch(environ)
-    say(f"{'started' if started else 'reusing'} manager pid {pid} ({where.reason}); "
-        f"log {files.log}")
+    say(
+        f"{'started' if started else 'reusing'} manager pid {pid} ({where.reason}); log {files.log}"
+    )
     problem = wait_ready(pid, environ, timeout)
     if problem is None:
         host, port = manager_address(environ)
@@ -264,8 +279,10 @@ def cmd_stop(environ: Mapping[str, str], timeout: float) -> int:
         gone = _terminate(pid, timeout)
         if gone:
             files.pid.unlink(missing_ok=True)
-    say(f"stopped manager pid {pid}" if gone else f"error: manager pid {pid} survived SIGKILL",
-        error=not gone)
+    say(
+        f"stopped manager pid {pid}" if gone else f"error: manager pid {pid} survived SIGKILL",
+        error=not gone,
+    )
     return 0 if gone else 1
 
 
@@ -302,18 +319,27 @@ def cmd_install_pth(site_dir: str | None) -> int:
     except OSError as exc:
         say(f"error: cannot write {target}: {exc.strerror or exc}", error=True)
         return 1
-    say(f"wrote {target}; python processes with {E.AUTOSTART}=1 and {E.ROLE}={E.ROLE_SCHED} "
-        "now start the manager")
+    say(
+        f"wrote {target}; python processes with {E.AUTOSTART}=1 and {E.ROLE}={E.ROLE_SCHED} "
+        "now start the manager"
+    )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ms_recover.hooks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ms_recover.hooks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="start the manager on the scheduler pod")
-    start.add_argument("--timeout", type=float, default=None,
-                       help=f"seconds to wait for the port (default ${START_TIMEOUT} or 60)")
+    start.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds to wait for the port (default ${START_TIMEOUT} or 60)",
+    )
     stop = sub.add_parser("stop", help="stop the manager started here")
     stop.add_argument("--timeout", type=float, default=10.0, help="seconds before SIGKILL")
     sub.add_parser("status", help="exit 0 if the manager runs, 3 if not")
@@ -331,13 +357,27 @@ def _env_timeout(environ: Mapping[str, str]) -> float | None:
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run one hook command; return its exit status. File-system failures are reported, not
+    raised (exit 1)."""
     args = build_parser().parse_args(argv)
     env = dict(os.environ if environ is None else environ)
+    try:
+        return _dispatch(args, env)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        say(f"error: {args.command} failed:{where}: {exc.strerror or exc}", error=True)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace, env: dict[str, str]) -> int:
     if args.command == "start":
         timeout = args.timeout if args.timeout is not None else _env_timeout(env)
         if timeout is None or timeout <= 0:
-            say(f"error: {START_TIMEOUT}={env.get(START_TIMEOUT)!r} / --timeout must be a "
-                "positive number of seconds", error=True)
+            say(
+                f"error: {START_TIMEOUT}={env.get(START_TIMEOUT)!r} / --timeout must be a "
+                "positive number of seconds",
+                error=True,
+            )
             return 2
         return cmd_start(env, timeout)
     if args.command == "stop":

@@ -53,12 +53,9 @@ class Replica:
     name: str
     spec: dict[str, Any]
     path: Path
+    containers: list[Any]
     container_index: int | None
     container: dict[str, Any]
-
-    @property
-    def is_leader(self) -> bool:
-        return self.name.lower() != "worker"
 
     @property
     def container_path(self) -> Path:
@@ -81,8 +78,9 @@ class Job:
 
     @property
     def is_mindspore(self) -> bool:
-        return self.framework == "mindspore" or any(r.name.lower() == "scheduler"
-                                                    for r in self.replicas)
+        return self.framework == "mindspore" or any(
+            r.name.lower() == "scheduler" for r in self.replicas
+        )
 
 
 def check_job(doc: dict[str, Any]) -> list[JobIssue]:
@@ -92,6 +90,14 @@ def check_job(doc: dict[str, Any]) -> list[JobIssue]:
     for rule in RULES:
         issues.extend(rule(job))
     return issues
+
+
+def _error(path: Path, message: str) -> JobIssue:
+    return JobIssue(ERROR, path, message)
+
+
+def _warning(path: Path, message: str) -> JobIssue:
+    return JobIssue(WARNING, path, message)
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -118,11 +124,12 @@ def _extract(doc: dict[str, Any]) -> Job:
 
 
 def _replica(name: str, spec: dict[str, Any]) -> Replica:
+    path: Path = ("spec", "replicaSpecs", name)
     containers = _as_list(_as_dict(_as_dict(spec.get("template")).get("spec")).get("containers"))
     for index, container in enumerate(containers):
         if isinstance(container, dict) and container.get("name") == CONTAINER:
-            return Replica(name, spec, ("spec", "replicaSpecs", name), index, container)
-    return Replica(name, spec, ("spec", "replicaSpecs", name), None, {})
+            return Replica(name, spec, path, containers, index, container)
+    return Replica(name, spec, path, containers, None, {})
 
 
 def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -141,30 +148,35 @@ def rule_recover_strategy(job: Job) -> Iterator[JobIssue]:
         parsed = parse_strategies(raw)
     except ConfigError as exc:
         text = str(exc) if "valid" in str(exc) else f"{exc}; valid: {VALID_NAMES}"
-        yield JobIssue(ERROR, path, text)
+        yield _error(path, text)
         return
     if not parsed:
-        yield JobIssue(WARNING, path, "is empty: no process-level recovery; valid: " + VALID_NAMES)
+        yield _warning(path, "is empty: no process-level recovery; valid: " + VALID_NAMES)
     if Strategy.ELASTIC_TRAINING in parsed and job.is_mindspore:
-        yield JobIssue(WARNING, path, (
+        yield _warning(
+            path,
             "elastic-training with MindSpore: ms_recover supports it, but MindCluster's Ascend "
             "Operator applies elastic-training to PyTorch jobs only and ignores it here, so only "
-            "ms_recover's manager will act on it"))
+            "ms_recover's manager will act on it",
+        )
 
 
 def rule_fault_scheduling(job: Job) -> Iterator[JobIssue]:
     path: Path = ("metadata", "labels", "fault-scheduling")
     value = job.labels.get("fault-scheduling")
     if isinstance(value, str) and value not in FAULT_SCHEDULING:
-        yield JobIssue(ERROR, path, f"{value!r} is not one of: {', '.join(FAULT_SCHEDULING)}")
+        yield _error(path, f"{value!r} is not one of: {', '.join(FAULT_SCHEDULING)}")
     moves_pods = job.strategies and {Strategy.RECOVER, Strategy.ELASTIC_TRAINING} & set(
-        job.strategies)
+        job.strategies
+    )
     if moves_pods and value in (None, "off"):
         shown = "absent (treated as off)" if value is None else "off"
-        yield JobIssue(WARNING, path, (
+        yield _warning(
+            path,
             f"is {shown}: MindCluster then does no fault rescheduling and a failed pod only "
             "counts against backoffLimit, but the 'recover' strategy needs the faulty pod "
-            "recreated; set grace or force"))
+            "recreated; set grace or force",
+        )
 
 
 def rule_wait_reschedule(job: Job) -> Iterator[JobIssue]:
@@ -175,9 +187,11 @@ def rule_wait_reschedule(job: Job) -> Iterator[JobIssue]:
     low, high = WAIT_RESCHEDULE
     text = value.strip()
     if not (text.isdigit() and low <= int(text) <= high):
-        yield JobIssue(ERROR, path, (
+        yield _error(
+            path,
             f"{value!r} must be an integer number of seconds in {low}..{high} (ClusterD falls "
-            f"back to 270 otherwise)"))
+            f"back to 270 otherwise)",
+        )
 
 
 def rule_process_recover(job: Job) -> Iterator[JobIssue]:
@@ -186,32 +200,37 @@ def rule_process_recover(job: Job) -> Iterator[JobIssue]:
     if job.strategies is None:
         return
     if value is None:
-        yield JobIssue(WARNING, path, (
+        yield _warning(
+            path,
             "is absent while recover-strategy is set; the Ascend Operator adds it to the "
             'PodGroup itself, but MindCluster\'s samples also set process-recover-enable: "on" '
-            "on the job; add it so the job and its PodGroup agree"))
+            "on the job; add it so the job and its PodGroup agree",
+        )
     elif isinstance(value, str) and value not in PROCESS_RECOVER:
-        yield JobIssue(WARNING, path, (
+        yield _warning(
+            path,
             f"{value!r} is not one of: {', '.join(PROCESS_RECOVER)}; Volcano and ClusterD "
-            "treat it as off"))
+            "treat it as off",
+        )
 
 
 def rule_framework(job: Job) -> Iterator[JobIssue]:
     path: Path = ("metadata", "labels", "framework")
     valid = ", ".join(FRAMEWORK_REPLICAS)
     if "framework" not in job.labels:
-        yield JobIssue(ERROR, path, f"is missing; the Ascend Operator rejects the job; valid: "
-                                    f"{valid}")
+        yield _error(path, f"is missing; the Ascend Operator rejects the job; valid: {valid}")
         return
     allowed = FRAMEWORK_REPLICAS.get(job.framework)
     if allowed is None:
-        yield JobIssue(ERROR, path, f"{job.labels['framework']!r} is not one of: {valid}")
+        yield _error(path, f"{job.labels['framework']!r} is not one of: {valid}")
         return
     for replica in job.replicas:
         if replica.name.lower() not in {a.lower() for a in allowed}:
-            yield JobIssue(ERROR, replica.path, (
+            yield _error(
+                replica.path,
                 f"replica type {replica.name!r} is not valid for framework {job.framework}; "
-                f"valid: {', '.join(allowed)}"))
+                f"valid: {', '.join(allowed)}",
+            )
 
 
 # --- replica specs -----------------------------------------------------------------------------
@@ -222,12 +241,16 @@ def rule_replicas(job: Job) -> Iterator[JobIssue]:
         count = replica.spec.get("replicas", 1)
         if isinstance(count, int) and not isinstance(count, bool):
             if count == 0:
-                yield JobIssue(ERROR, replica.path + ("replicas",),
-                               "is 0; the Ascend Operator rejects replica types with 0 replicas")
-            elif replica.is_leader and count != 1:
-                yield JobIssue(ERROR, replica.path + ("replicas",), (
+                yield _error(
+                    replica.path + ("replicas",),
+                    "is 0; the Ascend Operator rejects replica types with 0 replicas",
+                )
+            elif replica.name.lower() != "worker" and count != 1:
+                yield _error(
+                    replica.path + ("replicas",),
                     f"{replica.name} replicas is {count}; it must be 1 (the Ascend Operator "
-                    "allows exactly one leader pod)"))
+                    "allows exactly one leader pod)",
+                )
         yield from _restart_policy(job, replica)
 
 
@@ -235,37 +258,40 @@ def _restart_policy(job: Job, replica: Replica) -> Iterator[JobIssue]:
     path = replica.path + ("restartPolicy",)
     policy = replica.spec.get("restartPolicy")
     if isinstance(policy, str) and policy not in RESTART_POLICIES:
-        yield JobIssue(ERROR, path, f"{policy!r} is not one of: {', '.join(RESTART_POLICIES)}")
+        yield _error(path, f"{policy!r} is not one of: {', '.join(RESTART_POLICIES)}")
     elif job.strategies and policy in ("Always", "OnFailure"):
-        yield JobIssue(WARNING, path, (
+        yield _warning(
+            path,
             f"is {policy}: the kubelet restarts a failed container in the same pod on the same "
             "node, outside ms_recover's control; MindCluster's process-recovery samples use "
-            "Never"))
-    template_spec = _as_dict(_as_dict(replica.spec.get("template")).get("spec"))
-    if "restartPolicy" in template_spec:
-        yield JobIssue(WARNING, replica.path + ("template", "spec", "restartPolicy"),
-                       "is ignored: the operator overrides it with the replica's restartPolicy")
+            "Never",
+        )
 
 
 def rule_containers(job: Job) -> Iterator[JobIssue]:
     for replica in job.replicas:
         base = replica.path + ("template", "spec", "containers")
-        containers = _as_list(_as_dict(_as_dict(replica.spec.get("template")).get("spec"))
-                              .get("containers"))
+        containers = replica.containers
         for index, container in enumerate(containers):
             if isinstance(container, dict) and not container.get("image"):
-                yield JobIssue(ERROR, base + (index, "image"),
-                               "is missing; the Ascend Operator rejects containers without one")
+                yield _error(
+                    base + (index, "image"),
+                    "is missing; the Ascend Operator rejects containers without one",
+                )
         if replica.container_index is None:
             names = ", ".join(repr(c.get("name")) for c in containers if isinstance(c, dict))
-            yield JobIssue(ERROR, base, (
+            yield _error(
+                base,
                 f"no container named {CONTAINER!r} (found: {names or 'none'}); the Ascend "
                 f"Operator rejects the job and injects its env and ports only into the "
-                f"container named {CONTAINER!r}; do not rename it"))
+                f"container named {CONTAINER!r}; do not rename it",
+            )
         elif replica.name.lower() != "scheduler" and _npu_request(replica.container) <= 0:
-            yield JobIssue(ERROR, replica.container_path + ("resources", "requests"), (
+            yield _error(
+                replica.container_path + ("resources", "requests"),
                 f"requests no {NPU_PREFIX}* resource; the Ascend Operator rejects a "
-                f"{replica.name} without NPUs"))
+                f"{replica.name} without NPUs",
+            )
 
 
 def _npu_request(container: dict[str, Any]) -> int:
@@ -291,9 +317,11 @@ def rule_ports(job: Job) -> Iterator[JobIssue]:
         path = replica.container_path + ("ports",)
         ports = [p for p in _as_list(replica.container.get("ports")) if isinstance(p, dict)]
         if not any(p.get("name") == JOB_PORT_NAME for p in ports):
-            yield JobIssue(WARNING, path, (
+            yield _warning(
+                path,
                 f"no port named {JOB_PORT_NAME} ({JOB_PORT}); the Ascend Operator appends it "
-                "itself, but declare it as MindCluster's samples do"))
+                "itself, but declare it as MindCluster's samples do",
+            )
         if job.strategies:
             yield from _taskd_port(job.strategies, replica, ports, path)
 
@@ -306,13 +334,18 @@ def _taskd_port(
     if not match:
         needs = sorted(s.value for s in RESCHEDULING & set(strategies))
         severity = ERROR if needs else WARNING
-        why = (f"{', '.join(needs)} need the manager reachable from restarted processes"
-               if needs else "ms_recover's manager listens on it for every strategy")
-        yield JobIssue(severity, path, (
+        why = (
+            f"{', '.join(needs)} need the manager reachable from restarted processes"
+            if needs
+            else "ms_recover's manager listens on it for every strategy"
+        )
+        message = (
             f"missing port {wanted} ({TASKD_PORT_NAME}); recover-strategy is set and {why}; "
-            f"add {{containerPort: {wanted}, name: {TASKD_PORT_NAME}}} to every replica"))
+            f"add {{containerPort: {wanted}, name: {TASKD_PORT_NAME}}} to every replica"
+        )
+        yield JobIssue(severity, path, message)
     elif all(p.get("name") != TASKD_PORT_NAME for p in match):
-        yield JobIssue(WARNING, path, f"port {wanted} should be named {TASKD_PORT_NAME}")
+        yield _warning(path, f"port {wanted} should be named {TASKD_PORT_NAME}")
 
 
 def _manager_port(container: dict[str, Any]) -> int:
@@ -333,18 +366,24 @@ def rule_env(job: Job) -> Iterator[JobIssue]:
         env = _env(replica.container)
         path = replica.container_path + ("env",)
         if "POD_IP" not in env:
-            yield JobIssue(WARNING, path, (
+            yield _warning(
+                path,
                 "no POD_IP (valueFrom.fieldRef.fieldPath: status.podIP); ms_recover uses it to "
-                "find the scheduler pod and for rank-to-rank addresses"))
+                "find the scheduler pod and for rank-to-rank addresses",
+            )
         secret = env.get("MS_RECOVER_SECRET")
         if secret is None and "MS_RECOVER_SECRET_FILE" not in env:
-            yield JobIssue(WARNING, path, (
+            yield _warning(
+                path,
                 "no MS_RECOVER_SECRET; frames are then signed with a key derived from the job "
-                "id, which is not secret; set it from a Kubernetes Secret (secretKeyRef)"))
+                "id, which is not secret; set it from a Kubernetes Secret (secretKeyRef)",
+            )
         elif secret is not None and "value" in secret:
-            yield JobIssue(WARNING, path, (
+            yield _warning(
+                path,
                 "MS_RECOVER_SECRET is written in plain text; take it from a Kubernetes Secret "
-                "(valueFrom.secretKeyRef)"))
+                "(valueFrom.secretKeyRef)",
+            )
 
 
 RULES: tuple[Callable[[Job], Iterator[JobIssue]], ...] = (

@@ -128,8 +128,7 @@ def bars(incident: Incident, t0: float) -> list[Bar]:
     rec = incident.recovery or {}
     durations = _phase_dict(rec)
     if not durations:
-        durations = {str(p.get("phase")): _num(p.get("duration_s")) or 0.0
-                     for p in incident.phases}
+        durations = {str(p.get("phase")): _num(p.get("duration_s")) or 0.0 for p in incident.phases}
     total = sum(_num(v) or 0.0 for v in durations.values())
     last = incident.recovery or (incident.phases[-1] if incident.phases else {"ts": t0})
     cursor = float(last["ts"]) - (_num(rec.get("mttr_s")) or total) - t0
@@ -160,8 +159,10 @@ def describe(event: Event) -> str:
     if kind == "recovery":
         detail = " ".join(f"{k}={_num(v) or 0.0:.3f}" for k, v in _phase_dict(event).items())
         status = "ok" if event.get("ok") else "FAILED"
-        return (f"{status} strategy={event.get('strategy')} mttr={event.get('mttr_s')}s "
-                f"lost_steps={event.get('lost_steps')} [{detail}]")
+        return (
+            f"{status} strategy={event.get('strategy')} mttr={event.get('mttr_s')}s "
+            f"lost_steps={event.get('lost_steps')} [{detail}]"
+        )
     skip = {"ts", "event", "epoch", "state"}
     return " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)
 
@@ -185,8 +186,9 @@ def print_timeline(events: list[Event], out: TextIO) -> None:
             run_count += 1
         elif kind:
             epoch = event.get("epoch", "-")
-            out.write(f"{event['ts'] - t0:+10.3f}s  epoch {epoch!s:<4} {kind:<10} "
-                      f"{describe(event)}\n")
+            out.write(
+                f"{event['ts'] - t0:+10.3f}s  epoch {epoch!s:<4} {kind:<10} {describe(event)}\n"
+            )
 
 
 def print_summary(events: list[Event], out: TextIO) -> None:
@@ -195,19 +197,31 @@ def print_summary(events: list[Event], out: TextIO) -> None:
     faults = sum(e["event"] == "fault" for e in events)
     good = [e for e in recs if e.get("ok")]
     span = events[-1]["ts"] - events[0]["ts"]
-    out.write(f"\n{len(events)} events over {span:.3f}s: {faults} fault(s), {len(recs)} "
-              f"recovery(ies), {len(good)} ok\n")
+    out.write(
+        f"\n{len(events)} events over {span:.3f}s: {faults} fault(s), {len(recs)} "
+        f"recovery(ies), {len(good)} ok\n"
+    )
     mttrs = [m for m in (_num(e.get("mttr_s")) for e in good) if m is not None]
     if mttrs:
         out.write(f"MTTR: mean {sum(mttrs) / len(mttrs):.3f}s, max {max(mttrs):.3f}s\n")
 
 
-PHASE_COLOURS = {"detect": "#d62728", "stop": "#ff7f0e", "replace": "#9467bd",
-                 "rebuild": "#1f77b4", "repair": "#2ca02c", "resume": "#17becf"}
+PHASE_COLOURS = {
+    "detect": "#d62728",
+    "stop": "#ff7f0e",
+    "replace": "#9467bd",
+    "rebuild": "#1f77b4",
+    "repair": "#2ca02c",
+    "resume": "#17becf",
+}
 
 
 def plot(events: list[Event], path: str) -> str:
-    """Draw one Gantt row per incident into ``path``; return "" on success, else the problem."""
+    """Draw one Gantt row per incident into ``path``; return "" on success, else the problem.
+
+    Each row is drawn on its own clock, starting at the incident's first fault; the label
+    says when that was relative to the first event.
+    """
     try:
         import matplotlib
 
@@ -225,9 +239,10 @@ def plot(events: list[Event], path: str) -> str:
     try:
         for row, incident in enumerate(rows):
             _draw_row(ax, row, incident, t0)
-        ax.set_yticks(range(len(rows)), [i.label for i in rows])
+        labels = [f"{i.label}\nat +{incident_origin(i, t0):.1f}s" for i in rows]
+        ax.set_yticks(range(len(rows)), labels)
         ax.invert_yaxis()
-        ax.set_xlabel("seconds since the first event")
+        ax.set_xlabel("seconds since the row's first fault")
         ax.set_title("ms_recover recoveries: phases and faults")
         handles: list[Any] = [Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
         handles.append(Line2D([], [], color="black", marker="x", linestyle="", label="fault"))
@@ -241,14 +256,29 @@ def plot(events: list[Event], path: str) -> str:
     return ""
 
 
+def incident_origin(incident: Incident, t0: float) -> float:
+    """Where a row's clock starts: its first fault, else its first phase (relative to t0)."""
+    starts = [f["ts"] - t0 for f in incident.faults] + [b.start for b in bars(incident, t0)]
+    return min(starts, default=0.0)
+
+
 def _draw_row(ax: Any, row: int, incident: Incident, t0: float) -> None:
-    for bar in bars(incident, t0):
-        ax.broken_barh([(bar.start, max(bar.duration, 1e-3))], (row - 0.3, 0.6),
-                       color=PHASE_COLOURS.get(bar.phase, "grey"))
+    # Each row has its own origin so that recoveries hours apart stay readable side by side.
+    origin = t0 + incident_origin(incident, t0)
+    for bar in bars(incident, origin):
+        ax.broken_barh(
+            [(bar.start, max(bar.duration, 1e-3))],
+            (row - 0.3, 0.6),
+            color=PHASE_COLOURS.get(bar.phase, "grey"),
+        )
     for fault in incident.faults:
-        ax.plot(fault["ts"] - t0, row, marker="x", color="black", markersize=9)
-        ax.annotate(str(fault.get("kind", "fault")), (fault["ts"] - t0, row - 0.35),
-                    fontsize=7, ha="center")
+        ax.plot(fault["ts"] - origin, row, marker="x", color="black", markersize=9)
+        ax.annotate(
+            str(fault.get("kind", "fault")),
+            (fault["ts"] - origin, row - 0.35),
+            fontsize=7,
+            ha="center",
+        )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -266,8 +296,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"ms-recover report: error: {args.events}: {reason}", file=sys.stderr)
         return 1
     if loaded.skipped:
-        print(f"ms-recover report: warning: skipped {loaded.skipped} malformed line(s) "
-              f"(first at {loaded.first_problem})", file=sys.stderr)
+        print(
+            f"ms-recover report: warning: skipped {loaded.skipped} malformed line(s) "
+            f"(first at {loaded.first_problem})",
+            file=sys.stderr,
+        )
     if not loaded.events:
         print(f"ms-recover report: error: {args.events}: no events", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ the same script for ms_recover: only the import changes, from ``taskd.api`` to
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -23,7 +24,8 @@ def _env_int(name: str, default: int) -> int:
     return int(raw) if raw.isdigit() else default
 
 
-job_id = os.getenv("MINDX_TASK_ID", "default")
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+job_id = os.getenv("MINDX_TASK_ID")  # None: ms_recover falls back to its default
 proc_per_node = max(1, _env_int("MS_LOCAL_WORKER", 1))  # training processes per node
 world_size = _env_int("MS_WORKER_NUM", proc_per_node)  # all training processes of the job
 node_nums = _env_int("MS_RECOVER_NODE_NUMS", max(1, world_size // proc_per_node))
@@ -32,4 +34,4 @@ config = {"job_id": job_id, "node_nums": node_nums, "proc_per_node": proc_per_no
 if not init_taskd_manager(config):
     print(f"manager.py: init_taskd_manager({config}) failed", file=sys.stderr)
     sys.exit(1)
-start_taskd_manager()
+sys.exit(start_taskd_manager())  # runs until the job ends; its exit code is the job's verdict

@@ -6,7 +6,7 @@
 #
 # On the pod where MS_ROLE=MS_SCHED or MS_SCHED_HOST == POD_IP it starts `ms-recover manager`
 # in the background (log and pid file under MS_RECOVER_RUN_DIR, default
-# /tmp/ms_recover/$MINDX_TASK_ID) and waits until its port (MS_RECOVER_PORT, default 9601)
+# /tmp/ms-recover/$MINDX_TASK_ID) and waits until its port (MS_RECOVER_PORT, default 9601)
 # accepts connections. Everywhere else it prints one line and does nothing. Sourcing it twice
 # is harmless: a running manager is reused. A failure to start is reported as a warning and
 # never stops the calling script, even under `set -euo pipefail`.

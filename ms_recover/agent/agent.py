@@ -8,7 +8,9 @@ Guarantees:
   restart" never races;
 * AgentExit kills every local rank and makes :meth:`Agent.run` return the given code (the pod
   supervisor recreates the pod on :data:`~ms_recover.exitcodes.RESCHEDULE`);
-* on SIGTERM (or :meth:`Agent.stop`) every child is terminated and reaped before returning.
+* on SIGTERM (or :meth:`Agent.stop`) every child is terminated and reaped before returning;
+* if the manager stays silent for ``phase_timeout_s`` (it answers every heartbeat), the
+  ranks are killed and the agent exits 1: without a manager nothing can be recovered.
 """
 
 from __future__ import annotations
@@ -61,14 +63,21 @@ class Agent:
             self.ranks.start(rank)
         log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
         next_beat = 0.0
+        last_heard = time.monotonic()
         try:
             while self.exit_code is None and not self._stop.is_set():
                 self._report(self.ranks.poll())
+                if time.monotonic() - last_heard > cfg.phase_timeout_s:
+                    log.error("manager at %s silent for %.0fs: stopping this node",
+                              cfg.manager_endpoint, cfg.phase_timeout_s)
+                    self.exit_code = exitcodes.FAILED
+                    break
                 if time.monotonic() >= next_beat:
                     self.chan.send(M.AgentHeartbeat(cfg.node_rank, self.ranks.pids()), self._epoch)
                     next_beat = time.monotonic() + cfg.heartbeat_s
                 env = self.chan.recv(int(self.poll_s * 1000))
                 if env is not None:
+                    last_heard = time.monotonic()
                     self._epoch = max(self._epoch, env.epoch)
                     self._handle(env.msg)
                 if self.exit_code is None and self._all_done():
@@ -88,7 +97,7 @@ class Agent:
         for e in exited:
             log.info("rank %d exited code=%d signal=%d", e.rank, e.exit_code, e.signal)
             self._last_exit[e.rank] = e.exit_code if e.signal == 0 else -e.signal
-            self.chan.send(M.RankExited(self.config.node_rank, e.rank, e.exit_code, e.signal,
+            self.chan.send(M.RankExited(self.config.node_rank, e.rank, e.pid, e.exit_code, e.signal,
                                         e.observed_at), self._epoch)
 
     def _handle(self, msg: M.Message) -> None:

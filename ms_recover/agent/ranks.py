@@ -22,6 +22,7 @@ from ms_recover.strategy import format_strategies
 @dataclasses.dataclass(frozen=True)
 class Exited:
     rank: int
+    pid: int
     exit_code: int
     signal: int
     observed_at: float
@@ -91,7 +92,7 @@ class RankSet:
             if code is not None:
                 del self.procs[rank]
                 sig = -code if code < 0 else 0
-                exited.append(Exited(rank, code if code >= 0 else 128 + sig, sig, time.time()))
+                exited.append(Exited(rank, proc.pid, code if code >= 0 else 128 + sig, sig, time.time()))
         return exited
 
     def kill(self, ranks: list[int], sig: int = signal.SIGKILL, grace_s: float = 5.0) -> list[Exited]:
@@ -108,7 +109,8 @@ class RankSet:
                 _signal(proc, signal.SIGKILL)
                 proc.wait()
             code = proc.returncode
-            exited.append(Exited(rank, code if code >= 0 else 128 - code, max(0, -code), time.time()))
+            exited.append(Exited(rank, proc.pid, code if code >= 0 else 128 - code, max(0, -code),
+                                 time.time()))
         return exited
 
     def pids(self) -> dict[int, int]:

@@ -73,20 +73,24 @@ class HostBackend(CommBackend):
 
     def __init__(self, rank: int, world_size: int, bind_host: str = "127.0.0.1",
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float | None = None,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None, io_threads: int = 2) -> None:
         """Bind the inbound socket now, so :attr:`endpoint` is known before :meth:`init`.
 
+        ``chunk_bytes`` bounds each message; ranks may use different values.
         ``timeout`` (seconds) bounds each wait for a peer; None waits until :meth:`abort`.
         ``advertise_host`` is the address peers dial when ``bind_host`` is a wildcard.
+        ``io_threads``: ZeroMQ I/O threads (native, not Python); 2 lets both directions run at once.
         """
         super().__init__(rank, world_size)
         if chunk_bytes < 64:
             raise ConfigError(f"chunk_bytes must be >= 64, got {chunk_bytes}")
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"timeout must be > 0 seconds or None, got {timeout}")
+        if io_threads < 1:
+            raise ConfigError(f"io_threads must be >= 1, got {io_threads}")
         self.chunk_bytes = chunk_bytes
         self._boxes = Mailboxes()
-        self._link = Link(rank, bind_host, advertise_host, timeout, self._boxes)
+        self._link = Link(rank, bind_host, advertise_host, timeout, self._boxes, io_threads)
         self._groups: dict[str, tuple[int, ...]] = {}
         self._seq: dict[str, int] = {}
         self._built = False
@@ -136,9 +140,11 @@ class HostBackend(CommBackend):
         if not self._built:
             raise CommError(f"rank {self.rank}: create group {name!r} after init(), not before")
         missing = [r for r in ranks if r not in self._groups[WORLD]]
-        if not name or missing:
-            raise CommError(f"group {name!r} with ranks {list(ranks)}: needs a name, and ranks "
-                            f"{missing} are not in the world {list(self._groups[WORLD])}")
+        if missing:
+            raise CommError(f"group {name!r}: ranks {missing} are not in the world "
+                            f"{list(self._groups[WORLD])}")
+        if not name:
+            raise CommError(f"a group name must not be empty (ranks {list(ranks)})")
         self._groups[name] = ranks
         self._seq[name] = 0
 
@@ -150,8 +156,12 @@ class HostBackend(CommBackend):
 
     # -- collectives -----------------------------------------------------------------------
 
-    def _enter(self, group: str, kind: str, meta: str) -> _Call:
-        """Check the rank may call ``kind`` on ``group`` and number the call."""
+    def _enter(self, group: str, kind: str, meta: str, root: int | None = None) -> _Call:
+        """Check the rank may call ``kind`` on ``group`` and number the call.
+
+        Every check comes before the numbering: a call refused here leaves the group's op
+        sequence as it was, in step with the other members.
+        """
         self._link.check()
         if not self._built:
             raise CommError(f"rank {self.rank}: {kind} called before init()")
@@ -161,6 +171,8 @@ class HostBackend(CommBackend):
         if self.rank not in ranks:
             raise CommError(f"rank {self.rank} called {kind} on group {group!r} (ranks "
                             f"{list(ranks)}) but is not a member")
+        if root is not None and root not in ranks:
+            raise CommError(f"{kind} root {root} is not in group {group!r} (ranks {list(ranks)})")
         seq = self._seq[group]
         self._seq[group] = seq + 1
         return _Call(self.epoch, self.rank, group, ranks, seq, kind, meta)
@@ -237,10 +249,7 @@ class HostBackend(CommBackend):
     def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:
         """Root's array on every member (a new array everywhere, the root's input untouched)."""
         src = _contiguous(array)
-        call = self._enter(group, "broadcast", _signature(src))
-        if root not in call.ranks:
-            raise CommError(f"broadcast root {root} is not in group {group!r} "
-                            f"(ranks {list(call.ranks)})")
+        call = self._enter(group, "broadcast", _signature(src), root)
         flat = src.reshape(-1)
         chain = call.ranks[call.ranks.index(root):] + call.ranks[:call.ranks.index(root)]
         pos = chain.index(self.rank)

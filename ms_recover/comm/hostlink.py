@@ -36,12 +36,12 @@ class Link:
     """Sockets, wake-up pipe and abort flag of one rank."""
 
     def __init__(self, rank: int, bind_host: str, advertise_host: str | None,
-                 timeout: float | None, sink: Mailboxes) -> None:
+                 timeout: float | None, sink: Mailboxes, io_threads: int = 1) -> None:
         self.rank = rank
         self.timeout = timeout
         self.epoch = 0
         self._sink = sink
-        self._ctx = zmq.Context(io_threads=1)
+        self._ctx = zmq.Context(io_threads=io_threads)
         self._router = self._socket(zmq.ROUTER)
         port = self._router.bind_to_random_port(f"tcp://{bind_host}")
         self.endpoint = f"tcp://{advertise_host or bind_host}:{port}"
@@ -72,6 +72,7 @@ class Link:
             sock.close(linger=0)
         self._dealers = {}
         for rank, endpoint in sorted(members.items()):
+            endpoint = self.endpoint if rank == self.rank else endpoint
             sock = self._socket(zmq.DEALER)
             try:
                 sock.connect(endpoint)
@@ -134,24 +135,27 @@ class Link:
                             f" (members: {sorted(self._dealers)})")
         data = header.encode()
         deadline = self._deadline()
-        while True:
-            try:
-                sock.send(data, zmq.SNDMORE | zmq.NOBLOCK)
-                break
-            except zmq.Again:
-                self._wait_writable(sock, dst, deadline)
-        # Once the first part is queued, zmq accepts the rest of the message without blocking.
-        tracker = sock.send(payload, copy=False, track=track)
+        try:
+            while True:
+                try:
+                    sock.send(data, zmq.SNDMORE | zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    self._wait_writable(sock, dst, deadline)
+            # Once the first part is queued, zmq takes the rest of the message without blocking.
+            tracker = sock.send(payload, copy=False, track=track)
+        except zmq.ZMQError as exc:
+            raise CommError(f"rank {self.rank}: sending to rank {dst} failed: {exc}") from exc
         return tracker if track else None
 
     def take(self, key: Key, what: str) -> tuple[Header, zmq.Frame]:
         """Next message of mailbox ``key``, pumping the inbound socket until it arrives."""
         deadline = self._deadline()
         while True:
+            self.check()  # first: after an abort, even data already here is not consumed
             item = self._sink.pop(key)
             if item is not None:
                 return item
-            self.check()
             if self._drain():
                 continue
             self._poll(self._poller, deadline)

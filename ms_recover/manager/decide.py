@@ -57,7 +57,8 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
             faults.append(Fault("node_lost", node, -1, f"agent silent for {silent:.2f}s", now, silent))
     for rank, info in sorted(m.ranks.items()):
         silent = now - info.last_seen
-        if info.alive and info.node_rank not in lost_nodes and silent > cfg.silence_s + cfg.heartbeat_s:
+        if (info.alive and not info.done and info.node_rank not in lost_nodes
+                and silent > cfg.silence_s + cfg.heartbeat_s):
             faults.append(Fault("rank_silent", info.node_rank, rank,
                                 f"no heartbeat for {silent:.2f}s", now, silent))
     if m.state is JobState.RUNNING and not faults:
@@ -87,7 +88,7 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
     for f in faults:
         ranks = cfg.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
         hit.update(ranks)
-        actions.append(MarkLost(f"{f.kind}: {f.detail}", f, tuple(ranks), f.rank < 0))
+        actions.append(MarkLost(f"{f.kind}: {f.detail}", f, tuple(ranks), f.kind == "node_lost"))
         actions.append(Emit(f.detail, "fault", {"kind": f.kind, "rank": f.rank,
                                                  "node_rank": f.node_rank, "detail": f.detail,
                                                  "detect_s": round(f.detect_s, 4)}))
@@ -101,6 +102,8 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
     strategy, reason = choose_strategy(m, hit, lost_nodes)
     if strategy is None or strategy is Strategy.EXIT:
         return actions + exit_job(m, exitcodes.JOB_EXIT, f"{why}; {reason}")
+    if why != "fault detected":
+        reason = f"{why}; {reason}"
     return actions + _new_round(m, now, strategy, all_faults, hit, lost_nodes, prev, reason)
 
 
@@ -163,15 +166,18 @@ def _new_round(m: JobModel, now: float, strategy: Strategy, faults: list[Fault],
         nodes = {cfg.node_of(r) for r in hit} | lost_nodes
         for node in nodes:
             replace.update(cfg.ranks_of(node))
-    first = faults[0]
+    first = faults[0] if faults else Fault("escalation", -1, -1, reason, now, 0.0)
+    peak = max(i.committed_step for i in m.ranks.values())
     rnd = Round(
         epoch=epoch, strategy=strategy, faults=faults, replace_ranks=frozenset(replace),
         reschedule_nodes=frozenset(nodes), started=now,
         incident_start=prev.incident_start if prev else first.ts - first.detect_s,
         detect_s=prev.detect_s if prev else first.detect_s,
-        peak_step=max(i.committed_step for i in m.ranks.values()), phase_start=now,
+        peak_step=max(prev.peak_step, peak) if prev else peak, phase_start=now,
     )
     survivors = tuple(r for r in sorted(m.ranks) if r not in replace and m.ranks[r].alive)
+    # A recreated pod already started fresh ranks: its agent needs no command.
+    fresh = {f.node_rank for f in faults if f.kind == "node_restarted"}
     actions: list[Action] = [
         Emit(reason, "decision", {"strategy": strategy.value, "reason": reason,
                                   "replace": sorted(replace), "nodes": sorted(nodes)}),
@@ -179,12 +185,12 @@ def _new_round(m: JobModel, now: float, strategy: Strategy, faults: list[Fault],
         SendRanks("stop survivors", survivors, Stop(reason)),
     ]
     if strategy is Strategy.RECOVER:
-        for node in sorted(nodes):
+        for node in sorted(nodes - fresh):
             if m.agents[node].alive:
                 actions.append(SendAgent("reschedule pod", node,
                                          AgentExit(exitcodes.RESCHEDULE, reason)))
     else:
-        for node in sorted({cfg.node_of(r) for r in replace}):
+        for node in sorted({cfg.node_of(r) for r in replace} - fresh):
             local = sorted(r for r in replace if cfg.node_of(r) == node)
             actions.append(SendAgent("kill leftovers", node, KillRanks(local, reason)))
             actions.append(SendAgent("restart in place", node, StartRanks(local, reason)))
@@ -232,7 +238,7 @@ def _rebuild(m: JobModel) -> SendRanks:
 
 def _stopping(m: JobModel, now: float) -> list[Action]:
     rnd = _round(m)
-    survivors = [r for r in m.ranks if r not in rnd.replace_ranks]
+    survivors = [r for r, i in m.ranks.items() if r not in rnd.replace_ranks and not i.done]
     unstopped = [r for r in survivors if m.ranks[r].acked.get("stop") != m.epoch]
     missing = [r for r in rnd.replace_ranks if not m.ranks[r].alive]
     actions: list[Action] = []
@@ -293,6 +299,8 @@ def _repairing(m: JobModel, now: float) -> list[Action]:
         bad = rnd.bad_sources | {peer for _, peer, _ in failures if peer >= 0}
         attempt = rnd.repair_attempt + 1
         note = "; ".join(reason for _, _, reason in failures)
+        if bad == rnd.bad_sources or now - rnd.phase_start > m.config.phase_timeout_s:
+            return escalate(m, now, f"repair failed: {note}")
         return [Emit(note, "repair_retry", {"attempt": attempt, "bad_sources": sorted(bad),
                                              "reason": note}),
                 UpdateRound(note, {"repair_attempt": attempt, "bad_sources": bad})] + _plan(
@@ -316,9 +324,8 @@ def _resuming(m: JobModel, now: float) -> list[Action]:
             return escalate(m, now, f"ranks {slow} did not commit step {step}", slow)
         return []
     reason = f"every rank committed step {step}"
-    to = JobState.FINISHED if all(i.done for i in m.ranks.values()) else JobState.RUNNING
     return [UpdateRound(reason, {"phases": {**rnd.phases, "resume": now - rnd.phase_start}}),
-            FinishRound(reason, True), Transition(reason, to)]
+            FinishRound(reason, True), Transition(reason, JobState.RUNNING)]
 
 
 def _running(m: JobModel, now: float) -> list[Action]:

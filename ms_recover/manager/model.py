@@ -47,8 +47,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.REBUILDING: frozenset({JobState.REPAIRING, JobState.STOPPING, JobState.EXITING}),
     JobState.REPAIRING: frozenset({JobState.RESUMING, JobState.REPAIRING, JobState.STOPPING,
                                    JobState.EXITING}),
-    JobState.RESUMING: frozenset({JobState.RUNNING, JobState.STOPPING, JobState.EXITING,
-                                  JobState.FINISHED}),
+    JobState.RESUMING: frozenset({JobState.RUNNING, JobState.STOPPING, JobState.EXITING}),
     JobState.EXITING: frozenset(),
     JobState.FINISHED: frozenset(),
 }
@@ -94,7 +93,7 @@ class AgentInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """A detected failure. ``kind`` is rank_exit, rank_silent, node_lost, hang or worker_error."""
+    """A detected failure: rank_exit, rank_silent, node_lost, node_restarted, hang, worker_error."""
 
     kind: str
     node_rank: int

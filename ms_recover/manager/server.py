@@ -123,7 +123,11 @@ class ManagerServer:
                 self.drops.drop(str(exc), repr(identity[:16]))
                 continue
             with self._lock:
-                self._handlers[type(env.msg)](identity, env, env.msg)
+                try:
+                    self._handlers[type(env.msg)](identity, env, env.msg)
+                except Exception as exc:  # a valid frame with nonsense content: drop, go on
+                    log.exception("handler for %s failed", env.msg.KIND.decode())
+                    self.drops.drop(f"unusable {env.msg.KIND.decode()}: {exc}", env.sender)
 
     def _send(self, identity: bytes, msg: M.Message) -> None:
         self._seq += 1
@@ -143,9 +147,12 @@ class ManagerServer:
             return
         agent = m.agents[msg.node_rank]
         if agent.alive and agent.pid != msg.pid:
-            m.pending.append(Fault("node_lost", msg.node_rank, -1,
+            # The pod was recreated before its loss was noticed: its old ranks are gone.
+            m.pending.append(Fault("node_restarted", msg.node_rank, -1,
                                    f"agent of node {msg.node_rank} restarted (pid {agent.pid} -> "
                                    f"{msg.pid})", now, now - agent.last_seen))
+            for rank in self.config.ranks_of(msg.node_rank):
+                m.ranks[rank].alive, m.ranks[rank].identity = False, b""
         agent.registered = agent.alive = True
         agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
         agent.last_seen = now
@@ -156,6 +163,9 @@ class ManagerServer:
 
     def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
         agent = self.model.agents.get(node_rank)
+        if agent is not None and not agent.alive and self._agent_ids.get(node_rank) == ident:
+            log.debug("ignoring agent of node %d: it was told to exit or declared lost", node_rank)
+            return False
         if agent is None or not agent.alive or self._agent_ids.get(node_rank) != ident:
             self.drops.drop(f"message from unregistered agent of node {node_rank}", repr(ident))
             return False
@@ -164,6 +174,7 @@ class ManagerServer:
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
         if self._agent_ok(ident, msg.node_rank):
             self.model.agents[msg.node_rank].last_seen = self.clock()
+            self._send(ident, M.ManagerBeat(self.model.state.value))
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
         m, now = self.model, self.clock()
@@ -172,11 +183,14 @@ class ManagerServer:
         m.agents[msg.node_rank].last_seen = now
         info = m.ranks[msg.rank]
         how = f"signal {msg.signal}" if msg.signal else f"exit code {msg.exit_code}"
-        self.events.write("rank_exit", epoch=m.epoch, rank=msg.rank, exit_code=msg.exit_code,
-                          signal=msg.signal, expected=not info.alive)
+        # Expected: the exit of a process already declared lost. A process that never registered
+        # (another pid) crashed before joining: that is a fault too.
+        expected = not info.alive and msg.pid == info.pid
+        self.events.write("rank_exit", epoch=m.epoch, rank=msg.rank, pid=msg.pid,
+                          exit_code=msg.exit_code, signal=msg.signal, expected=expected)
         if msg.exit_code == 0 and msg.signal == 0:
             info.done, info.alive = True, False
-        elif info.alive or m.state is JobState.FORMING:
+        elif not expected:
             m.pending.append(Fault("rank_exit", msg.node_rank, msg.rank,
                                    f"rank {msg.rank} died ({how})", now,
                                    max(0.0, now - msg.observed_at)))
@@ -295,6 +309,8 @@ class ManagerServer:
             ident = self._agent_ids.get(action.node_rank)
             if ident is not None:
                 self._send(ident, action.msg)
+            if isinstance(action.msg, M.AgentExit):
+                m.agents[action.node_rank].alive = False  # it is on its way out
         elif isinstance(action, A.MarkLost):
             self._mark_lost(action)
         elif isinstance(action, A.StartRound):
@@ -330,8 +346,6 @@ class ManagerServer:
         for rank in rnd.replace_ranks:
             info = m.ranks[rank]
             info.alive, info.identity, info.committed_step, info.done = False, b"", -1, False
-        for node in rnd.reschedule_nodes:
-            m.agents[node].alive = False
         for info in m.ranks.values():
             info.repair_failure = None
 
@@ -345,7 +359,8 @@ class ManagerServer:
                   **rnd.phases}
         phases = {p: round(phases.get(p, 0.0), 4) for p in PHASES}
         if rnd.strategy is None:
-            self.events.write("job_start", epoch=m.epoch, phases=phases)
+            if ok:
+                self.events.write("job_start", epoch=m.epoch, phases=phases)
             return
         record = {"ok": ok, "strategy": rnd.strategy.value, "reason": reason,
                   "mttr_s": round(now - rnd.incident_start, 4), "phases": phases,

@@ -33,16 +33,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 import mindspore
+import numpy as np
 from mindspore import Parameter, Tensor, ops
+from mindspore.common.api import _pynative_executor
+from numpy.typing import NDArray
+
 from ms_recover.errors import RepairError
 from ms_recover.worker.state import StateProvider
 
 RNG_KEY = "__rng__/default"
 EXTRA_PREFIX = "__extra__/"
 _MAX_LISTED = 8
+
+
+def device_sync() -> None:
+    """Return once every operation this process queued in MindSpore has finished.
+
+    ``mindspore.runtime.synchronize`` is not supported on CPU (MindSpore 2.10 logs an error and
+    returns); the PyNative executor's sync drains the op queue, including graph launches.
+    """
+    _pynative_executor.sync()
+    if mindspore.get_context("device_target") != "CPU":
+        device_sync()
 
 
 def _np_dtype(param: Parameter) -> np.dtype[Any]:
@@ -111,7 +124,7 @@ class MindSporeState:
             spec[RNG_KEY] = (tuple(rng.shape), rng.dtype)
         return spec
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, NDArray[Any]]:
         """Every entry as a C-contiguous numpy copy, in a stable order."""
         out = {
             name: np.array(p.asnumpy(), order="C", copy=True) for name, p in self._params.items()
@@ -120,10 +133,10 @@ class MindSporeState:
             out[RNG_KEY] = np.array(mindspore.get_rng_state().asnumpy(), order="C", copy=True)
         if self._extra is not None:
             for name, arr in self._extra.state_dict().items():
-                out[EXTRA_PREFIX + name] = np.ascontiguousarray(arr)
+                out[EXTRA_PREFIX + name] = np.asarray(arr, order="C")
         return out
 
-    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, arrays: dict[str, NDArray[Any]]) -> None:
         """Load every entry in place, or nothing: RepairError lists each mismatch first."""
         problems = self._mismatches(arrays)
         if problems:
@@ -142,14 +155,14 @@ class MindSporeState:
                 {k[prefix:]: v for k, v in arrays.items() if k.startswith(EXTRA_PREFIX)}
             )
         for name, param in self._params.items():
-            ops.assign(param, Tensor(np.ascontiguousarray(arrays[name])))
+            ops.assign(param, Tensor(np.asarray(arrays[name], order="C")))
         if self._include_rng:
-            mindspore.set_rng_state(Tensor(np.ascontiguousarray(arrays[RNG_KEY])))
+            mindspore.set_rng_state(Tensor(np.asarray(arrays[RNG_KEY], order="C")))
         # Assignments run asynchronously; the caller may reuse or free the source arrays and
         # report the state as repaired as soon as this returns.
-        mindspore.runtime.synchronize()
+        device_sync()
 
-    def _mismatches(self, arrays: dict[str, np.ndarray]) -> list[str]:
+    def _mismatches(self, arrays: dict[str, NDArray[Any]]) -> list[str]:
         # Extras are checked by their own provider; everything else is checked here.
         spec = self._own_spec()
         ours = {

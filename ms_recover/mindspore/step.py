@@ -20,15 +20,19 @@ error), nothing has been applied, no MindSpore state has changed, and the same s
 be run again after recovery.
 
 Determinism: with the same parameter values and the same batch, the gradients and the update
-are bit-identical in every fresh process (checked by ``tests/e2e/test_mindspore_state.py``,
-including across PyNative and jit, and with 1, 2 and 4 CPU kernel threads on MindSpore 2.10).
-``deterministic=True`` also calls ``mindspore.set_deterministic(True)`` once per process, which
-CPU kernels do not need but Ascend kernels and HCCL do (it sets ``HCCL_DETERMINISTIC=true``);
-MindSpore requires it before ``mindspore.communication.init``.
+are bit-identical in every fresh process. ``tests/e2e/test_mindspore_state.py`` checks two fresh
+processes, and that the result equals ``nn.TrainOneStepCell`` and a plain ``value_and_grad``
+loop bit for bit. By hand on MindSpore 2.10 CPU, PyNative and jit gave the same bits, as did
+1, 2 and 4 CPU kernel threads, with or without the deterministic flag: CPU needs no flag.
+``deterministic=True`` still calls ``mindspore.set_deterministic(True)`` once per process (it
+may not be set twice), because Ascend kernels and HCCL need it (it sets
+``HCCL_DETERMINISTIC=true``), and MindSpore wants it before ``mindspore.communication.init``.
 
-Measured on this 2-core CPU host, MLP 784-256-10, Adam, batch 32: about 1.5 ms per step with
-jit and about 17-20 ms in PyNative. If jit compilation fails, the step logs a warning and
-falls back to PyNative for good (``jit_enabled`` then reads False).
+Speed (MindSpore 2.10 CPU, this 2-core host, MLP 784-256-10, Adam, batch 32, per full step
+including the numpy round trip): about 1.5 ms with jit and 16-20 ms in PyNative on an idle
+host. MindSpore's CPU runtime is very sensitive to a busy second core (3-12 ms with jit then).
+The first jit step compiles (about 0.4 s). If jit compilation fails, the step logs a warning and
+runs that phase in PyNative for good (``jit_enabled`` then reads False).
 """
 
 from __future__ import annotations
@@ -37,15 +41,18 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 import mindspore
+import numpy as np
 from mindspore import Tensor
+from numpy.typing import NDArray
+
 from ms_recover.errors import CommError
+from ms_recover.mindspore.state import device_sync
 
 log = logging.getLogger(__name__)
 
-ReduceFn = Callable[[np.ndarray], np.ndarray]
+FlatGrads = NDArray[np.float32]
+ReduceFn = Callable[[FlatGrads], FlatGrads]
 FLAT_DTYPE = np.dtype(np.float32)
 
 
@@ -55,7 +62,7 @@ def enable_determinism() -> None:
         mindspore.set_deterministic(True)
 
 
-def _identity(flat: np.ndarray) -> np.ndarray:
+def _identity(flat: FlatGrads) -> FlatGrads:
     return flat
 
 
@@ -69,13 +76,13 @@ class _Layout:
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
         self.size = int(self.offsets[-1])
 
-    def flatten(self, grads: Sequence[Any]) -> np.ndarray:
+    def flatten(self, grads: Sequence[Any]) -> FlatGrads:
         flat = np.empty(self.size, dtype=FLAT_DTYPE)
         for i, grad in enumerate(grads):
             flat[self.offsets[i] : self.offsets[i + 1]] = grad.asnumpy().reshape(-1)
         return flat
 
-    def split(self, flat: np.ndarray) -> tuple[Tensor, ...]:
+    def split(self, flat: FlatGrads) -> tuple[Tensor, ...]:
         # Tensor(ndarray) copies, so the caller may reuse ``flat`` once apply() has returned.
         return tuple(
             Tensor(
@@ -171,13 +178,13 @@ class DataParallelStep:
         self.apply(self.reduce_fn(flat))
         return loss
 
-    def grads(self, *batch: Any) -> tuple[float, np.ndarray]:
+    def grads(self, *batch: Any) -> tuple[float, FlatGrads]:
         """Loss and the flat float32 gradient buffer for ``batch``; changes no state."""
         tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
         loss, grads = self._grad(*tensors)
         return float(loss.asnumpy()), self.layout.flatten(grads)
 
-    def apply(self, flat: np.ndarray) -> None:
+    def apply(self, flat: FlatGrads) -> None:
         """Apply a reduced flat gradient buffer with the optimizer; returns once committed.
 
         Raises CommError, before touching any state, if ``flat`` is not a float32 array of
@@ -189,7 +196,7 @@ class DataParallelStep:
         # graph on every step (measured: about 40 ms per step instead of 1.5 ms).
         arg = mindspore.mutable(grads) if self._update.jit else grads
         self._update(arg, eager_args=(grads,))
-        mindspore.runtime.synchronize()
+        device_sync()
 
     def _check_flat(self, flat: Any) -> None:
         want = (self.layout.size,)

@@ -11,7 +11,9 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import re
 import time
+import typing
 from typing import Any
 
 import msgpack
@@ -83,23 +85,31 @@ class Codec:
         return hmac.new(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256).digest()
 
 
-def _is(value: Any, typ: type) -> bool:
-    if typ is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if typ is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if typ is Any:  # type: ignore[comparison-overlap]
+def _is(value: Any, hint: Any) -> bool:
+    """Whether a decoded value matches a field's type hint, elements and keys included."""
+    if hint is Any:
         return True
-    return isinstance(value, typ)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        return isinstance(value, list) and all(_is(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _is(k, args[0]) and _is(v, args[1]) for k, v in value.items())
+    return isinstance(value, hint)
 
 
 def _message(kind: bytes, body: Any) -> Message:
     types = _TYPES[kind]
     if not isinstance(body, dict) or set(body) != set(types):
         raise ProtocolError(f"{kind.decode()} body must have exactly the fields {sorted(types)}")
-    for name, typ in types.items():
-        if not _is(body[name], typ):
-            raise ProtocolError(f"{kind.decode()}.{name} must be {getattr(typ, '__name__', typ)}")
+    for name, hint in types.items():
+        if not _is(body[name], hint):
+            shown = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
+            raise ProtocolError(f"{kind.decode()}.{name} must be {shown or hint}")
     return KINDS[kind](**body)
 
 
@@ -114,8 +124,9 @@ class DropLog:
         self.total = 0
 
     def drop(self, reason: str, peer: str = "?") -> None:
+        """Count a dropped frame; the rate limit is per reason, ignoring numbers and quotes."""
         self.total += 1
-        key = reason.split(" ", 1)[0]
+        key = re.sub(r"[0-9]+|'[^']*'|\"[^\"]*\"", "#", reason)[:60]
         self._count[key] = self._count.get(key, 0) + 1
         now = time.monotonic()
         if now - self._last.get(key, -1e9) >= self._interval:

@@ -47,6 +47,7 @@ class RankExited(Message):
     KIND: ClassVar[bytes] = b"rank_exited"
     node_rank: int
     rank: int
+    pid: int
     exit_code: int
     signal: int
     observed_at: float
@@ -60,6 +61,14 @@ class AgentWelcome(Message):
     KIND: ClassVar[bytes] = b"agent_welcome"
     ok: bool
     reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerBeat(Message):
+    """manager -> agent: answer to a heartbeat, so the agent knows the manager is alive."""
+
+    KIND: ClassVar[bytes] = b"manager_hb"
+    state: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,18 +263,14 @@ class StatusReply(Message):
 KINDS: dict[bytes, type[Message]] = {
     cls.KIND: cls
     for cls in (
-        AgentHello, AgentHeartbeat, RankExited, AgentWelcome, KillRanks, StartRanks, AgentExit,
+        AgentHello, AgentHeartbeat, RankExited, AgentWelcome, ManagerBeat, KillRanks, StartRanks, AgentExit,
         WorkerHello, WorkerHeartbeat, GroupCreated, Stopped, Rebuilt, Repaired, WorkerFault,
         WorkerDone, Welcome, Stop, Rebuild, Repair, Resume, Exit, StatusRequest, StatusReply,
     )
 }
 
 
-def field_types(cls: type[Message]) -> dict[str, type]:
-    """The runtime origin type of each field (int, str, list, dict...), for body validation."""
+def field_types(cls: type[Message]) -> dict[str, Any]:
+    """The type hint of each field (``int``, ``list[int]``, ``dict[int, str]``...)."""
     hints = typing.get_type_hints(cls)
-    out: dict[str, type] = {}
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        out[f.name] = typing.get_origin(hint) or hint
-    return out
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}

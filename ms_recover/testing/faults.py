@@ -11,7 +11,9 @@ Kinds:
 * ``hang``        SIGSTOP this rank after step K (it stops heartbeating: a hung process);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
-* ``corrupt``     flip one byte of the state this rank sends in its first repair.
+* ``corrupt``     flip one byte of the state this rank sends in its first repair;
+* ``boot``        SIGKILL this rank as soon as the manager accepted its registration;
+* ``repairdie``   SIGKILL this rank in the middle of sending its state for a repair.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import signal
 
 from ms_recover.errors import CommError, ConfigError
 
-KINDS = ("kill", "node", "hang", "allreduce", "transient", "corrupt")
+KINDS = ("kill", "node", "hang", "allreduce", "transient", "corrupt", "boot", "repairdie")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,3 +125,10 @@ class FaultInjector:
 
     def corrupt_repair(self) -> bool:
         return self._take(("corrupt",), -1) is not None
+
+    def die_in_repair(self) -> bool:
+        return self._take(("repairdie",), -1) is not None
+
+    def at_registration(self) -> None:
+        if self._take(("boot",), -1) is not None:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -11,7 +11,6 @@ bit-identical weights, which each rank writes to ``OUT/rank_R.npz`` with its SHA
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 
@@ -19,6 +18,7 @@ import numpy as np
 
 import ms_recover
 from ms_recover.errors import RepairError
+from ms_recover.worker.repair import sha256_of
 from ms_recover.worker.sampler import make_dataset, shard_indices
 
 IN_DIM, CLASSES, SAMPLES, GLOBAL_BATCH, SEED = 64, 8, 4096, 64, 7
@@ -70,14 +70,6 @@ class NumpyModel:
             self.arrays[name] -= self.lr * buf
 
 
-def weights_sha256(arrays: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        h.update(name.encode())
-        h.update(np.ascontiguousarray(arrays[name]).tobytes())
-    return h.hexdigest()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=40)
@@ -103,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **model.arrays)
     with open(os.path.join(args.out, f"rank_{rank}.json"), "w") as fh:
-        json.dump({"rank": rank, "sha256": weights_sha256(model.arrays), "steps": args.steps,
+        json.dump({"rank": rank, "sha256": sha256_of(model.arrays), "steps": args.steps,
                    "committed": session.committed, "recoveries": session.recoveries,
                    "incarnation": session.incarnation}, fh)
     session.finish()

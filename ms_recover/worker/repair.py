@@ -6,6 +6,7 @@ state, so the data plane needs no special message for it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 
@@ -25,9 +26,19 @@ def digest(arrays: dict[str, np.ndarray]) -> str:
     """One CRC-32 over every tensor, in name order: equal digests mean equal state."""
     crc = 0
     for name in sorted(arrays):
-        crc = zlib.crc32(name.encode(), crc)
-        crc = zlib.crc32(np.ascontiguousarray(arrays[name]).view(np.uint8).reshape(-1), crc)
+        array = np.ascontiguousarray(arrays[name])
+        head = f"{len(name)}:{name}:{array.dtype.str}:{array.shape}".encode()
+        crc = zlib.crc32(array.view(np.uint8).reshape(-1), zlib.crc32(head, crc))
     return f"{crc:08x}"
+
+
+def sha256_of(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 over every tensor's name and bytes, in name order (for comparing final weights)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return h.hexdigest()
 
 
 def pack(arrays: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
@@ -48,8 +59,10 @@ def unpack(received: dict[str, np.ndarray], src: int) -> tuple[dict[str, np.ndar
         raise RepairError(f"state from rank {src} has no manifest")
     try:
         manifest = json.loads(received[MANIFEST].tobytes().decode())
-        step, tensors = int(manifest["step"]), dict(manifest["tensors"])
-    except (ValueError, KeyError, TypeError) as exc:
+        step = int(manifest["step"])
+        tensors = {str(n): (int(crc), [int(d) for d in shape], str(dtype))
+                   for n, (crc, shape, dtype) in dict(manifest["tensors"]).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RepairError(f"state from rank {src} has a malformed manifest") from exc
     arrays = {n: a for n, a in received.items() if n != MANIFEST}
     if set(arrays) != set(tensors):

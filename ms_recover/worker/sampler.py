@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ms_recover.errors import ConfigError
 
@@ -43,7 +44,7 @@ def steps_per_epoch(global_batch: int, num_samples: int) -> int:
 
 
 @functools.lru_cache(maxsize=4)
-def _epoch_permutation(num_samples: int, epoch_seed: int) -> np.ndarray:
+def _epoch_permutation(num_samples: int, epoch_seed: int) -> NDArray[np.int64]:
     # Cached because every rank asks for the same epoch once per step; read-only so a caller
     # cannot corrupt the cached order for later steps.
     perm = np.random.default_rng(epoch_seed).permutation(num_samples)
@@ -53,7 +54,7 @@ def _epoch_permutation(num_samples: int, epoch_seed: int) -> np.ndarray:
 
 def shard_indices(
     step: int, rank: int, world: int, global_batch: int, num_samples: int, seed: int
-) -> np.ndarray:
+) -> NDArray[np.int64]:
     """Sample indices rank ``rank`` of ``world`` reads at global step ``step`` (0-based).
 
     Guarantees: a pure function of its arguments (same answer in every process and on every
@@ -91,7 +92,9 @@ def epoch_of(step: int, global_batch: int, num_samples: int) -> int:
     return int(step) // steps_per_epoch(global_batch, num_samples)
 
 
-def make_dataset(n: int, in_dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def make_dataset(
+    n: int, in_dim: int, classes: int, seed: int
+) -> tuple[NDArray[np.float32], NDArray[np.int32]]:
     """A synthetic classification set: ``X`` float32 ``(n, in_dim)``, ``y`` int32 ``(n,)``.
 
     Each class has a random centre; a sample is its class centre plus unit Gaussian noise, so a

@@ -189,6 +189,7 @@ class Session:
             if not msg.ok:
                 raise RecoveryError(f"manager rejected rank {self.rank}: {msg.reason}", 2)
             self.reboot = msg.reboot
+            self.faults.at_registration()
             log.info("rank %d registered (reboot=%s)", self.rank, msg.reboot)
         elif isinstance(msg, M.Stop):
             self.link.send(M.Stopped(self.rank, self.committed, self._digest()), epoch)
@@ -215,6 +216,8 @@ class Session:
                 payload = repair.pack(self._state().state_dict(), self.committed)
                 if self.faults.corrupt_repair():
                     _flip_one_byte(payload)
+                if self.faults.die_in_repair():
+                    self._die_in_collective()
                 for dst in msg.send_to:
                     self.comm.send(payload, dst, tag)
             if msg.recv_from >= 0:

@@ -61,7 +61,7 @@ def run_all(backends: list[HostBackend], fn: Callable[[HostBackend], Any]) -> li
     def body(i: int) -> None:
         try:
             results[i] = fn(backends[i])
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:  # handed to the test thread
             errors.append(exc)
 
     threads = [threading.Thread(target=body, args=(i,)) for i in range(len(backends))]
@@ -112,13 +112,13 @@ def test_allreduce_matches_numpy_and_is_bit_identical(make: Any, n: int, dtype: 
         xs = inputs(n, size, dtype, seed=size)
         copies = [x.copy() for x in xs]
         for op, ref in [("sum", np.sum(xs, axis=0)), ("mean", np.mean(xs, axis=0))]:
-            first = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
-            again = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
+            first = run_all(backends, lambda b, op=op, xs=xs: b.allreduce(xs[b.rank], op))
+            again = run_all(backends, lambda b, op=op, xs=xs: b.allreduce(xs[b.rank], op))
             for out in first + again:
                 assert out.dtype == dtype and out.shape == (size,)
                 assert out.tobytes() == first[0].tobytes()
                 np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
-        for x, c in zip(xs, copies):
+        for x, c in zip(xs, copies, strict=True):
             assert np.array_equal(x, c), "allreduce modified its input"
 
 
@@ -137,6 +137,33 @@ def test_allreduce_multichunk_ints_shapes_and_edges(make: Any) -> None:
     assert all(e.shape == (0, 3) for e in empty)
     scalar = run_all(backends, lambda b: b.allreduce(np.array(2.5), "mean"))
     assert all(s.shape == () and s == 2.5 for s in scalar)
+
+
+def test_ranks_may_use_different_chunk_sizes(make: Any) -> None:
+    backends = make(3, init=False)
+    for b, chunk in zip(backends, [64, 200, 1 << 20], strict=True):
+        b.chunk_bytes = chunk
+    members = {b.rank: b.endpoint for b in backends}
+    for b in backends:
+        b.init(1, members)
+    xs = inputs(3, 999, np.float64)
+    out = run_all(backends, lambda b: (b.allreduce(xs[b.rank]), b.broadcast(xs[b.rank], 0)))
+    assert out[0][0].tobytes() == out[1][0].tobytes() == out[2][0].tobytes()
+    assert all(np.array_equal(o[1], xs[0]) for o in out)
+
+
+def test_mismatched_calls_fail_loudly(make: Any) -> None:
+    backends = make(2)
+    with pytest.raises(CommError, match=r"rank \d called allreduce\(<f\d:10\) but rank \d called"):
+        run_all(backends, lambda b: b.allreduce(np.ones(10, [np.float32, np.float64][b.rank])))
+
+
+def test_refused_call_keeps_ranks_in_step(make: Any) -> None:
+    backends = make(2)
+    with pytest.raises(CommError, match=r"broadcast root 5 is not in group 'world'"):
+        backends[0].broadcast(np.ones(3), root=5)
+    out = run_all(backends, lambda b: b.allreduce(np.ones(3)))
+    assert np.array_equal(out[0], [2.0, 2.0, 2.0])
 
 
 def test_allreduce_rejects_bad_op_and_dtype(make: Any) -> None:
@@ -266,7 +293,7 @@ def test_abort_unblocks_a_rank_whose_peer_never_joins(make: Any, call: str) -> N
     def body() -> None:
         try:
             ops[call]()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             outcome.append(exc)
 
     thread = threading.Thread(target=body)

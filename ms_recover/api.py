@@ -1,0 +1,72 @@
+"""A manager API compatible with MindCluster's ``taskd.api``.
+
+MindCluster's documented ``manager.py`` works by changing one import line::
+
+    from ms_recover.api import init_taskd_manager, start_taskd_manager
+
+    job_id = os.getenv("MINDX_TASK_ID")
+    init_taskd_manager({"job_id": job_id, "node_nums": 2, "proc_per_node": 8})
+    start_taskd_manager()
+
+Settings not given in the dict come from the environment (DESIGN.md §6), then the defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import types
+from typing import Any
+
+from ms_recover.config import JobConfig
+from ms_recover.errors import ConfigError
+from ms_recover.manager.server import ManagerServer
+
+log = logging.getLogger("ms_recover.api")
+
+# taskd key -> JobConfig field
+KEYS = {
+    "job_id": "job_id",
+    "node_nums": "node_nums",
+    "proc_per_node": "proc_per_node",
+    "recover_strategy": "strategies",
+    "host": "manager_host",
+    "port": "manager_port",
+    "events": "events_path",
+    "wait_reschedule_timeout": "wait_reschedule_timeout_s",
+}
+
+_config: JobConfig | None = None
+
+
+def init_taskd_manager(config: dict[str, Any]) -> bool:
+    """Validate the manager settings and keep them for :func:`start_taskd_manager`.
+
+    Returns True. Raises ConfigError naming the bad key or value and the valid ones
+    (for example ``node_nums`` must be a positive integer).
+    """
+    global _config
+    if not isinstance(config, dict):
+        raise ConfigError(f"init_taskd_manager expects a dict, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"unknown taskd manager key(s) {', '.join(unknown)}; "
+                          f"valid: {', '.join(KEYS)}")
+    if config.get("job_id") in ("", None):
+        config = {k: v for k, v in config.items() if k != "job_id"}
+    _config = JobConfig.from_env(**{KEYS[k]: v for k, v in config.items()})
+    log.info("taskd-compatible manager initialised: %s", _config.describe())
+    return True
+
+
+def start_taskd_manager() -> int:
+    """Run the manager in the foreground until the job ends; returns its exit code."""
+    if _config is None:
+        raise ConfigError("call init_taskd_manager(config) before start_taskd_manager()")
+    server = ManagerServer(_config, bind=_config.pod_ip)
+
+    def on_term(signum: int, frame: types.FrameType | None) -> None:
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_term)
+    return server.serve()

@@ -1,0 +1,43 @@
+"""Helpers for tests that run a whole local job of numpy trainer processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from ms_recover.config import JobConfig
+from ms_recover.strategy import parse_strategies
+from ms_recover.testing.faults import Faults
+from ms_recover.testing.localjob import LocalJob
+
+STEPS = 30
+
+
+def job_config(strategy: str = "recover-in-place,recover,exit", **changes: Any) -> JobConfig:
+    base = dict(job_id="itest", node_nums=2, proc_per_node=2, heartbeat_s=0.25,
+                phase_timeout_s=20.0, hang_timeout_s=30.0, wait_reschedule_timeout_s=30.0,
+                strategies=parse_strategies(strategy))
+    base.update(changes)
+    return JobConfig(**base)
+
+
+def trainer_job(out: str, faults: Faults | None = None, strategy: str = "recover-in-place,recover,exit",
+                extra: tuple[str, ...] = (), steps: int = STEPS, **changes: Any) -> LocalJob:
+    command = [sys.executable, "-m", "ms_recover.testing.numpy_trainer", "--steps", str(steps),
+               "--out", out, *extra]
+    env = {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {})}
+    return LocalJob(job_config(strategy, **changes), command, env, log_dir=os.path.join(out, "logs"))
+
+
+def results(out: str, world: int = 4) -> list[dict[str, Any]]:
+    found = []
+    for rank in range(world):
+        with open(os.path.join(out, f"rank_{rank}.json")) as fh:
+            found.append(json.load(fh))
+    return found
+
+
+def run_to_end(job: LocalJob, timeout_s: float = 90.0) -> None:
+    assert job.wait(timeout_s), f"job did not finish in {timeout_s}s: {job.status()}"

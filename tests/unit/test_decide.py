@@ -1,0 +1,1877 @@
+"""The manager's decisions, driven through ``decide(model, now)`` and the real executor.
+
+A :class:`Job` wraps a real :class:`ManagerServer` (its ROUTER bound on an ephemeral loopback
+port; nothing ever connects), a fake clock, and hand-set member facts. ``tick()`` runs
+``server.execute(decide(server.model, now))`` and every message the executor sends is recorded
+(the ROUTER silently drops it, as no peer with that identity is connected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ms_recover import exitcodes
+from ms_recover.config import JobConfig
+from ms_recover.manager import actions as A
+from ms_recover.manager.decide import decide
+from ms_recover.manager.model import TRANSITIONS, Fault, IllegalTransition, JobState
+from ms_recover.manager.server import PHASES, ManagerServer
+from ms_recover.protocol import messages as M
+from ms_recover.strategy import parse_strategies
+
+T0 = 1000.0
+RIP, REC = "recover-in-place", "recover"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Job:
+    """2 nodes x 2 ranks by default; node 0 hosts the scheduler."""
+
+    def __init__(self, strategies: str, **changes: Any) -> None:
+        base: dict[str, Any] = dict(
+            job_id="unit",
+            node_nums=2,
+            proc_per_node=2,
+            manager_port=0,
+            heartbeat_s=0.5,
+            liveness=3,
+            hang_timeout_s=30.0,
+            phase_timeout_s=10.0,
+            wait_reschedule_timeout_s=20.0,
+            max_tries=2,
+            strategies=parse_strategies(strategies),
+        )
+        base.update(changes)
+        self.config = JobConfig(**base)
+        self.clock = Clock()
+        self.server = ManagerServer(self.config, clock=self.clock)
+        self.model = self.server.model
+        self.sent: list[tuple[str, M.Message]] = []
+        self.actions: list[A.Action] = []
+        real_send = self.server._send
+
+        def record(identity: bytes, msg: M.Message) -> None:
+            self.sent.append((identity.decode(), msg))
+            real_send(identity, msg)
+
+        self.server._send = record  # type: ignore[method-assign]
+        self._pid = 100
+
+    # ------------------------------------------------------------ facts
+    @property
+    def now(self) -> float:
+        return self.clock.t
+
+    def register_agent(self, node: int) -> None:
+        agent = self.model.agents[node]
+        self._pid += 1
+        agent.registered = agent.alive = True
+        agent.pid, agent.last_seen, agent.pod_ip = self._pid, self.now, f"10.0.0.{node}"
+        agent.is_scheduler = node == self.config.sched_node_rank
+        self.server._agent_ids[node] = f"a{node}".encode()
+
+    def register_rank(self, rank: int, step: int = -1, shard: int = 0) -> None:
+        info = self.model.ranks[rank]
+        self._pid += 1
+        info.registered = info.alive = True
+        info.identity = f"r{rank}".encode()
+        info.pid, info.incarnation = self._pid, info.incarnation + 1
+        info.endpoint, info.shard, info.committed_step = f"tcp://h{rank}:5{rank}", shard, step
+        info.last_seen = info.last_progress = self.now
+        info.acked, info.repair_failure, info.done = {}, None, False
+
+    def advance(self, dt: float, silent: tuple[str, ...] = ()) -> None:
+        """Move the clock; every live member except ``silent`` ("a1", "r3") heartbeats."""
+        self.clock.t += dt
+        for node, agent in self.model.agents.items():
+            if agent.alive and f"a{node}" not in silent:
+                agent.last_seen = self.now
+        for rank, info in self.model.ranks.items():
+            if info.alive and f"r{rank}" not in silent:
+                info.last_seen = self.now
+
+    def commit(self, step: int, ranks: Any = None) -> None:
+        for rank in self.model.ranks if ranks is None else ranks:
+            info = self.model.ranks[rank]
+            info.committed_step, info.last_progress = step, self.now
+
+    def ack(self, phase: str, ranks: Any = None) -> None:
+        for rank in self.model.ranks if ranks is None else ranks:
+            self.model.ranks[rank].acked[phase] = self.model.epoch
+
+    def stopped(self, ranks: Any, step: int) -> None:
+        """Survivors answer Stop with their committed step (what ``_on_stopped`` records)."""
+        for rank in ranks:
+            info = self.model.ranks[rank]
+            info.acked["stop"], info.committed_step = self.model.epoch, step
+
+    def fault(
+        self,
+        kind: str,
+        rank: int,
+        detail: str = "",
+        node: int | None = None,
+        detect_s: float = 0.05,
+    ) -> Fault:
+        node = self.config.node_of(rank) if node is None else node
+        fault = Fault(kind, node, rank, detail or f"{kind} on rank {rank}", self.now, detect_s)
+        self.model.pending.append(fault)
+        return fault
+
+    # ------------------------------------------------------------ driving
+    def tick(self) -> list[A.Action]:
+        actions = decide(self.model, self.now)
+        self.actions = actions
+        self.server.execute(actions)
+        return actions
+
+    def take(self) -> list[tuple[str, M.Message]]:
+        sent, self.sent = self.sent, []
+        return sent
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return self.server.events.recent(name)
+
+    def decision(self) -> dict[str, Any]:
+        return self.events("decision")[-1]
+
+    def form(self) -> None:
+        """Register everyone and run the formation round to RUNNING (epoch 1, step 0)."""
+        for node in range(self.config.node_nums):
+            self.register_agent(node)
+        for rank in range(self.config.world_size):
+            self.register_rank(rank)
+        self.tick()
+        assert self.model.state is JobState.REBUILDING
+        self.ack("rebuild")
+        self.tick()
+        assert self.model.state is JobState.REPAIRING
+        self.ack("repair0")
+        self.tick()
+        assert self.model.state is JobState.RESUMING
+        self.advance(0.1)
+        self.commit(0)
+        self.tick()
+        assert self.model.state is JobState.RUNNING
+        self.take()
+
+    def running(self, step: int = 10) -> None:
+        self.form()
+        self.advance(1.0)
+        self.commit(step)
+        assert self.tick() == []
+
+
+@pytest.fixture
+def make_job() -> Iterator[Callable[..., Job]]:
+    jobs: list[Job] = []
+
+    def make(strategies: str = "recover-in-place,recover,exit", **changes: Any) -> Job:
+        job = Job(strategies, **changes)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.server.close()
+
+
+def msgs(sent: list[tuple[str, M.Message]], kind: type[M.Message]) -> list[tuple[str, Any]]:
+    return [(who, m) for who, m in sent if isinstance(m, kind)]
+
+
+# ============================================================================ formation
+def test_forming_waits_for_every_rank(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    for node in (0, 1):
+        job.register_agent(node)
+    for rank in (0, 1, 2):
+        job.register_rank(rank)
+    assert job.tick() == []
+    assert job.model.state is JobState.FORMING and job.model.epoch == 0
+    job.advance(0.2)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING and job.model.epoch == 1
+    rebuilds = msgs(job.take(), M.Rebuild)
+    assert [who for who, _ in rebuilds] == ["r0", "r1", "r2", "r3"]
+    assert rebuilds[0][1].members == {r: f"tcp://h{r}:5{r}" for r in range(4)}
+
+
+def test_formation_round_runs_to_running_with_a_job_start_event(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.form()
+    assert job.model.epoch == 1 and job.model.recoveries == 0
+    (start,) = job.events("job_start")
+    assert set(start["phases"]) == set(PHASES)
+    assert job.events("recovery") == []
+    assert job.model.exit_code is None
+
+
+def test_formation_repair_is_empty_and_resume_starts_at_step_zero(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    for node in (0, 1):
+        job.register_agent(node)
+    for rank in range(4):
+        job.register_rank(rank)
+    job.tick()
+    job.ack("rebuild")
+    job.take()
+    job.tick()
+    repairs = msgs(job.take(), M.Repair)
+    assert len(repairs) == 4
+    assert all(m == M.Repair(-1, 0, [], -1) for _, m in repairs)
+    job.ack("repair0")
+    job.tick()
+    assert {m.step for _, m in msgs(job.take(), M.Resume)} == {0}
+
+
+# ============================================================================ faults
+def test_rank_exit_in_running_restarts_the_rank_in_place(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3, "rank 3 died (signal 9)")
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 2
+    assert m.round is not None and m.round.strategy is not None
+    assert m.round.strategy.value == RIP and m.round.replace_ranks == {3}
+    assert m.pending == [] and not m.ranks[3].alive and m.ranks[3].committed_step == -1
+    sent = job.take()
+    assert sorted(who for who, _ in msgs(sent, M.Stop)) == ["r0", "r1", "r2"]
+    agent_msgs = [
+        (who, type(msg).__name__, msg.ranks)
+        for who, msg in sent
+        if isinstance(msg, (M.KillRanks, M.StartRanks))
+    ]
+    assert agent_msgs == [("a1", "KillRanks", [3]), ("a1", "StartRanks", [3])]
+    assert msgs(sent, M.AgentExit) == []
+    assert job.decision()["strategy"] == RIP
+    (fault,) = job.events("fault")
+    assert fault["kind"] == "rank_exit" and fault["rank"] == 3 and fault["node_rank"] == 1
+
+
+def test_recover_reschedules_the_whole_node(make_job: Callable[..., Job]) -> None:
+    job = make_job("recover,exit")
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 2
+    assert m.round is not None and m.round.replace_ranks == {2, 3}
+    assert m.round.reschedule_nodes == {1}
+    assert not m.ranks[2].alive and not m.ranks[3].alive
+    sent = job.take()
+    assert [(who, msg.code) for who, msg in msgs(sent, M.AgentExit)] == [
+        ("a1", exitcodes.RESCHEDULE)
+    ]
+    assert exitcodes.RESCHEDULE == 86
+    assert sorted(who for who, _ in msgs(sent, M.Stop)) == ["r0", "r1"]
+    assert msgs(sent, M.KillRanks) == [] and msgs(sent, M.StartRanks) == []
+    assert job.decision()["replace"] == [2, 3] and job.decision()["nodes"] == [1]
+
+
+def test_fault_on_the_scheduler_node_without_in_place_means_exit(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("recover,exit")
+    job.running()
+    job.fault("rank_exit", 1)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.EXITING and m.exit_code == exitcodes.JOB_EXIT == 87
+    assert job.server.exit_code() == 87
+    sent = job.take()
+    assert sorted(who for who, _ in msgs(sent, M.Exit)) == ["r0", "r2", "r3"]
+    assert all(msg.code == 87 for _, msg in msgs(sent, M.Exit))
+    assert sorted((who, msg.code) for who, msg in msgs(sent, M.AgentExit)) == [
+        ("a0", 87),
+        ("a1", 87),
+    ]
+    decision = job.decision()
+    assert decision["strategy"] == "exit"
+    assert "scheduler" in decision["reason"] and "node 0" in decision["reason"]
+    (end,) = job.events("job_end")
+    assert end["exit_code"] == 87
+    assert job.tick() == []  # EXITING is terminal
+
+
+def test_fault_on_the_scheduler_node_can_be_recovered_in_place(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 0)
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.decision()["strategy"] == RIP
+    assert [(w, type(x).__name__) for w, x in job.take() if w.startswith("a")] == [
+        ("a0", "KillRanks"),
+        ("a0", "StartRanks"),
+    ]
+
+
+def test_node_lost_is_detected_from_agent_silence(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.advance(1.4, silent=("a1", "r2", "r3"))  # below heartbeat*liveness = 1.5 s
+    assert job.tick() == []
+    job.advance(0.2, silent=("a1", "r2", "r3"))
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING
+    faults = job.events("fault")
+    assert [(f["kind"], f["node_rank"], f["rank"]) for f in faults] == [("node_lost", 1, -1)]
+    assert faults[0]["detect_s"] == pytest.approx(1.6)
+    decision = job.decision()
+    assert decision["strategy"] == REC
+    assert "recover-in-place: node(s) [1] lost" in decision["reason"]
+    assert not m.agents[1].alive
+    assert m.round is not None and m.round.replace_ranks == {2, 3}
+
+
+def test_node_lost_with_only_in_place_exits(make_job: Callable[..., Job]) -> None:
+    job = make_job("recover-in-place,exit")
+    job.running()
+    job.advance(2.0, silent=("a1",))
+    job.tick()
+    assert job.model.state is JobState.EXITING
+    assert "no agent to restart ranks in place" in job.decision()["reason"]
+
+
+def test_rank_silence(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.advance(1.9, silent=("r2",))  # a rank gets one extra heartbeat: 1.5 + 0.5 s
+    assert job.tick() == []
+    job.advance(0.2, silent=("r2",))
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    (fault,) = job.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("rank_silent", 2)
+    assert job.decision()["strategy"] == RIP
+    assert [
+        (w, type(x).__name__, x.ranks)
+        for w, x in job.take()
+        if isinstance(x, (M.KillRanks, M.StartRanks))
+    ] == [("a1", "KillRanks", [2]), ("a1", "StartRanks", [2])]
+
+
+def test_hang_is_no_progress_anywhere_for_the_hang_timeout(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.commit(9, ranks=[3])  # rank 3 is the straggler
+    job.advance(29.0)  # heartbeats keep coming, steps do not
+    assert job.tick() == []
+    job.advance(1.5)
+    job.tick()
+    (fault,) = job.events("fault")
+    assert (fault["kind"], fault["rank"], fault["node_rank"]) == ("hang", 3, 1)
+    assert "stuck at step 9" in fault["detail"]
+    assert job.model.state is JobState.STOPPING
+
+
+def test_progress_of_any_rank_prevents_a_hang(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.advance(20.0)
+    job.commit(11, ranks=[0])
+    job.advance(20.0)
+    assert job.tick() == [] and job.model.state is JobState.RUNNING
+
+
+def test_worker_error_restarts_the_rank(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("worker_error", 2, "rank 2 device: ECC error")
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    assert job.model.round is not None and job.model.round.replace_ranks == {2}
+
+
+def test_two_faults_in_one_tick_start_a_single_round(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 1)
+    job.fault("rank_exit", 3)
+    job.tick()
+    assert job.model.epoch == 2
+    assert [type(a) for a in job.actions].count(A.StartRound) == 1
+    assert job.model.round is not None and job.model.round.replace_ranks == {1, 3}
+    starts = [(w, x.ranks) for w, x in msgs(job.take(), M.StartRanks)]
+    assert starts == [("a0", [1]), ("a1", [3])]
+
+
+# ============================================================================ recovery phases
+def _to_rebuilding(job: Job, behind: dict[int, int] | None = None) -> None:
+    """RUNNING at step 10 -> rank 3 dies -> survivors stop -> rank 3 re-registers."""
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.advance(0.1)
+    steps = {0: 10, 1: 10, 2: 10, **(behind or {})}
+    for rank, step in steps.items():
+        job.stopped([rank], step)
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    job.advance(0.4)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+
+
+def test_stopping_waits_for_survivors_and_replacements(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    epoch = job.model.epoch
+    job.take()
+    job.advance(0.1)
+    job.stopped([0, 1], 10)
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    job.stopped([2], 10)
+    job.tick()
+    assert job.model.state is JobState.STOPPING  # rank 3 has not re-registered yet
+    assert job.model.round is not None and job.model.round.stop_done == pytest.approx(T0 + 1.2)
+    job.advance(0.4)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING and job.model.epoch == epoch
+    assert job.model.round is not None and job.model.round.replace_done == pytest.approx(T0 + 1.6)
+    assert sorted(who for who, _ in msgs(job.take(), M.Rebuild)) == ["r0", "r1", "r2", "r3"]
+
+
+def test_a_stop_ack_of_an_older_epoch_does_not_count(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    for rank in (0, 1, 2):
+        job.model.ranks[rank].acked["stop"] = job.model.epoch - 1
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+
+
+def test_rebuilding_to_repairing_with_a_plan_per_rank(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job, behind={1: 9})
+    job.take()
+    job.ack("rebuild", [0, 1, 2])
+    job.tick()
+    assert job.model.state is JobState.REBUILDING  # rank 3 has not rebuilt
+    job.ack("rebuild", [3])
+    job.tick()
+    assert job.model.state is JobState.REPAIRING
+    assert job.model.round is not None and job.model.round.target_step == 10
+    repairs = dict(msgs(job.take(), M.Repair))
+    assert repairs == {
+        "r0": M.Repair(10, 0, [1], -1),
+        "r1": M.Repair(10, 0, [], 0),
+        "r2": M.Repair(10, 0, [3], -1),
+        "r3": M.Repair(10, 0, [], 2),
+    }
+
+
+def test_repair_failure_retries_without_the_bad_source(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job, behind={1: 9})
+    job.ack("rebuild")
+    job.tick()
+    job.take()
+    epoch = job.model.epoch
+    job.model.ranks[0].acked["repair0"] = epoch
+    job.model.ranks[1].acked["repair0"] = epoch
+    job.model.ranks[1].committed_step = 10
+    job.model.ranks[2].acked["repair0"] = epoch
+    job.model.ranks[3].repair_failure = (0, 2, "checksum mismatch on tensor 'w' from rank 2")
+    job.tick()
+    m = job.model
+    assert m.state is JobState.REPAIRING and m.epoch == epoch  # same round, next attempt
+    assert m.round is not None and m.round.repair_attempt == 1 and m.round.bad_sources == {2}
+    repairs = dict(msgs(job.take(), M.Repair))
+    assert repairs["r3"] == M.Repair(10, 1, [], 0)
+    assert repairs["r2"] == M.Repair(10, 1, [], -1)
+    assert repairs["r0"] == M.Repair(10, 1, [3], -1)
+    (retry,) = job.events("repair_retry")
+    assert retry["attempt"] == 1 and retry["bad_sources"] == [2]
+    assert "checksum mismatch" in retry["reason"]
+    job.tick()
+    assert job.model.state is JobState.REPAIRING  # old failure is not counted twice
+    assert job.model.round is not None and job.model.round.repair_attempt == 1
+    job.ack("repair0")  # acks of the previous attempt do not count
+    job.tick()
+    assert job.model.state is JobState.REPAIRING
+    job.ack("repair1")
+    job.tick()
+    assert job.model.state is JobState.RESUMING
+    assert {m.step for _, m in msgs(job.take(), M.Resume)} == {11}
+
+
+def test_no_source_left_escalates_with_a_new_epoch(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    epoch = job.model.epoch
+    assert job.model.round is not None
+    job.model.round = dataclasses.replace(job.model.round, bad_sources=frozenset({0, 1}))
+    job.model.ranks[3].repair_failure = (0, 2, "source 2 vanished")
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.model.epoch == epoch + 1
+    assert job.model.round is not None and job.model.round.replace_ranks == {3}
+
+
+def test_an_escalation_records_why(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 1, 2], 10)
+    job.advance(10.5)  # rank 3 never re-registers
+    job.tick()
+    assert job.model.epoch == 3
+    assert any("did not register" in str(e) for e in job.server.events.recent())
+
+
+def test_repair_failures_are_bounded_by_the_phase_timeout(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    epoch = job.model.epoch
+    for _ in range(30):  # 30 s of failures, three times the phase timeout
+        job.advance(1.0)
+        rnd = job.model.round
+        assert rnd is not None
+        job.model.ranks[3].repair_failure = (rnd.repair_attempt, -1, "receiver out of memory")
+        job.tick()
+        if job.model.epoch != epoch or job.model.state is not JobState.REPAIRING:
+            break
+    assert job.model.epoch > epoch or job.model.state is JobState.EXITING
+
+
+def _recover_fully(job: Job) -> None:
+    """From REBUILDING: rebuild +0.2 s, repair +0.3 s, resume +0.4 s."""
+    job.advance(0.2)
+    job.ack("rebuild")
+    job.tick()
+    assert job.model.state is JobState.REPAIRING
+    job.advance(0.3)
+    job.ack("repair0")
+    rnd = job.model.round
+    assert rnd is not None
+    job.commit(rnd.target_step, [3])
+    job.tick()
+    assert job.model.state is JobState.RESUMING
+    job.advance(0.4)
+    job.commit(rnd.target_step + 1)
+    job.tick()
+
+
+def test_resuming_to_running_writes_a_recovery_event(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    t_fault = T0 + 1.1
+    job.advance(0.2)
+    job.ack("rebuild")
+    job.tick()
+    job.advance(0.3)
+    job.ack("repair0")
+    job.tick()
+    job.advance(0.4)
+    job.commit(11, [0, 1, 2])
+    assert job.tick() == [] and job.model.state is JobState.RESUMING  # rank 3 has not
+    job.commit(11, [3])
+    job.tick()
+    m = job.model
+    assert m.state is JobState.RUNNING and m.recoveries == 1 and m.tries == {}
+    (rec,) = job.events("recovery")
+    assert m.last_recovery == rec
+    assert set(rec["phases"]) == {"detect", "stop", "replace", "rebuild", "repair", "resume"}
+    assert rec["phases"] == pytest.approx(
+        {"detect": 0.05, "stop": 0.1, "replace": 0.5, "rebuild": 0.2, "repair": 0.3, "resume": 0.4}
+    )
+    assert rec["ok"] is True and rec["strategy"] == RIP
+    assert rec["target_step"] == 10 and rec["lost_steps"] == 0
+    assert rec["replaced"] == [3]
+    assert rec["mttr_s"] == pytest.approx(job.now - (t_fault - 0.05))
+    assert [e["phase"] for e in job.events("phase")] == list(PHASES)
+
+
+def test_lost_steps_counts_a_faulty_rank_ahead_of_the_survivors(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.commit(11, [3])  # rank 3 committed 11, then died; the survivors are at 10
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 1, 2], 10)
+    job.register_rank(3)
+    job.tick()
+    _recover_fully(job)
+    (rec,) = job.events("recovery")
+    assert rec["target_step"] == 10 and rec["lost_steps"] == 1
+
+
+def test_lost_steps_survives_an_escalation(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.commit(11, [3])
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 1, 2], 10)
+    job.advance(10.5)  # rank 3 never comes back within the phase timeout
+    job.tick()
+    assert job.model.epoch == 3 and job.model.state is JobState.STOPPING
+    job.stopped([0, 1, 2], 10)
+    job.register_rank(3)
+    job.tick()
+    _recover_fully(job)
+    (rec,) = job.events("recovery")
+    assert rec["lost_steps"] == 1
+
+
+def test_every_rank_done_finishes_the_job(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=99)
+    for rank in (0, 1, 2):
+        job.model.ranks[rank].done = True
+    assert job.tick() == []
+    job.model.ranks[3].done = True
+    job.tick()
+    assert job.model.state is JobState.FINISHED and job.server.exit_code() == 0
+    assert sorted((w, x.code) for w, x in msgs(job.take(), M.AgentExit)) == [("a0", 0), ("a1", 0)]
+    (end,) = job.events("job_end")
+    assert end["exit_code"] == 0
+    assert job.tick() == []
+
+
+def test_finishing_during_resume_still_releases_the_agents(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    job.ack("repair0")
+    job.tick()
+    job.take()
+    for info in job.model.ranks.values():
+        info.done, info.committed_step = True, 11
+    job.tick()
+    assert job.model.state is JobState.FINISHED
+    assert sorted((w, x.code) for w, x in msgs(job.take(), M.AgentExit)) == [("a0", 0), ("a1", 0)]
+    assert [e["exit_code"] for e in job.events("job_end")] == [0]
+
+
+def test_a_finished_rank_that_lingers_is_not_a_fault(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.model.ranks[0].done = True  # WorkerDone arrived; the process saves files, then exits
+    job.advance(3.0, silent=("r0",))
+    job.commit(11, [1, 2, 3])
+    assert job.tick() == []
+    assert job.model.state is JobState.RUNNING
+
+
+def test_a_job_that_never_started_has_no_job_start_event(make_job: Callable[..., Job]) -> None:
+    job = make_job("exit")
+    for node in (0, 1):
+        job.register_agent(node)
+    for rank in range(4):
+        job.register_rank(rank)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+    job.fault("rank_exit", 2)
+    job.tick()
+    assert job.model.state is JobState.EXITING
+    assert job.events("job_start") == []
+
+
+def test_impossible_repair_during_formation_does_not_crash(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    for node in (0, 1):
+        job.register_agent(node)
+    # ranks come up from checkpoints of different steps; shard 1 has no replica at step 100
+    for rank, step, shard in ((0, 100, 0), (1, 90, 1), (2, 100, 0), (3, 90, 1)):
+        job.register_rank(rank, step=step, shard=shard)
+    job.tick()
+    job.ack("rebuild")
+    job.tick()
+    assert job.model.state in (JobState.STOPPING, JobState.EXITING)
+
+
+# ============================================================================ escalation
+def test_timeouts_escalate_then_move_down_the_strategy_list(make_job: Callable[..., Job]) -> None:
+    job = make_job()  # recover-in-place, recover, exit; max_tries=2
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    seen: list[tuple[int, str]] = [(job.model.epoch, job.decision()["strategy"])]
+    for _ in range(6):
+        job.stopped([r for r in (0, 1, 2) if job.model.ranks[r].alive], 10)
+        job.tick()
+        assert job.model.state is JobState.STOPPING  # replacements never register
+        wait = (
+            job.config.wait_reschedule_timeout_s
+            if seen[-1][1] == REC
+            else job.config.phase_timeout_s
+        )
+        job.advance(wait - 0.5)
+        job.tick()
+        assert job.model.state is JobState.STOPPING and job.model.epoch == seen[-1][0]
+        job.advance(1.0)
+        job.tick()
+        seen.append((job.model.epoch, job.decision()["strategy"]))
+        if job.model.state is JobState.EXITING:
+            break
+    assert seen == [(2, RIP), (3, RIP), (4, REC), (5, REC), (5, "exit")]
+    assert job.model.exit_code == exitcodes.JOB_EXIT
+    (rec,) = job.events("recovery")
+    assert rec["ok"] is False and rec["lost_steps"] is None
+    assert "tried 2 time(s), max_tries=2" in job.decision()["reason"]
+
+
+def test_unstopped_survivors_are_replaced_on_escalation(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 2], 10)  # rank 1 never answers Stop
+    job.register_rank(3)
+    job.advance(10.5)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 3
+    assert m.round is not None and m.round.replace_ranks == {1, 3}
+    fault = job.events("fault")[-1]
+    assert (fault["kind"], fault["rank"]) == ("hang", 1)
+    assert "ranks [1] did not stop within 10s" in fault["detail"]
+
+
+def test_a_rebuild_timeout_escalates_with_the_late_ranks(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild", [0, 1, 3])
+    job.advance(9.0)
+    assert job.tick() == []
+    job.advance(1.5)
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.model.epoch == 3
+    assert job.model.round is not None and job.model.round.replace_ranks == {2, 3}
+
+
+def test_a_new_fault_during_recovery_starts_a_new_epoch(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.fault("rank_exit", 0)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 3
+    assert m.round is not None and m.round.replace_ranks == {0, 3}
+    assert len(m.round.faults) == 2  # the incident keeps its first fault
+
+
+def test_resume_timeout_escalates(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    job.ack("repair0")
+    job.tick()
+    assert job.model.state is JobState.RESUMING
+    job.commit(11, [0, 1, 2])
+    job.advance(31.0)
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.model.epoch == 3
+    assert job.model.round is not None and job.model.round.replace_ranks == {3}
+    fault = job.events("fault")[-1]
+    assert "ranks [3] did not commit step 11" in fault["detail"]
+
+
+# ============================================================================ transitions
+def test_an_illegal_transition_raises(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    with pytest.raises(IllegalTransition, match=r"running -> repairing is not allowed \(allowed:"):
+        job.server.execute([A.Transition("test", JobState.REPAIRING)])
+    assert job.model.state is JobState.RUNNING
+
+
+def test_terminal_states_allow_nothing(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.model.transition(JobState.EXITING)
+    for to in JobState:
+        with pytest.raises(IllegalTransition, match="allowed: none"):
+            job.model.transition(to)
+
+
+@pytest.mark.parametrize("src", list(JobState))
+def test_transition_table_is_enforced(make_job: Callable[..., Job], src: JobState) -> None:
+    job = make_job()
+    assert set(TRANSITIONS) == set(JobState)
+    for dst in JobState:
+        job.model.state = src
+        if dst in TRANSITIONS[src]:
+            job.model.transition(dst)
+            assert job.model.state is dst
+        else:
+            with pytest.raises(IllegalTransition):
+                job.model.transition(dst)
+            assert job.model.state is src
+
+
+# ============================================================================ fault x strategy
+def _rank_exit(job: Job) -> None:
+    job.fault("rank_exit", 3)
+
+
+def _worker_error(job: Job) -> None:
+    job.fault("worker_error", 3)
+
+
+def _rank_silent(job: Job) -> None:
+    job.advance(2.1, silent=("r3",))
+
+
+def _node_lost(job: Job) -> None:
+    job.advance(1.6, silent=("a1", "r2", "r3"))
+
+
+def _hang(job: Job) -> None:
+    job.commit(9, [3])
+    job.advance(30.5)
+
+
+FAULTS: dict[str, Callable[[Job], None]] = {
+    "rank_exit": _rank_exit,
+    "worker_error": _worker_error,
+    "rank_silent": _rank_silent,
+    "node_lost": _node_lost,
+    "hang": _hang,
+}
+NOT_YET = {
+    "retry": "in-process retry is not implemented yet",
+    "dump": "the end-of-life dump is not implemented yet",
+    "elastic-training": "elastic training is not implemented yet",
+}
+
+CASES = [
+    # strategies, {fault kind: chosen strategy}
+    ("recover-in-place,exit", {"node_lost": "exit"}, RIP),
+    ("recover,exit", {}, REC),
+    ("recover-in-place,recover,exit", {"node_lost": REC}, RIP),
+    ("exit", {}, "exit"),
+    ("retry,dump,exit", {}, "exit"),
+    ("elastic-training,exit", {}, "exit"),
+    ("", {}, "exit"),
+]
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+@pytest.mark.parametrize(
+    ("strategies", "special", "usual"), CASES, ids=[c[0] or "none" for c in CASES]
+)
+def test_strategy_choice(
+    make_job: Callable[..., Job], kind: str, strategies: str, special: dict[str, str], usual: str
+) -> None:
+    job = make_job(strategies)
+    job.running(step=10)
+    FAULTS[kind](job)
+    job.tick()
+    (fault,) = job.events("fault")
+    assert fault["kind"] == kind and fault["node_rank"] == 1
+    expected = special.get(kind, usual)
+    decision = job.decision()
+    assert decision["strategy"] == expected
+    if expected == "exit":
+        assert job.model.state is JobState.EXITING and job.model.exit_code == 87
+    else:
+        assert job.model.state is JobState.STOPPING and job.model.epoch == 2
+        replaced = {2, 3} if expected == REC else {3}
+        assert job.model.round is not None and job.model.round.replace_ranks == replaced
+    for name, why in NOT_YET.items():
+        if name in parse_strategies(strategies):
+            assert f"{name}: {why}" in decision["reason"]
+    if not strategies:
+        assert "none configured" in decision["reason"]
+
+
+def test_hang_blamed_on_the_scheduler_node_cannot_be_rescheduled(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("recover,exit")
+    job.running(step=10)  # everyone at the same step: rank 0 is blamed
+    job.advance(30.5)
+    job.tick()
+    assert job.events("fault")[0]["rank"] == 0
+    assert job.model.state is JobState.EXITING
+    assert "hosts the scheduler" in job.decision()["reason"]
+
+
+def test_orphaned_shard_makes_recovery_infeasible(make_job: Callable[..., Job]) -> None:
+    job = make_job("recover-in-place,exit")
+    job.form()
+    for rank in range(4):  # 2-way model parallel: shard 1 lives on ranks 1 and 3 only
+        job.model.ranks[rank].shard = rank % 2
+    job.commit(10)
+    job.fault("rank_exit", 1)
+    job.fault("rank_exit", 3)
+    job.tick()
+    assert job.model.state is JobState.EXITING
+    assert "no healthy replica left for shard 1 (ranks [1, 3])" in job.decision()["reason"]        job.tick()  # RESUMING -> RUNNING (recovery recorded)
+        job.tick()  # RUNNING -> FINISHED (agents released)
+        assert job.model.state is JobState.FINISHED the real executor.
+
+A :class:`Job` wraps a real :class:`ManagerServer` (its ROUTER bound on an ephemeral loopback
+port; nothing ever connects), a fake clock, and hand-set member facts. ``tick()`` runs
+``server.execute(decide(server.model, now))`` and every message the executor sends is recorded
+(the ROUTER silently drops it, as no peer with that identity is connected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ms_recover import exitcodes
+from ms_recover.config import JobConfig
+from ms_recover.manager import actions as A
+from ms_recover.manager.decide import decide
+from ms_recover.manager.model import TRANSITIONS, Fault, IllegalTransition, JobState
+from ms_recover.manager.server import PHASES, ManagerServer
+from ms_recover.protocol import messages as M
+from ms_recover.strategy import parse_strategies
+
+T0 = 1000.0
+RIP, REC = "recover-in-place", "recover"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Job:
+    """2 nodes x 2 ranks by default; node 0 hosts the scheduler."""
+
+    def __init__(self, strategies: str, **changes: Any) -> None:
+        base: dict[str, Any] = dict(
+            job_id="unit",
+            node_nums=2,
+            proc_per_node=2,
+            manager_port=0,
+            heartbeat_s=0.5,
+            liveness=3,
+            hang_timeout_s=30.0,
+            phase_timeout_s=10.0,
+            wait_reschedule_timeout_s=20.0,
+            max_tries=2,
+            strategies=parse_strategies(strategies),
+        )
+        base.update(changes)
+        self.config = JobConfig(**base)
+        self.clock = Clock()
+        self.server = ManagerServer(self.config, clock=self.clock)
+        self.model = self.server.model
+        self.sent: list[tuple[str, M.Message]] = []
+        self.actions: list[A.Action] = []
+        real_send = self.server._send
+
+        def record(identity: bytes, msg: M.Message) -> None:
+            self.sent.append((identity.decode(), msg))
+            real_send(identity, msg)
+
+        self.server._send = record  # type: ignore[method-assign]
+        self._pid = 100
+
+    # ------------------------------------------------------------ facts
+    @property
+    def now(self) -> float:
+        return self.clock.t
+
+    def register_agent(self, node: int) -> None:
+        agent = self.model.agents[node]
+        self._pid += 1
+        agent.registered = agent.alive = True
+        agent.pid, agent.last_seen, agent.pod_ip = self._pid, self.now, f"10.0.0.{node}"
+        agent.is_scheduler = node == self.config.sched_node_rank
+        self.server._agent_ids[node] = f"a{node}".encode()
+
+    def register_rank(self, rank: int, step: int = -1, shard: int = 0) -> None:
+        info = self.model.ranks[rank]
+        self._pid += 1
+        info.registered = info.alive = True
+        info.identity = f"r{rank}".encode()
+        info.pid, info.incarnation = self._pid, info.incarnation + 1
+        info.endpoint, info.shard, info.committed_step = f"tcp://h{rank}:5{rank}", shard, step
+        info.last_seen = info.last_progress = self.now
+        info.acked, info.repair_failure, info.done = {}, None, False
+
+    def advance(self, dt: float, silent: tuple[str, ...] = ()) -> None:
+        """Move the clock; every live member except ``silent`` ("a1", "r3") heartbeats."""
+        self.clock.t += dt
+        for node, agent in self.model.agents.items():
+            if agent.alive and f"a{node}" not in silent:
+                agent.last_seen = self.now
+        for rank, info in self.model.ranks.items():
+            if info.alive and f"r{rank}" not in silent:
+                info.last_seen = self.now
+
+    def commit(self, step: int, ranks: Any = None) -> None:
+        for rank in self.model.ranks if ranks is None else ranks:
+            info = self.model.ranks[rank]
+            info.committed_step, info.last_progress = step, self.now
+
+    def ack(self, phase: str, ranks: Any = None) -> None:
+        for rank in self.model.ranks if ranks is None else ranks:
+            self.model.ranks[rank].acked[phase] = self.model.epoch
+
+    def stopped(self, ranks: Any, step: int) -> None:
+        """Survivors answer Stop with their committed step (what ``_on_stopped`` records)."""
+        for rank in ranks:
+            info = self.model.ranks[rank]
+            info.acked["stop"], info.committed_step = self.model.epoch, step
+
+    def fault(
+        self,
+        kind: str,
+        rank: int,
+        detail: str = "",
+        node: int | None = None,
+        detect_s: float = 0.05,
+    ) -> Fault:
+        node = self.config.node_of(rank) if node is None else node
+        fault = Fault(kind, node, rank, detail or f"{kind} on rank {rank}", self.now, detect_s)
+        self.model.pending.append(fault)
+        return fault
+
+    # ------------------------------------------------------------ driving
+    def tick(self) -> list[A.Action]:
+        actions = decide(self.model, self.now)
+        self.actions = actions
+        self.server.execute(actions)
+        return actions
+
+    def take(self) -> list[tuple[str, M.Message]]:
+        sent, self.sent = self.sent, []
+        return sent
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return self.server.events.recent(name)
+
+    def decision(self) -> dict[str, Any]:
+        return self.events("decision")[-1]
+
+    def form(self) -> None:
+        """Register everyone and run the formation round to RUNNING (epoch 1, step 0)."""
+        for node in range(self.config.node_nums):
+            self.register_agent(node)
+        for rank in range(self.config.world_size):
+            self.register_rank(rank)
+        self.tick()
+        assert self.model.state is JobState.REBUILDING
+        self.ack("rebuild")
+        self.tick()
+        assert self.model.state is JobState.REPAIRING
+        self.ack("repair0")
+        self.tick()
+        assert self.model.state is JobState.RESUMING
+        self.advance(0.1)
+        self.commit(0)
+        self.tick()
+        assert self.model.state is JobState.RUNNING
+        self.take()
+
+    def running(self, step: int = 10) -> None:
+        self.form()
+        self.advance(1.0)
+        self.commit(step)
+        assert self.tick() == []
+
+
+@pytest.fixture
+def make_job() -> Iterator[Callable[..., Job]]:
+    jobs: list[Job] = []
+
+    def make(strategies: str = "recover-in-place,recover,exit", **changes: Any) -> Job:
+        job = Job(strategies, **changes)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.server.close()
+
+
+def msgs(sent: list[tuple[str, M.Message]], kind: type[M.Message]) -> list[tuple[str, Any]]:
+    return [(who, m) for who, m in sent if isinstance(m, kind)]
+
+
+# ============================================================================ formation
+def test_forming_waits_for_every_rank(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    for node in (0, 1):
+        job.register_agent(node)
+    for rank in (0, 1, 2):
+        job.register_rank(rank)
+    assert job.tick() == []
+    assert job.model.state is JobState.FORMING and job.model.epoch == 0
+    job.advance(0.2)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING and job.model.epoch == 1
+    rebuilds = msgs(job.take(), M.Rebuild)
+    assert [who for who, _ in rebuilds] == ["r0", "r1", "r2", "r3"]
+    assert rebuilds[0][1].members == {r: f"tcp://h{r}:5{r}" for r in range(4)}
+
+
+def test_formation_round_runs_to_running_with_a_job_start_event(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.form()
+    assert job.model.epoch == 1 and job.model.recoveries == 0
+    (start,) = job.events("job_start")
+    assert set(start["phases"]) == set(PHASES)
+    assert job.events("recovery") == []
+    assert job.model.exit_code is None
+
+
+def test_formation_repair_is_empty_and_resume_starts_at_step_zero(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    for node in (0, 1):
+        job.register_agent(node)
+    for rank in range(4):
+        job.register_rank(rank)
+    job.tick()
+    job.ack("rebuild")
+    job.take()
+    job.tick()
+    repairs = msgs(job.take(), M.Repair)
+    assert len(repairs) == 4
+    assert all(m == M.Repair(-1, 0, [], -1) for _, m in repairs)
+    job.ack("repair0")
+    job.tick()
+    assert {m.step for _, m in msgs(job.take(), M.Resume)} == {0}
+
+
+# ============================================================================ faults
+def test_rank_exit_in_running_restarts_the_rank_in_place(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3, "rank 3 died (signal 9)")
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 2
+    assert m.round is not None and m.round.strategy is not None
+    assert m.round.strategy.value == RIP and m.round.replace_ranks == {3}
+    assert m.pending == [] and not m.ranks[3].alive and m.ranks[3].committed_step == -1
+    sent = job.take()
+    assert sorted(who for who, _ in msgs(sent, M.Stop)) == ["r0", "r1", "r2"]
+    agent_msgs = [
+        (who, type(msg).__name__, msg.ranks)
+        for who, msg in sent
+        if isinstance(msg, (M.KillRanks, M.StartRanks))
+    ]
+    assert agent_msgs == [("a1", "KillRanks", [3]), ("a1", "StartRanks", [3])]
+    assert msgs(sent, M.AgentExit) == []
+    assert job.decision()["strategy"] == RIP
+    (fault,) = job.events("fault")
+    assert fault["kind"] == "rank_exit" and fault["rank"] == 3 and fault["node_rank"] == 1
+
+
+def test_recover_reschedules_the_whole_node(make_job: Callable[..., Job]) -> None:
+    job = make_job("recover,exit")
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 2
+    assert m.round is not None and m.round.replace_ranks == {2, 3}
+    assert m.round.reschedule_nodes == {1}
+    assert not m.ranks[2].alive and not m.ranks[3].alive
+    sent = job.take()
+    assert [(who, msg.code) for who, msg in msgs(sent, M.AgentExit)] == [
+        ("a1", exitcodes.RESCHEDULE)
+    ]
+    assert exitcodes.RESCHEDULE == 86
+    assert sorted(who for who, _ in msgs(sent, M.Stop)) == ["r0", "r1"]
+    assert msgs(sent, M.KillRanks) == [] and msgs(sent, M.StartRanks) == []
+    assert job.decision()["replace"] == [2, 3] and job.decision()["nodes"] == [1]
+
+
+def test_fault_on_the_scheduler_node_without_in_place_means_exit(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("recover,exit")
+    job.running()
+    job.fault("rank_exit", 1)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.EXITING and m.exit_code == exitcodes.JOB_EXIT == 87
+    assert job.server.exit_code() == 87
+    sent = job.take()
+    assert sorted(who for who, _ in msgs(sent, M.Exit)) == ["r0", "r2", "r3"]
+    assert all(msg.code == 87 for _, msg in msgs(sent, M.Exit))
+    assert sorted((who, msg.code) for who, msg in msgs(sent, M.AgentExit)) == [
+        ("a0", 87),
+        ("a1", 87),
+    ]
+    decision = job.decision()
+    assert decision["strategy"] == "exit"
+    assert "scheduler" in decision["reason"] and "node 0" in decision["reason"]
+    (end,) = job.events("job_end")
+    assert end["exit_code"] == 87
+    assert job.tick() == []  # EXITING is terminal
+
+
+def test_fault_on_the_scheduler_node_can_be_recovered_in_place(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 0)
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.decision()["strategy"] == RIP
+    assert [(w, type(x).__name__) for w, x in job.take() if w.startswith("a")] == [
+        ("a0", "KillRanks"),
+        ("a0", "StartRanks"),
+    ]
+
+
+def test_node_lost_is_detected_from_agent_silence(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.advance(1.4, silent=("a1", "r2", "r3"))  # below heartbeat*liveness = 1.5 s
+    assert job.tick() == []
+    job.advance(0.2, silent=("a1", "r2", "r3"))
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING
+    faults = job.events("fault")
+    assert [(f["kind"], f["node_rank"], f["rank"]) for f in faults] == [("node_lost", 1, -1)]
+    assert faults[0]["detect_s"] == pytest.approx(1.6)
+    decision = job.decision()
+    assert decision["strategy"] == REC
+    assert "recover-in-place: node(s) [1] lost" in decision["reason"]
+    assert not m.agents[1].alive
+    assert m.round is not None and m.round.replace_ranks == {2, 3}
+
+
+def test_node_lost_with_only_in_place_exits(make_job: Callable[..., Job]) -> None:
+    job = make_job("recover-in-place,exit")
+    job.running()
+    job.advance(2.0, silent=("a1",))
+    job.tick()
+    assert job.model.state is JobState.EXITING
+    assert "no agent to restart ranks in place" in job.decision()["reason"]
+
+
+def test_rank_silence(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.advance(1.9, silent=("r2",))  # a rank gets one extra heartbeat: 1.5 + 0.5 s
+    assert job.tick() == []
+    job.advance(0.2, silent=("r2",))
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    (fault,) = job.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("rank_silent", 2)
+    assert job.decision()["strategy"] == RIP
+    assert [
+        (w, type(x).__name__, x.ranks)
+        for w, x in job.take()
+        if isinstance(x, (M.KillRanks, M.StartRanks))
+    ] == [("a1", "KillRanks", [2]), ("a1", "StartRanks", [2])]
+
+
+def test_hang_is_no_progress_anywhere_for_the_hang_timeout(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.commit(9, ranks=[3])  # rank 3 is the straggler
+    job.advance(29.0)  # heartbeats keep coming, steps do not
+    assert job.tick() == []
+    job.advance(1.5)
+    job.tick()
+    (fault,) = job.events("fault")
+    assert (fault["kind"], fault["rank"], fault["node_rank"]) == ("hang", 3, 1)
+    assert "stuck at step 9" in fault["detail"]
+    assert job.model.state is JobState.STOPPING
+
+
+def test_progress_of_any_rank_prevents_a_hang(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.advance(20.0)
+    job.commit(11, ranks=[0])
+    job.advance(20.0)
+    assert job.tick() == [] and job.model.state is JobState.RUNNING
+
+
+def test_worker_error_restarts_the_rank(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("worker_error", 2, "rank 2 device: ECC error")
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    assert job.model.round is not None and job.model.round.replace_ranks == {2}
+
+
+def test_two_faults_in_one_tick_start_a_single_round(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 1)
+    job.fault("rank_exit", 3)
+    job.tick()
+    assert job.model.epoch == 2
+    assert [type(a) for a in job.actions].count(A.StartRound) == 1
+    assert job.model.round is not None and job.model.round.replace_ranks == {1, 3}
+    starts = [(w, x.ranks) for w, x in msgs(job.take(), M.StartRanks)]
+    assert starts == [("a0", [1]), ("a1", [3])]
+
+
+# ============================================================================ recovery phases
+def _to_rebuilding(job: Job, behind: dict[int, int] | None = None) -> None:
+    """RUNNING at step 10 -> rank 3 dies -> survivors stop -> rank 3 re-registers."""
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.advance(0.1)
+    steps = {0: 10, 1: 10, 2: 10, **(behind or {})}
+    for rank, step in steps.items():
+        job.stopped([rank], step)
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    job.advance(0.4)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+
+
+def test_stopping_waits_for_survivors_and_replacements(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    epoch = job.model.epoch
+    job.take()
+    job.advance(0.1)
+    job.stopped([0, 1], 10)
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    job.stopped([2], 10)
+    job.tick()
+    assert job.model.state is JobState.STOPPING  # rank 3 has not re-registered yet
+    assert job.model.round is not None and job.model.round.stop_done == pytest.approx(T0 + 1.2)
+    job.advance(0.4)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING and job.model.epoch == epoch
+    assert job.model.round is not None and job.model.round.replace_done == pytest.approx(T0 + 1.6)
+    assert sorted(who for who, _ in msgs(job.take(), M.Rebuild)) == ["r0", "r1", "r2", "r3"]
+
+
+def test_a_stop_ack_of_an_older_epoch_does_not_count(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    for rank in (0, 1, 2):
+        job.model.ranks[rank].acked["stop"] = job.model.epoch - 1
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+
+
+def test_rebuilding_to_repairing_with_a_plan_per_rank(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job, behind={1: 9})
+    job.take()
+    job.ack("rebuild", [0, 1, 2])
+    job.tick()
+    assert job.model.state is JobState.REBUILDING  # rank 3 has not rebuilt
+    job.ack("rebuild", [3])
+    job.tick()
+    assert job.model.state is JobState.REPAIRING
+    assert job.model.round is not None and job.model.round.target_step == 10
+    repairs = dict(msgs(job.take(), M.Repair))
+    assert repairs == {
+        "r0": M.Repair(10, 0, [1], -1),
+        "r1": M.Repair(10, 0, [], 0),
+        "r2": M.Repair(10, 0, [3], -1),
+        "r3": M.Repair(10, 0, [], 2),
+    }
+
+
+def test_repair_failure_retries_without_the_bad_source(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job, behind={1: 9})
+    job.ack("rebuild")
+    job.tick()
+    job.take()
+    epoch = job.model.epoch
+    job.model.ranks[0].acked["repair0"] = epoch
+    job.model.ranks[1].acked["repair0"] = epoch
+    job.model.ranks[1].committed_step = 10
+    job.model.ranks[2].acked["repair0"] = epoch
+    job.model.ranks[3].repair_failure = (0, 2, "checksum mismatch on tensor 'w' from rank 2")
+    job.tick()
+    m = job.model
+    assert m.state is JobState.REPAIRING and m.epoch == epoch  # same round, next attempt
+    assert m.round is not None and m.round.repair_attempt == 1 and m.round.bad_sources == {2}
+    repairs = dict(msgs(job.take(), M.Repair))
+    assert repairs["r3"] == M.Repair(10, 1, [], 0)
+    assert repairs["r2"] == M.Repair(10, 1, [], -1)
+    assert repairs["r0"] == M.Repair(10, 1, [3], -1)
+    (retry,) = job.events("repair_retry")
+    assert retry["attempt"] == 1 and retry["bad_sources"] == [2]
+    assert "checksum mismatch" in retry["reason"]
+    job.tick()
+    assert job.model.state is JobState.REPAIRING  # old failure is not counted twice
+    assert job.model.round is not None and job.model.round.repair_attempt == 1
+    job.ack("repair0")  # acks of the previous attempt do not count
+    job.tick()
+    assert job.model.state is JobState.REPAIRING
+    job.ack("repair1")
+    job.tick()
+    assert job.model.state is JobState.RESUMING
+    assert {m.step for _, m in msgs(job.take(), M.Resume)} == {11}
+
+
+def test_no_source_left_escalates_with_a_new_epoch(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    epoch = job.model.epoch
+    assert job.model.round is not None
+    job.model.round = dataclasses.replace(job.model.round, bad_sources=frozenset({0, 1}))
+    job.model.ranks[3].repair_failure = (0, 2, "source 2 vanished")
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.model.epoch == epoch + 1
+    assert job.model.round is not None and job.model.round.replace_ranks == {3}
+
+
+def test_an_escalation_records_why(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 1, 2], 10)
+    job.advance(10.5)  # rank 3 never re-registers
+    job.tick()
+    assert job.model.epoch == 3
+    assert any("did not register" in str(e) for e in job.server.events.recent())
+
+
+def test_repair_failures_are_bounded_by_the_phase_timeout(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    epoch = job.model.epoch
+    for _ in range(30):  # 30 s of failures, three times the phase timeout
+        job.advance(1.0)
+        rnd = job.model.round
+        assert rnd is not None
+        job.model.ranks[3].repair_failure = (rnd.repair_attempt, -1, "receiver out of memory")
+        job.tick()
+        if job.model.epoch != epoch or job.model.state is not JobState.REPAIRING:
+            break
+    assert job.model.epoch > epoch or job.model.state is JobState.EXITING
+
+
+def _recover_fully(job: Job) -> None:
+    """From REBUILDING: rebuild +0.2 s, repair +0.3 s, resume +0.4 s."""
+    job.advance(0.2)
+    job.ack("rebuild")
+    job.tick()
+    assert job.model.state is JobState.REPAIRING
+    job.advance(0.3)
+    job.ack("repair0")
+    rnd = job.model.round
+    assert rnd is not None
+    job.commit(rnd.target_step, [3])
+    job.tick()
+    assert job.model.state is JobState.RESUMING
+    job.advance(0.4)
+    job.commit(rnd.target_step + 1)
+    job.tick()
+
+
+def test_resuming_to_running_writes_a_recovery_event(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    t_fault = T0 + 1.1
+    job.advance(0.2)
+    job.ack("rebuild")
+    job.tick()
+    job.advance(0.3)
+    job.ack("repair0")
+    job.tick()
+    job.advance(0.4)
+    job.commit(11, [0, 1, 2])
+    assert job.tick() == [] and job.model.state is JobState.RESUMING  # rank 3 has not
+    job.commit(11, [3])
+    job.tick()
+    m = job.model
+    assert m.state is JobState.RUNNING and m.recoveries == 1 and m.tries == {}
+    (rec,) = job.events("recovery")
+    assert m.last_recovery == rec
+    assert set(rec["phases"]) == {"detect", "stop", "replace", "rebuild", "repair", "resume"}
+    assert rec["phases"] == pytest.approx(
+        {"detect": 0.05, "stop": 0.1, "replace": 0.5, "rebuild": 0.2, "repair": 0.3, "resume": 0.4}
+    )
+    assert rec["ok"] is True and rec["strategy"] == RIP
+    assert rec["target_step"] == 10 and rec["lost_steps"] == 0
+    assert rec["replaced"] == [3]
+    assert rec["mttr_s"] == pytest.approx(job.now - (t_fault - 0.05))
+    assert [e["phase"] for e in job.events("phase")] == list(PHASES)
+
+
+def test_lost_steps_counts_a_faulty_rank_ahead_of_the_survivors(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.commit(11, [3])  # rank 3 committed 11, then died; the survivors are at 10
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 1, 2], 10)
+    job.register_rank(3)
+    job.tick()
+    _recover_fully(job)
+    (rec,) = job.events("recovery")
+    assert rec["target_step"] == 10 and rec["lost_steps"] == 1
+
+
+def test_lost_steps_survives_an_escalation(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.commit(11, [3])
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 1, 2], 10)
+    job.advance(10.5)  # rank 3 never comes back within the phase timeout
+    job.tick()
+    assert job.model.epoch == 3 and job.model.state is JobState.STOPPING
+    job.stopped([0, 1, 2], 10)
+    job.register_rank(3)
+    job.tick()
+    _recover_fully(job)
+    (rec,) = job.events("recovery")
+    assert rec["lost_steps"] == 1
+
+
+def test_every_rank_done_finishes_the_job(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=99)
+    for rank in (0, 1, 2):
+        job.model.ranks[rank].done = True
+    assert job.tick() == []
+    job.model.ranks[3].done = True
+    job.tick()
+    assert job.model.state is JobState.FINISHED and job.server.exit_code() == 0
+    assert sorted((w, x.code) for w, x in msgs(job.take(), M.AgentExit)) == [("a0", 0), ("a1", 0)]
+    (end,) = job.events("job_end")
+    assert end["exit_code"] == 0
+    assert job.tick() == []
+
+
+def test_finishing_during_resume_still_releases_the_agents(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    job.ack("repair0")
+    job.tick()
+    job.take()
+    for info in job.model.ranks.values():
+        info.done, info.committed_step = True, 11
+    job.tick()
+    assert job.model.state is JobState.FINISHED
+    assert sorted((w, x.code) for w, x in msgs(job.take(), M.AgentExit)) == [("a0", 0), ("a1", 0)]
+    assert [e["exit_code"] for e in job.events("job_end")] == [0]
+
+
+def test_a_finished_rank_that_lingers_is_not_a_fault(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.model.ranks[0].done = True  # WorkerDone arrived; the process saves files, then exits
+    job.advance(3.0, silent=("r0",))
+    job.commit(11, [1, 2, 3])
+    assert job.tick() == []
+    assert job.model.state is JobState.RUNNING
+
+
+def test_a_job_that_never_started_has_no_job_start_event(make_job: Callable[..., Job]) -> None:
+    job = make_job("exit")
+    for node in (0, 1):
+        job.register_agent(node)
+    for rank in range(4):
+        job.register_rank(rank)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+    job.fault("rank_exit", 2)
+    job.tick()
+    assert job.model.state is JobState.EXITING
+    assert job.events("job_start") == []
+
+
+def test_impossible_repair_during_formation_does_not_crash(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    for node in (0, 1):
+        job.register_agent(node)
+    # ranks come up from checkpoints of different steps; shard 1 has no replica at step 100
+    for rank, step, shard in ((0, 100, 0), (1, 90, 1), (2, 100, 0), (3, 90, 1)):
+        job.register_rank(rank, step=step, shard=shard)
+    job.tick()
+    job.ack("rebuild")
+    job.tick()
+    assert job.model.state in (JobState.STOPPING, JobState.EXITING)
+
+
+# ============================================================================ escalation
+def test_timeouts_escalate_then_move_down_the_strategy_list(make_job: Callable[..., Job]) -> None:
+    job = make_job()  # recover-in-place, recover, exit; max_tries=2
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    seen: list[tuple[int, str]] = [(job.model.epoch, job.decision()["strategy"])]
+    for _ in range(6):
+        job.stopped([r for r in (0, 1, 2) if job.model.ranks[r].alive], 10)
+        job.tick()
+        assert job.model.state is JobState.STOPPING  # replacements never register
+        wait = (
+            job.config.wait_reschedule_timeout_s
+            if seen[-1][1] == REC
+            else job.config.phase_timeout_s
+        )
+        job.advance(wait - 0.5)
+        job.tick()
+        assert job.model.state is JobState.STOPPING and job.model.epoch == seen[-1][0]
+        job.advance(1.0)
+        job.tick()
+        seen.append((job.model.epoch, job.decision()["strategy"]))
+        if job.model.state is JobState.EXITING:
+            break
+    assert seen == [(2, RIP), (3, RIP), (4, REC), (5, REC), (5, "exit")]
+    assert job.model.exit_code == exitcodes.JOB_EXIT
+    (rec,) = job.events("recovery")
+    assert rec["ok"] is False and rec["lost_steps"] is None
+    assert "tried 2 time(s), max_tries=2" in job.decision()["reason"]
+
+
+def test_unstopped_survivors_are_replaced_on_escalation(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 2], 10)  # rank 1 never answers Stop
+    job.register_rank(3)
+    job.advance(10.5)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 3
+    assert m.round is not None and m.round.replace_ranks == {1, 3}
+    fault = job.events("fault")[-1]
+    assert (fault["kind"], fault["rank"]) == ("hang", 1)
+    assert "ranks [1] did not stop within 10s" in fault["detail"]
+
+
+def test_a_rebuild_timeout_escalates_with_the_late_ranks(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild", [0, 1, 3])
+    job.advance(9.0)
+    assert job.tick() == []
+    job.advance(1.5)
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.model.epoch == 3
+    assert job.model.round is not None and job.model.round.replace_ranks == {2, 3}
+
+
+def test_a_new_fault_during_recovery_starts_a_new_epoch(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.fault("rank_exit", 0)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 3
+    assert m.round is not None and m.round.replace_ranks == {0, 3}
+    assert len(m.round.faults) == 2  # the incident keeps its first fault
+
+
+def test_resume_timeout_escalates(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _to_rebuilding(job)
+    job.ack("rebuild")
+    job.tick()
+    job.ack("repair0")
+    job.tick()
+    assert job.model.state is JobState.RESUMING
+    job.commit(11, [0, 1, 2])
+    job.advance(31.0)
+    job.tick()
+    assert job.model.state is JobState.STOPPING and job.model.epoch == 3
+    assert job.model.round is not None and job.model.round.replace_ranks == {3}
+    fault = job.events("fault")[-1]
+    assert "ranks [3] did not commit step 11" in fault["detail"]
+
+
+# ============================================================================ transitions
+def test_an_illegal_transition_raises(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running()
+    with pytest.raises(IllegalTransition, match=r"running -> repairing is not allowed \(allowed:"):
+        job.server.execute([A.Transition("test", JobState.REPAIRING)])
+    assert job.model.state is JobState.RUNNING
+
+
+def test_terminal_states_allow_nothing(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.model.transition(JobState.EXITING)
+    for to in JobState:
+        with pytest.raises(IllegalTransition, match="allowed: none"):
+            job.model.transition(to)
+
+
+@pytest.mark.parametrize("src", list(JobState))
+def test_transition_table_is_enforced(make_job: Callable[..., Job], src: JobState) -> None:
+    job = make_job()
+    assert set(TRANSITIONS) == set(JobState)
+    for dst in JobState:
+        job.model.state = src
+        if dst in TRANSITIONS[src]:
+            job.model.transition(dst)
+            assert job.model.state is dst
+        else:
+            with pytest.raises(IllegalTransition):
+                job.model.transition(dst)
+            assert job.model.state is src
+
+
+# ============================================================================ fault x strategy
+def _rank_exit(job: Job) -> None:
+    job.fault("rank_exit", 3)
+
+
+def _worker_error(job: Job) -> None:
+    job.fault("worker_error", 3)
+
+
+def _rank_silent(job: Job) -> None:
+    job.advance(2.1, silent=("r3",))
+
+
+def _node_lost(job: Job) -> None:
+    job.advance(1.6, silent=("a1", "r2", "r3"))
+
+
+def _hang(job: Job) -> None:
+    job.commit(9, [3])
+    job.advance(30.5)
+
+
+FAULTS: dict[str, Callable[[Job], None]] = {
+    "rank_exit": _rank_exit,
+    "worker_error": _worker_error,
+    "rank_silent": _rank_silent,
+    "node_lost": _node_lost,
+    "hang": _hang,
+}
+NOT_YET = {
+    "retry": "in-process retry is not implemented yet",
+    "dump": "the end-of-life dump is not implemented yet",
+    "elastic-training": "elastic training is not implemented yet",
+}
+
+CASES = [
+    # strategies, {fault kind: chosen strategy}
+    ("recover-in-place,exit", {"node_lost": "exit"}, RIP),
+    ("recover,exit", {}, REC),
+    ("recover-in-place,recover,exit", {"node_lost": REC}, RIP),
+    ("exit", {}, "exit"),
+    ("retry,dump,exit", {}, "exit"),
+    ("elastic-training,exit", {}, "exit"),
+    ("", {}, "exit"),
+]
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+@pytest.mark.parametrize(
+    ("strategies", "special", "usual"), CASES, ids=[c[0] or "none" for c in CASES]
+)
+def test_strategy_choice(
+    make_job: Callable[..., Job], kind: str, strategies: str, special: dict[str, str], usual: str
+) -> None:
+    job = make_job(strategies)
+    job.running(step=10)
+    FAULTS[kind](job)
+    job.tick()
+    (fault,) = job.events("fault")
+    assert fault["kind"] == kind and fault["node_rank"] == 1
+    expected = special.get(kind, usual)
+    decision = job.decision()
+    assert decision["strategy"] == expected
+    if expected == "exit":
+        assert job.model.state is JobState.EXITING and job.model.exit_code == 87
+    else:
+        assert job.model.state is JobState.STOPPING and job.model.epoch == 2
+        replaced = {2, 3} if expected == REC else {3}
+        assert job.model.round is not None and job.model.round.replace_ranks == replaced
+    for name, why in NOT_YET.items():
+        if name in parse_strategies(strategies):
+            assert f"{name}: {why}" in decision["reason"]
+    if not strategies:
+        assert "none configured" in decision["reason"]
+
+
+def test_hang_blamed_on_the_scheduler_node_cannot_be_rescheduled(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("recover,exit")
+    job.running(step=10)  # everyone at the same step: rank 0 is blamed
+    job.advance(30.5)
+    job.tick()
+    assert job.events("fault")[0]["rank"] == 0
+    assert job.model.state is JobState.EXITING
+    assert "hosts the scheduler" in job.decision()["reason"]
+
+
+def test_orphaned_shard_makes_recovery_infeasible(make_job: Callable[..., Job]) -> None:
+    job = make_job("recover-in-place,exit")
+    job.form()
+    for rank in range(4):  # 2-way model parallel: shard 1 lives on ranks 1 and 3 only
+        job.model.ranks[rank].shard = rank % 2
+    job.commit(10)
+    job.fault("rank_exit", 1)
+    job.fault("rank_exit", 3)
+    job.tick()
+    assert job.model.state is JobState.EXITING
+    assert "no healthy replica left for shard 1 (ranks [1, 3])" in job.decision()["reason"]
