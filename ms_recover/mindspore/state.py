@@ -55,7 +55,7 @@ def device_sync() -> None:
     """
     _pynative_executor.sync()
     if mindspore.get_context("device_target") != "CPU":
-        device_sync()
+        mindspore.runtime.synchronize()
 
 
 def _np_dtype(param: Parameter) -> np.dtype[Any]:
@@ -177,7 +177,7 @@ class MindSporeState:
             got = (tuple(np.shape(value)), np.asarray(value).dtype)
             if name not in spec:
                 problems.append(f"unexpected {name!r} ({_describe(*got)})")
-            elif got != (spec[name][0], spec[name][1]):
+            elif got != spec[name]:
                 problems.append(
                     f"{name!r}: expected {_describe(*spec[name])}, got {_describe(*got)}"
                 )

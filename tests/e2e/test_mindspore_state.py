@@ -271,3 +271,14 @@ def test_a_jit_compile_failure_falls_back_to_pynative_with_the_same_bits(
         wrong_batch(x[:, :5], y)
     assert wrong_batch.jit_enabled  # the eager retry failed too: not blamed on jit
     assert_same(state_a.state_dict(), state_b.state_dict())
+
+
+def test_device_sync_uses_the_runtime_sync_off_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ms_recover.mindspore.state import device_sync
+
+    synced: list[bool] = []
+    device_sync()  # CPU: only the executor queue
+    monkeypatch.setattr(ms, "get_context", lambda key: "Ascend")
+    monkeypatch.setattr(ms.runtime, "synchronize", lambda: synced.append(True))
+    device_sync()
+    assert synced == [True]

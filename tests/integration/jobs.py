@@ -24,11 +24,13 @@ def job_config(strategy: str = "recover-in-place,recover,exit", **changes: Any) 
 
 
 def trainer_job(out: str, faults: Faults | None = None, strategy: str = "recover-in-place,recover,exit",
-                extra: tuple[str, ...] = (), steps: int = STEPS, **changes: Any) -> LocalJob:
+                extra: tuple[str, ...] = (), steps: int = STEPS, reschedule_delay_s: float = 0.0,
+                **changes: Any) -> LocalJob:
     command = [sys.executable, "-m", "ms_recover.testing.numpy_trainer", "--steps", str(steps),
                "--out", out, *extra]
     env = {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {})}
-    return LocalJob(job_config(strategy, **changes), command, env, log_dir=os.path.join(out, "logs"))
+    return LocalJob(job_config(strategy, **changes), command, env,
+                    log_dir=os.path.join(out, "logs"), reschedule_delay_s=reschedule_delay_s)
 
 
 def results(out: str, world: int = 4) -> list[dict[str, Any]]:

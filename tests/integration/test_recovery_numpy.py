@@ -53,11 +53,23 @@ def test_kill_rank_recover_in_place_is_bit_identical(tmp_path, reference):
 
 def test_lost_node_recover_is_bit_identical(tmp_path, reference):
     out = str(tmp_path)
-    with trainer_job(out, Faults().node(rank=2, step=12), strategy="recover,exit") as job:
+    # The replacement pod takes 2 s to schedule, longer than the 1 s silence that marks a loss.
+    with trainer_job(out, Faults().node(rank=2, step=12), strategy="recover,exit",
+                     reschedule_delay_s=2.0) as job:
         last = _assert_recovered(job, out, reference, "recover")
     assert job.find("fault", kind="node_lost", node_rank=1)
     assert last["replaced"] == [2, 3]
     assert job.pods.restarts == {1: 1}
+
+
+def test_pod_recreated_before_loss_is_noticed(tmp_path, reference):
+    out = str(tmp_path)
+    # 4 s of silence marks a loss; the supervisor recreates the pod well before that.
+    with trainer_job(out, Faults().node(rank=3, step=12), strategy="recover,exit",
+                     heartbeat_s=1.0) as job:
+        last = _assert_recovered(job, out, reference, "recover")
+    assert job.find("fault", kind="node_restarted", node_rank=1)
+    assert last["replaced"] == [2, 3]
 
 
 def test_kill_during_allreduce_is_bit_identical(tmp_path, reference):

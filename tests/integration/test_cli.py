@@ -1,0 +1,116 @@
+"""The ms-recover command line and the taskd-compatible manager API, as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ms_recover import api
+from ms_recover.cli import COMMANDS, main
+from ms_recover.errors import ConfigError
+from ms_recover.testing.wait import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ms_recover.cli", *args], capture_output=True,
+                          text=True, timeout=30, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["manager", "--strategy", "recovr"], {}, "'recovr' is not one of: retry"),
+        (["manager", "--node-nums", "0"], {}, "node_nums must be a positive integer"),
+        (["manager"], {"MS_RECOVER_PORT": "http"}, "MS_RECOVER_PORT='http' is not an integer"),
+        (["agent", "--node-rank", "5", "--", "true"], {}, "node_rank 5 is outside"),
+        (["agent", "--node-rank", "0"], {}, "missing the rank command"),
+        (["manager", "--bogus"], {}, "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_flags_and_env_exit_2_with_one_line(args, env, needle):
+    out = _cli(*args, env=env)
+    assert out.returncode == 2
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len([ln for ln in out.stderr.splitlines() if "error" in ln]) == 1
+
+
+@pytest.mark.parametrize("command", [name for name, _, _ in COMMANDS])
+def test_every_command_has_complete_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: ms-recover " + command)
+    assert len(text.splitlines()) > 4
+
+
+def test_manager_listens_and_stops_cleanly_on_sigterm(tmp_path):
+    port = _free_port()
+    events = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ms_recover.cli", "manager", "--port", str(port), "--job-id", "j1",
+         "--node-nums", "2", "--proc-per-node", "2", "--events", str(events)],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _listening(port), 20, "the manager port")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1  # stopped before the job ever finished
+    assert "Traceback" not in proc.stderr.read()
+    assert '"event": "manager_start"' in events.read_text()
+
+
+def test_init_taskd_manager_validates(monkeypatch):
+    monkeypatch.setenv("MINDX_TASK_ID", "job-7")
+    assert api.init_taskd_manager({"job_id": "job-7", "node_nums": 2, "proc_per_node": 8})
+    for bad, needle in [({"node_nums": 0, "proc_per_node": 1}, "node_nums"),
+                        ({"node_nums": 1, "proc_per_node": -2}, "proc_per_node"),
+                        ({"node_nums": 1, "proc_per_node": 1, "nodes": 3}, "unknown taskd")]:
+        with pytest.raises(ConfigError, match=needle):
+            api.init_taskd_manager(bad)
+
+
+def test_documented_manager_script_runs_with_our_api(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "MINDX_TASK_ID": "sample-job", "MS_RECOVER_PORT": str(port),
+           "MS_RECOVER_EVENTS": str(tmp_path / "ev.jsonl")}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "samples" / "manager.py")], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _listening(port), 20, "the sample manager's port")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in proc.stderr.read()
+    assert "sample-job" in (tmp_path / "ev.jsonl").read_text()

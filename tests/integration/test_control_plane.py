@@ -1,0 +1,121 @@
+"""The control plane on real processes: detection, membership checks, hostile frames, CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec
+from ms_recover.testing.wait import wait_for
+
+from .jobs import results, run_to_end, trainer_job
+
+pytestmark = pytest.mark.timeout(120)
+
+LONG = 400  # steps: long enough that the job is still running while we poke at it
+
+
+def _live_rank_pid(job, rank: int) -> int:
+    def pid():
+        info = job.status()["ranks"][rank]
+        return info["pid"] if info["alive"] and info["step"] >= 1 else 0
+
+    return wait_for(pid, 30, f"rank {rank} to train")
+
+
+def test_external_kill_9_of_a_rank_is_detected(tmp_path):
+    with trainer_job(str(tmp_path), strategy="exit", steps=LONG) as job:
+        os.kill(_live_rank_pid(job, 2), signal.SIGKILL)
+        fault = wait_for(lambda: job.find("fault", kind="rank_exit", rank=2), 10, "the fault")[0]
+        assert "signal 9" in fault["detail"]
+        assert fault["detect_s"] < 1.0
+        assert job.wait(30)
+    assert job.exit_code == 87  # the exit strategy: every process leaves with JOB_EXIT
+    assert job.pods.exit_codes == {0: 87, 1: 87}
+
+
+def test_killed_agent_means_node_lost(tmp_path):
+    with trainer_job(str(tmp_path), strategy="exit", steps=LONG) as job:
+        _live_rank_pid(job, 3)
+        agent = job.pods.procs[1]
+        os.kill(agent.pid, signal.SIGKILL)  # only the agent: its ranks are orphaned
+        fault = wait_for(lambda: job.find("fault", kind="node_lost"), 10, "node loss")[0]
+        assert fault["node_rank"] == 1
+        assert fault["detect_s"] >= job.config.silence_s
+        assert job.status()["agents"][1]["alive"] is False
+
+
+def _raw(job, secret: bytes, job_id: str = "itest") -> tuple[zmq.Context, zmq.Socket, Codec]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(job.config.manager_endpoint)
+    return ctx, sock, Codec(job_id, secret)
+
+
+def test_bad_and_foreign_frames_are_dropped_while_the_job_goes_on(tmp_path):
+    out = str(tmp_path)
+    with trainer_job(out, steps=60) as job:
+        _live_rank_pid(job, 0)
+        secret = job.config.effective_secret()
+        ctx, sock, good = _raw(job, secret)
+        _, _, foreign = (None, None, Codec("other-job", secret))
+        _, _, forged = (None, None, Codec("itest", b"wrong secret"))
+        try:
+            sock.send_multipart([b"garbage"])
+            sock.send_multipart([b"msr1", b"stop", b"\xc1\xc1", b"0" * 32])
+            sock.send_multipart(foreign.encode(M.Exit(1, "foreign"), 0, "x", 1))
+            sock.send_multipart(forged.encode(M.Exit(1, "forged"), 0, "x", 1))
+            sock.send_multipart(good.encode(M.GroupCreated(0, "g", [0]), 0, "x", 1))  # unregistered
+            wait_for(lambda: job.server.drops.total >= 5, 10, "five dropped frames")
+        finally:
+            sock.close(0)
+            ctx.term()
+        run_to_end(job)
+    assert job.exit_code == 0
+    assert {r["committed"] for r in results(out)} == {59}
+    assert not job.find("fault")
+
+
+@pytest.mark.parametrize(
+    ("rank", "node", "reason"),
+    [(9, 1, "outside the world 0..3"), (3, 0, "belongs to node 1"), (0, 0, "already registered")],
+)
+def test_bad_registrations_are_rejected_with_a_reason(tmp_path, rank, node, reason):
+    with trainer_job(str(tmp_path), steps=LONG) as job:
+        _live_rank_pid(job, 0)
+        ctx, sock, codec = _raw(job, job.config.effective_secret())
+        try:
+            sock.send_multipart(codec.encode(
+                M.WorkerHello(rank, node, 424242, 0, "tcp://127.0.0.1:1", -1, 0), 0, "rank:x", 1))
+            assert sock.poll(5000), "no answer to a bad registration"
+            reply = codec.decode(sock.recv_multipart())
+        finally:
+            sock.close(0)
+            ctx.term()
+        assert isinstance(reply.msg, M.Welcome) and not reply.msg.ok
+        assert reason in reply.msg.reason
+        assert job.status()["state"] == "running"
+        assert not job.find("fault")
+
+
+def test_status_command_reports_a_live_job(tmp_path):
+    with trainer_job(str(tmp_path), steps=LONG) as job:
+        _live_rank_pid(job, 1)
+        env = {**os.environ, "MS_SCHED_HOST": "127.0.0.1", "MS_RECOVER_PORT": str(job.server.port),
+               "MINDX_TASK_ID": "itest"}
+        out = subprocess.run([sys.executable, "-m", "ms_recover.cli", "status"], env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert "job itest: running" in out.stdout
+        assert out.stdout.count(" up ") >= 4
+        wrong = subprocess.run([sys.executable, "-m", "ms_recover.cli", "status", "--job-id", "nope",
+                                "--timeout", "0.5"], env=env, capture_output=True, text=True,
+                               timeout=30)
+        assert wrong.returncode == 1 and "no manager answered" in wrong.stderr
