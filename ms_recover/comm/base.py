@@ -94,6 +94,9 @@ class CommBackend(abc.ABC):
     def rebuild(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
         """Recreate the world group and every logged group at ``epoch``."""
 
+    def on_step_end(self) -> None:
+        """Called after every committed step (the Ascend backend clears MindSpore's ARF flag)."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release every socket / communicator. Idempotent."""

@@ -115,6 +115,7 @@ class Session:
         self.next_step = step + 1
         if self.link is not None:
             self.link.committed = step
+        self.comm.on_step_end()
         self.faults.after_commit(step)
 
     def safe_point(self) -> None:
