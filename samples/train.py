@@ -1,0 +1,40 @@
+"""A MindSpore training script that survives rank and node failures with ms_recover.
+
+Launched on every node by ``ms-recover agent -- python train.py`` (see train_start.sh).
+Run it alone (``python train.py``) and it trains as a plain single-process job.
+"""
+
+import argparse
+
+import mindspore
+from mindspore import nn
+
+import ms_recover
+from ms_recover.mindspore.state import MindSporeState
+from ms_recover.mindspore.step import DataParallelStep
+from ms_recover.worker.sampler import make_dataset, shard_indices
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=1000)
+parser.add_argument("--global-batch", type=int, default=64)
+args = parser.parse_args()
+
+mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+mindspore.set_seed(0)  # every rank starts from the same weights
+net = nn.SequentialCell(nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 4))
+loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-3)
+
+# Join the job. A restarted rank returns from here with its state repaired from a replica.
+session = ms_recover.init(state=MindSporeState(net, optimizer))
+train_step = DataParallelStep(net, loss_fn, optimizer,
+                              reduce_fn=lambda grads: session.allreduce(grads, "mean"))
+x, y = make_dataset(4096, 32, 4, seed=0)
+
+for step in session.steps(args.steps):  # recovery happens between steps
+    with session.guard():  # a step interrupted by a fault is redone after recovery
+        idx = shard_indices(step, session.rank, session.world_size, args.global_batch, len(x), 0)
+        loss = train_step(x[idx], y[idx])
+        if session.rank == 0 and step % 100 == 0:
+            print(f"step {step} loss {loss:.4f}", flush=True)
+session.finish()
