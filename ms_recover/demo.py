@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -107,6 +108,8 @@ def _weights(results: list[dict[str, Any]], world: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     config, faults = _validate(args)
+    if not args.verbose:  # the timeline tells the story; the manager's own log is for -v
+        logging.getLogger("ms_recover").setLevel(logging.WARNING)
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-demo-")
     world = config.world_size
     print(f"ms-recover demo: {args.nodes} nodes x {args.procs_per_node} ranks of MindSpore CPU "

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import types
 
 from ms_recover.config import JobConfig
+from ms_recover.errors import ConfigError
 from ms_recover.manager.server import ManagerServer
+from ms_recover.metrics import serve_metrics
 
 log = logging.getLogger("ms_recover.manager")
 
@@ -29,6 +32,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", help="JSONL event log path (env MS_RECOVER_EVENTS)")
     p.add_argument("--wait-reschedule-timeout", type=float,
                    help="seconds to wait for a rescheduled pod (default 270)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (env MS_RECOVER_METRICS_PORT; "
+                   "needs ms-recover[metrics])")
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
@@ -43,9 +49,22 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     server = ManagerServer(config, bind=args.host or config.pod_ip)
     log.info("manager for %s listening on port %d", config.describe(), server.port)
+    metrics_port = args.metrics_port or _env_port("MS_RECOVER_METRICS_PORT")
+    if metrics_port:
+        serve_metrics(metrics_port, server.status, server.events)
+        log.info("Prometheus metrics on port %d", metrics_port)
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
         server.stop()
 
     signal.signal(signal.SIGTERM, on_term)
     return server.serve()
+
+
+def _env_port(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError(f"{name}={raw!r} is not a port number (1..65535)")
+    return int(raw)

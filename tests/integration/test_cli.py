@@ -114,3 +114,22 @@ def test_documented_manager_script_runs_with_our_api(tmp_path):
             proc.wait()
     assert "Traceback" not in proc.stderr.read()
     assert "sample-job" in (tmp_path / "ev.jsonl").read_text()
+
+
+def test_manager_serves_prometheus_metrics(tmp_path):
+    import urllib.request
+
+    port, metrics = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ms_recover.cli", "manager", "--port", str(port), "--node-nums", "1",
+         "--proc-per-node", "2", "--metrics-port", str(metrics)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _listening(metrics), 20, "the metrics port")
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    text = body.decode()
+    assert "ms_recover_world_size 2.0" in text
+    assert "ms_recover_live_ranks 0.0" in text
+    assert "ms_recover_epoch 0.0" in text
