@@ -82,9 +82,8 @@ def _run_job(config: JobConfig, steps: int, out: str, faults: Faults | None, tim
              on_event: Any = None) -> tuple[LocalJob, list[dict[str, Any]]]:
     command = [sys.executable, "-m", "ms_recover.mindspore.demo_train", "--steps", str(steps),
                "--out", out]
-    job = LocalJob(config, command, faults.to_env() if faults else {}, os.path.join(out, "logs"))
-    if on_event is not None:
-        job.events.subscribe(on_event)
+    job = LocalJob(config, command, faults.to_env() if faults else {}, os.path.join(out, "logs"),
+                   on_event=on_event)
     with job:
         if not job.wait(timeout):
             raise ConfigError(f"the job did not finish within {timeout:g}s; logs in {out}/logs")

@@ -5,7 +5,8 @@
 * One outbound DEALER per member (this rank included, so sending to oneself is not a special
   case), recreated on every build. DEALERs carry no fixed routing id: a restarted peer must
   never collide with the id of its dead predecessor; the sender's rank is in the header.
-* Every socket has ``linger=0`` and generous high-water marks.
+* Every socket has ``linger=0`` and generous high-water marks; only a graceful :meth:`Link.close`
+  lets queued outbound data drain for a bounded time (see there).
 
 zmq sockets are not thread-safe, so everything here runs on the training thread except
 :meth:`Link.abort`, which only sets an Event and writes a byte to a pipe that every poll watches.
@@ -26,6 +27,7 @@ from ms_recover.comm.hostwire import Header, Key, Mailboxes
 from ms_recover.errors import CommError, Interrupted
 
 POLL_SLICE_MS = 50
+CLOSE_LINGER_MS = 2000
 TRACK_SLICE_S = 0.02
 HWM = 100_000  # messages per pipe; a chunk is <= chunk_bytes, so this is not a real limit
 DRAIN_BATCH = 256  # inbound messages read per drain before looking at the caller's mailbox
@@ -43,7 +45,13 @@ class Link:
         self._sink = sink
         self._ctx = zmq.Context(io_threads=io_threads)
         self._router = self._socket(zmq.ROUTER)
-        port = self._router.bind_to_random_port(f"tcp://{bind_host}")
+        try:
+            port = self._router.bind_to_random_port(f"tcp://{bind_host}")
+        except zmq.ZMQError as exc:
+            self._router.close(linger=0)
+            self._ctx.term()
+            raise CommError(f"rank {rank}: cannot bind the data plane on {bind_host!r}: {exc}"
+                            ) from exc
         self.endpoint = f"tcp://{advertise_host or bind_host}:{port}"
         self._dealers: dict[int, zmq.Socket[bytes]] = {}
         self._wake_r, self._wake_w = os.pipe()
@@ -97,17 +105,24 @@ class Link:
         self._drain_wake()
 
     def close(self) -> None:
-        """Close every socket, the pipe and the context. Idempotent."""
+        """Close every socket, the pipe and the context. Idempotent.
+
+        Unless aborted, outbound data still queued (the last forwards of a collective that
+        already returned here, which a slower peer still needs) gets up to CLOSE_LINGER_MS to
+        leave; after an abort it is dropped at once.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             os.close(self._wake_r)
             os.close(self._wake_w)
-        for sock in [*self._dealers.values(), self._router]:
-            sock.close(linger=0)
+        linger = 0 if self._aborted.is_set() else CLOSE_LINGER_MS
+        for sock in self._dealers.values():
+            sock.close(linger=linger)
+        self._router.close(linger=0)
         self._dealers = {}
-        self._ctx.term()
+        self._ctx.term()  # returns once the dealers' queues are sent or their linger is over
 
     def check_open(self) -> None:
         if self._closed:

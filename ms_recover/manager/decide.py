@@ -89,9 +89,11 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
         ranks = cfg.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
         hit.update(ranks)
         actions.append(MarkLost(f"{f.kind}: {f.detail}", f, tuple(ranks), f.kind == "node_lost"))
+        steps = [m.ranks[r].committed_step for r in ranks]
         actions.append(Emit(f.detail, "fault", {"kind": f.kind, "rank": f.rank,
                                                  "node_rank": f.node_rank, "detail": f.detail,
-                                                 "detect_s": round(f.detect_s, 4)}))
+                                                 "detect_s": round(f.detect_s, 4),
+                                                 "step": max(steps)}))
     prev = m.round if m.in_recovery else None
     if prev is not None:
         hit |= prev.replace_ranks

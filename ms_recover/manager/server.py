@@ -67,7 +67,8 @@ class ManagerServer:
             M.Repaired: self._on_repaired, M.WorkerFault: self._on_worker_fault,
             M.WorkerDone: self._on_worker_done, M.StatusRequest: self._on_status,
         }
-        self.events.write("manager_start", epoch=0, config=config.describe(), port=self.port)
+        self.events.write("manager_start", epoch=0, port=self.port,
+                          config=config.replace(manager_port=self.port).describe())
 
     # ------------------------------------------------------------------ loop
     def serve(self, end_grace_s: float = 1.0) -> int:

@@ -8,6 +8,7 @@ the manager thread.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ms_recover.agent.pods import LocalPods
@@ -18,8 +19,11 @@ from ms_recover.manager.server import ManagerServer
 
 class LocalJob:
     def __init__(self, config: JobConfig, command: list[str], env: dict[str, str] | None = None,
-                 log_dir: str = "", reschedule_delay_s: float = 0.0) -> None:
+                 log_dir: str = "", reschedule_delay_s: float = 0.0,
+                 on_event: Callable[[Event], None] | None = None) -> None:
         self.events = EventLog(config.events_path)
+        if on_event is not None:
+            self.events.subscribe(on_event)
         self.server = ManagerServer(config.replace(manager_port=0), events=self.events,
                                     bind="127.0.0.1")
         self.config = config.replace(manager_port=self.server.port, manager_host="127.0.0.1",

@@ -308,6 +308,15 @@ def test_abort_unblocks_a_rank_whose_peer_never_joins(make: Any, call: str) -> N
         b0.barrier()
 
 
+def test_close_lets_queued_data_reach_a_slower_peer(make: Any) -> None:
+    b0, b1 = make(2)
+    b1.send({"last": np.arange(5)}, 0, tag="bye")  # small: queued as a copy, send returns
+    b1.close()
+    assert np.array_equal(b0.recv(1, tag="bye")["last"], np.arange(5))
+    with pytest.raises(CommError, match="closed"):
+        b1.barrier()
+
+
 def test_receive_timeout_names_the_peer(make: Any) -> None:
     b0, _ = make(2, timeout=0.2)
     with pytest.raises(CommError, match="nothing from rank 1"):

@@ -1,0 +1,161 @@
+"""Fault detection latency (``ms-recover bench detect``): kill -9 to the manager's ``fault`` event.
+
+A 2 nodes x 2 ranks :class:`~ms_recover.testing.localjob.LocalJob` of the numpy trainer runs a
+long job. The benchmark then, one at a time, and only once the job is back to running:
+
+* SIGKILLs one rank process (by its pid, rotating over ranks 1, 2, 3, 0). The latency is the
+  ``fault`` event's wall-clock ``ts`` minus the wall-clock time just before ``kill()``;
+  DESIGN.md §8 holds it to 200 ms (an agent polls its children every 20 ms);
+* SIGKILLs node 1's whole process group (agent and both ranks, ``LocalPods.kill_node``), with
+  the pod supervisor's reschedule delay longer than the loss timeout, so the loss is noticed
+  by silence and not by the pod coming back. The latency is to the ``node_lost`` fault; the
+  target is 3 s, and the configured silence (``heartbeat_s * liveness``, 2 s by default) is the
+  floor. Each node kill costs about ``reschedule-delay`` + a recovery, so at most 5 are run
+  (the supervisor's restart budget per pod).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ms_recover.bench.table import Measure, Report, summary
+from ms_recover.config import JobConfig
+from ms_recover.strategy import parse_strategies
+from ms_recover.testing.localjob import LocalJob
+from ms_recover.testing.wait import wait_for
+
+RANK_TARGET_MS = 200.0
+NODE_TARGET_S = 3.0
+MAX_NODE_KILLS = 5
+LONG_RUN_STEPS = 10**9
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=int, default=5, help="rank kills (default 5)")
+    p.add_argument("--node-repeats", type=int, default=None,
+                   help=f"node kills (default: --repeats, at most {MAX_NODE_KILLS})")
+    p.add_argument("--heartbeat", type=float, default=JobConfig.heartbeat_s,
+                   help="heartbeat interval in s; 4 missed = lost (default %(default)s)")
+    p.add_argument("--reschedule-delay", type=float, default=4.0,
+                   help="seconds before a killed pod is recreated (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=60.0, help="per-wait deadline in s")
+    p.add_argument("--workdir", help="rank logs go here (default: a temp dir)")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    node_repeats = min(MAX_NODE_KILLS, args.repeats if args.node_repeats is None
+                       else args.node_repeats)
+    if args.repeats < 1 or node_repeats < 0:
+        print("ms-recover bench detect: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-detect-")
+    config = JobConfig(job_id=f"bench-detect-{os.getpid()}", node_nums=2, proc_per_node=2,
+                       heartbeat_s=args.heartbeat, phase_timeout_s=60.0,
+                       wait_reschedule_timeout_s=60.0,
+                       strategies=parse_strategies("recover-in-place,recover,exit"))
+    if args.reschedule_delay <= config.silence_s:
+        print(f"ms-recover bench detect: --reschedule-delay must exceed the loss timeout "
+              f"({config.silence_s:g}s) so the loss is detected before the pod returns",
+              file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "ms_recover.testing.numpy_trainer",
+               "--steps", str(LONG_RUN_STEPS), "--out", os.path.join(workdir, "out")]
+    job = LocalJob(config, command, {"OPENBLAS_NUM_THREADS": "1"},
+                   log_dir=os.path.join(workdir, "logs"), reschedule_delay_s=args.reschedule_delay)
+    with job:
+        bench = _Bench(job, args.timeout)
+        bench.until_running(min_step=3)
+        rank_ms = [bench.kill_rank((1, 2, 3, 0)[i % 4]) * 1e3 for i in range(args.repeats)]
+        node_s = [bench.kill_node(1) for _ in range(node_repeats)]
+    return _report(config, args, rank_ms, node_s, workdir).emit(args.json)
+
+
+class _Bench:
+    """Drives one LocalJob: supervises its pods while waiting, kills, and reads events."""
+
+    def __init__(self, job: LocalJob, timeout_s: float) -> None:
+        self.job = job
+        self.timeout_s = timeout_s
+
+    def wait(self, cond: Callable[[], Any], what: str) -> Any:
+        def check() -> Any:
+            self.job.pods.poll()  # the pod supervisor's duty: reap and recreate pods
+            return cond()
+
+        return wait_for(check, self.timeout_s, what)
+
+    def until_running(self, min_step: int) -> None:
+        """Wait until the job runs and every rank committed ``min_step`` steps past its start."""
+        floor = min(r["step"] for r in self.job.status()["ranks"]) + min_step
+
+        def ready() -> bool:
+            st = self.job.status()
+            return st["state"] == "running" and all(r["alive"] and r["step"] >= floor
+                                                     for r in st["ranks"])
+
+        self.wait(ready, f"every rank running past step {floor}")
+
+    def _new_fault(self, seen: int, **match: Any) -> dict[str, Any]:
+        found = self.wait(lambda: self.job.find("fault", **match)[seen:], f"fault {match}")
+        return dict(found[0])
+
+    def _recovered(self, seen: int) -> None:
+        self.wait(lambda: len(self.job.find("recovery", ok=True)) > seen, "a successful recovery")
+        self.until_running(min_step=2)
+
+    def kill_rank(self, rank: int) -> float:
+        """SIGKILL one rank; seconds from the kill to its ``rank_exit`` fault event."""
+        pid = next(r["pid"] for r in self.job.status()["ranks"] if r["rank"] == rank)
+        faults = len(self.job.find("fault", kind="rank_exit", rank=rank))
+        recoveries = len(self.job.find("recovery", ok=True))
+        t_kill = time.time()
+        os.kill(pid, signal.SIGKILL)
+        fault = self._new_fault(faults, kind="rank_exit", rank=rank)
+        self._recovered(recoveries)
+        return float(fault["ts"]) - t_kill
+
+    def kill_node(self, node: int) -> float:
+        """SIGKILL a node's process group; seconds from the kill to its ``node_lost`` event."""
+        faults = len(self.job.find("fault", kind="node_lost", node_rank=node))
+        recoveries = len(self.job.find("recovery", ok=True))
+        t_kill = time.time()
+        self.job.pods.kill_node(node)
+        fault = self._new_fault(faults, kind="node_lost", node_rank=node)
+        self._recovered(recoveries)
+        return float(fault["ts"]) - t_kill
+
+
+def _report(config: JobConfig, args: argparse.Namespace, rank_ms: list[float],
+            node_s: list[float], workdir: str) -> Report:
+    r, n = summary(rank_ms), summary(node_s)
+    rep = Report("detect", "ms-recover bench detect: kill -9 to the manager's fault event "
+                 f"(numpy trainer, 2 nodes x 2 ranks, heartbeat {config.heartbeat_s:g}s x "
+                 f"{config.liveness})")
+    rep.add(Measure(f"dead process, median of {r['n']}", r["median"], "ms", "<=", RANK_TARGET_MS,
+                    "SIGKILL of one rank -> 'fault' event (kind rank_exit)"),
+            Measure("dead process, max", r["max"], "ms", "<=", RANK_TARGET_MS))
+    if node_s:
+        rep.add(Measure(f"lost node, median of {n['n']}", n["median"], "s", "<=", NODE_TARGET_S,
+                        "SIGKILL of node 1's process group -> 'fault' event (kind node_lost)"),
+                Measure("lost node, max", n["max"], "s", "<=", NODE_TARGET_S),
+                Measure("lost node, configured silence", config.silence_s, "s",
+                        note="heartbeat_s * liveness: the floor of node-loss detection"))
+    rep.settings = {"nodes": 2, "proc_per_node": 2, "heartbeat_s": config.heartbeat_s,
+                    "liveness": config.liveness, "silence_s": config.silence_s,
+                    "reschedule_delay_s": args.reschedule_delay, "repeats": args.repeats,
+                    "node_repeats": len(node_s), "workdir": workdir}
+    rep.samples = {"rank_kill_to_fault_ms": rank_ms, "node_kill_to_fault_s": node_s,
+                   "rank": r, "node": n}
+    rep.notes = ["Times are wall clock on one host: the 'fault' event's ts (manager) minus the "
+                 "time just before kill(); each kill waits for the previous recovery to finish.",
+                 "The trainer runs flat out on every core, so the agent and manager are "
+                 "scheduled under full load, as in training."]
+    return rep

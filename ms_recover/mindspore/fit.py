@@ -1,0 +1,364 @@
+"""``fit()``: ``Model.train`` with recovery, for users of MindSpore's high-level training API.
+
+Replace ``model.train(epochs, dataset, callbacks)`` with::
+
+    net, loss_fn, optimizer = ...
+    model = mindspore.train.Model(net, loss_fn=loss_fn, optimizer=optimizer)
+    session = ms_recover.init(state=MindSporeState(net, optimizer))
+    data = ShardedArrays(x, y, global_batch=64, seed=1234)  # (first_epoch, rank, world)
+    fit(model, epochs, data, callbacks=[LossMonitor()], session=session)
+    session.finish()
+
+``fit`` runs ``Model.train`` on a train network of its own, :class:`DataParallelTrainCell`:
+forward, backward and the optimizer update stay MindSpore's (jit-compiled,
+:class:`~ms_recover.mindspore.step.DataParallelStep`), and the gradients are averaged by
+ms_recover's active ``CommBackend`` (``session.allreduce(flat, "mean")``), never by MindSpore's
+collectives, which cannot be rebuilt on CPU. A callback commits each finished step
+(``session.commit``) and, when the manager has latched a command, requests a stop at that step
+boundary. ``fit`` then runs the session's safe point (stop, rebuild, repair, resume) and enters
+``Model.train`` again at the resume step ``session.next_step``, as MindSpore's own fault-tolerance
+wrapper (``mindspore.train.model._handle_tft``) does: ``initial_epoch = step // steps_per_epoch``
+and the dataset's ``set_init_step(step % steps_per_epoch)`` skips the finished part of that epoch.
+A step interrupted inside its allreduce (``Interrupted``) has changed no state and is not
+committed; ``Model.train`` unwinds and the step is redone after recovery.
+
+Guarantees: every rank commits steps ``0 .. epochs * steps_per_epoch - 1`` exactly once, in
+order; with the same world size and seed a recovered run ends with weights bit-identical to an
+uninterrupted one (the data of a step is a pure function of (step, rank, world)).
+
+Constraints:
+
+* **PyNative mode only.** The train step runs Python (the host allreduce) between MindSpore's
+  two compiled phases; a whole-graph (``GRAPH_MODE``) build cannot contain it. The phases are
+  still ``mindspore.jit``-compiled, so the speed is that of graph mode plus one numpy round trip.
+* **No dataset sinking**: ``dataset_sink_mode`` must be False and ``sink_size`` -1. A sink runs
+  many steps per call, so gradients could not be reduced, nor steps committed, one by one.
+* **Stand-alone parallel mode**, and a ``Model(net, loss_fn=..., optimizer=...)`` with
+  ``amp_level="O0"``, ``boost_level="O0"`` and no ``loss_scale_manager``: ``fit`` builds its own
+  train step from those three pieces and would silently drop anything else.
+* **A step** is one batch of the dataset: forward, backward, allreduce and optimizer update.
+  Step numbers are global and 0-based; epoch ``e`` holds steps ``e*spe .. (e+1)*spe - 1``, where
+  ``spe`` is ``dataset(...).get_dataset_size()``.
+* **The dataset** is a function ``dataset(first_epoch, rank, world) -> mindspore.dataset.Dataset``
+  whose k-th pass yields the whole epoch ``first_epoch + k`` for that rank, deterministically.
+  A rank that joins mid-run may call it once more with ``first_epoch=0`` only to read ``spe``.
+  :class:`ShardedArrays` is one over in-memory arrays, using
+  :func:`~ms_recover.worker.sampler.shard_indices`. The skipped part of a resumed epoch is read
+  and dropped by MindSpore's pipeline, as in MindSpore's own resume.
+* **What callbacks see.** Each entry into ``Model.train`` is a *segment*: callbacks get
+  ``on_train_begin`` / ``on_train_end`` once per segment. ``cb_params.cur_step_num`` and
+  ``cur_epoch_num`` are global, as in an uninterrupted run (the step in progress is
+  ``cur_step_num - 1``), ``batch_num`` is ``spe``, and ``network`` / ``optimizer`` /
+  ``loss_fn`` are the user's (``train_network`` is the :class:`DataParallelTrainCell`). A segment
+  stopped for recovery at a step boundary ends its partial epoch with ``on_train_epoch_end``; a
+  segment unwound by ``Interrupted`` ends with neither ``on_train_step_end`` nor
+  ``on_train_epoch_end``; the resumed segment begins that epoch again with
+  ``on_train_epoch_begin``. A stop requested by another callback ends ``fit`` on this rank (in
+  data-parallel training every rank must make the same decision). MindSpore's
+  ``TrainFaultTolerance`` cannot be combined with ``fit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mindspore
+import mindspore.dataset as msds
+from mindspore import Tensor, nn
+from mindspore.train import Callback, Model, RunContext, TrainFaultTolerance
+from numpy.typing import NDArray
+
+from ms_recover.errors import ConfigError, Interrupted
+from ms_recover.mindspore.state import MindSporeState
+from ms_recover.mindspore.step import DataParallelStep, ReduceFn
+from ms_recover.worker.bootstrap import init
+from ms_recover.worker.sampler import shard_indices, steps_per_epoch
+from ms_recover.worker.session import Session
+
+log = logging.getLogger(__name__)
+
+DatasetFn = Callable[[int, int, int], Any]
+"""``dataset(first_epoch, rank, world) -> mindspore.dataset.Dataset`` (see the module doc)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit` did on this rank."""
+
+    committed: int  # last committed global step
+    total_steps: int  # epochs * steps_per_epoch
+    steps_per_epoch: int
+    segments: int  # entries into Model.train (1 + one per re-entry)
+    stopped_by_callback: bool  # another callback requested the stop
+
+
+class DataParallelTrainCell(nn.Cell):  # type: ignore[misc]
+    """``Model``'s train network: each call runs one :class:`DataParallelStep`, returns the loss.
+
+    Gradients are reduced by ``reduce_fn`` (outside MindSpore). If it raises, nothing was
+    applied. Parameter names are unchanged (``auto_prefix=False``), and the cell is in training
+    mode, as ``nn.TrainOneStepCell`` would be.
+    """
+
+    def __init__(self, net: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
+                 reduce_fn: ReduceFn, jit: bool = True) -> None:
+        super().__init__(auto_prefix=False)
+        self.network = net
+        self.optimizer = optimizer
+        self.dp_step = DataParallelStep(net, loss_fn, optimizer, reduce_fn=reduce_fn, jit=jit)
+        self.set_train(True)
+
+    def construct(self, *batch: Any) -> Tensor:
+        return Tensor(self.dp_step(*batch), mindspore.float32)
+
+
+class _EpochSource:
+    """GeneratorDataset source: its k-th pass yields epoch ``first_epoch + k`` of one rank.
+
+    MindSpore calls ``__iter__`` once per pass, in order, from its pipeline thread (it may start
+    the pass after the last one early; that pass is simply never consumed).
+    """
+
+    def __init__(self, arrays: Sequence[NDArray[Any]], first_epoch: int, rank: int, world: int,
+                 global_batch: int, seed: int) -> None:
+        self.arrays, self.rank, self.world = arrays, rank, world
+        self.global_batch, self.seed = global_batch, seed
+        self.num_samples = len(arrays[0])
+        self.spe = steps_per_epoch(global_batch, self.num_samples)
+        self._next_epoch = first_epoch
+
+    def __len__(self) -> int:
+        return self.spe
+
+    def __iter__(self) -> Any:
+        epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        return self._batches(epoch)
+
+    def _batches(self, epoch: int) -> Any:
+        for step in range(epoch * self.spe, (epoch + 1) * self.spe):
+            idx = shard_indices(step, self.rank, self.world, self.global_batch,
+                                self.num_samples, self.seed)
+            yield tuple(a[idx] for a in self.arrays)
+
+
+class ShardedArrays:
+    """A ``dataset`` for :func:`fit` over in-memory arrays (e.g. ``x, y``).
+
+    ``ShardedArrays(x, y, global_batch=64, seed=1)(first_epoch, rank, world)`` returns a
+    ``GeneratorDataset`` whose batch for global step ``s`` is
+    ``tuple(a[shard_indices(s, rank, world, global_batch, len(x), seed)] for a in arrays)``:
+    ``global_batch // world`` samples per rank, the same bits in every process.
+    """
+
+    def __init__(self, *arrays: NDArray[Any], global_batch: int, seed: int,
+                 names: Sequence[str] | None = None) -> None:
+        if not arrays or len({len(a) for a in arrays}) != 1:
+            raise ConfigError(f"ShardedArrays needs one or more arrays of the same length, got "
+                              f"lengths {[len(a) for a in arrays]}")
+        self.arrays = arrays
+        self.global_batch, self.seed = global_batch, seed
+        self.names = list(names) if names else [f"column_{i}" for i in range(len(arrays))]
+        if len(self.names) != len(arrays):
+            raise ConfigError(f"ShardedArrays: {len(self.names)} names for {len(arrays)} arrays")
+        self.steps_per_epoch = steps_per_epoch(global_batch, len(arrays[0]))
+
+    def __call__(self, first_epoch: int, rank: int, world: int) -> msds.GeneratorDataset:
+        # Fail here, on the caller's thread, rather than inside MindSpore's pipeline thread.
+        shard_indices(first_epoch * self.steps_per_epoch, rank, world, self.global_batch,
+                      len(self.arrays[0]), self.seed)
+        source = _EpochSource(self.arrays, first_epoch, rank, world, self.global_batch, self.seed)
+        return msds.GeneratorDataset(source, column_names=self.names, shuffle=False,
+                                     num_parallel_workers=1, python_multiprocessing=False)
+
+
+@dataclasses.dataclass
+class _Segment:
+    """One entry into ``Model.train``, shared by its two callbacks."""
+
+    session: Session
+    start: int
+    spe: int
+    parts: tuple[nn.Cell, nn.Cell, nn.Optimizer]
+    recover: bool = False
+    stopped_by_callback: bool = False
+
+
+class _Position(Callback):  # type: ignore[misc]
+    """First callback: makes ``cb_params`` global (step, epoch) and the user's cells."""
+
+    def __init__(self, seg: _Segment) -> None:
+        self.seg = seg
+
+    def on_train_begin(self, run_context: RunContext) -> None:
+        params = run_context.original_args()
+        params.cur_step_num = self.seg.start
+        params.network, params.loss_fn, params.optimizer = self.seg.parts
+
+
+class _Commit(Callback):  # type: ignore[misc]
+    """Last callback: commits each step, then stops at the boundary if recovery is pending."""
+
+    def __init__(self, seg: _Segment) -> None:
+        self.seg = seg
+
+    def on_train_step_end(self, run_context: RunContext) -> None:
+        session = self.seg.session
+        if run_context.get_stop_requested():
+            self.seg.stopped_by_callback = True
+        session.commit(session.next_step)
+        if session.link is not None and session.link.has_command():
+            self.seg.recover = True
+            run_context.request_stop()
+
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
+        if run_context.get_stop_requested():
+            return
+        epoch = run_context.original_args().cur_epoch_num
+        if self.seg.session.next_step != epoch * self.seg.spe:
+            raise ConfigError(
+                f"the dataset's pass for epoch {epoch - 1} ended at step "
+                f"{self.seg.session.next_step}, expected {epoch * self.seg.spe}: every pass must "
+                f"yield get_dataset_size() = {self.seg.spe} batches")
+
+
+def _check_settings(epochs: int, dataset: Any, sink: bool, sink_size: int) -> None:
+    mode = mindspore.get_context("mode")
+    if mode != mindspore.PYNATIVE_MODE:
+        raise ConfigError(
+            f"fit() needs PyNative mode, got mode {mode} (GRAPH_MODE); valid: "
+            "mindspore.set_context(mode=mindspore.PYNATIVE_MODE). The step calls the host "
+            "allreduce in Python between two jit-compiled phases, which one graph cannot hold")
+    if sink is not False:
+        raise ConfigError(f"dataset_sink_mode must be False, got {sink!r}: a sink runs many steps "
+                          "per call, so gradients could not be reduced and committed per step")
+    if sink_size != -1:
+        raise ConfigError(f"sink_size must be -1 (no sinking), got {sink_size!r}")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"epochs must be a positive integer, got {epochs!r}")
+    if isinstance(dataset, msds.Dataset) or not callable(dataset):
+        raise ConfigError(
+            f"dataset must be a function (first_epoch, rank, world) -> mindspore.dataset.Dataset "
+            f"such as ShardedArrays(x, y, global_batch=..., seed=...), got "
+            f"{type(dataset).__name__}: a fixed Dataset cannot be re-positioned at the resume step")
+    parallel = mindspore.get_auto_parallel_context("parallel_mode")
+    if parallel != "stand_alone":
+        raise ConfigError(f"parallel_mode must be 'stand_alone', got {parallel!r}: ms_recover "
+                          "reduces the gradients itself")
+
+
+def _model_parts(model: Any) -> tuple[nn.Cell, nn.Cell, nn.Optimizer]:
+    """(net, loss_fn, optimizer) of a ``Model(net, loss_fn, optimizer)``; ConfigError otherwise."""
+    if not isinstance(model, Model):
+        raise ConfigError(f"model must be a mindspore.train.Model, got {type(model).__name__}")
+    net, loss_fn = getattr(model, "_network", None), getattr(model, "_loss_fn", None)
+    optimizer = getattr(model, "_optimizer", None)
+    if loss_fn is None or optimizer is None or isinstance(net, nn.GraphCell):
+        raise ConfigError(
+            "model must be built as Model(net, loss_fn=..., optimizer=...) with a trainable net, "
+            f"got loss_fn={type(loss_fn).__name__}, optimizer={type(optimizer).__name__}, "
+            f"net={type(net).__name__}")
+    for name, valid in (("_amp_level", "O0"), ("_boost_level", "O0")):
+        if getattr(model, name, valid) != valid:
+            raise ConfigError(f"{name[1:]} must be {valid!r} under fit(), got "
+                              f"{getattr(model, name)!r}")
+    if getattr(model, "_loss_scale_manager", None) is not None:
+        raise ConfigError("loss_scale_manager must be None under fit() (loss scaling is not part "
+                          "of ms_recover's train step)")
+    return net, loss_fn, optimizer
+
+
+def _callback_list(callbacks: Any) -> list[Callback]:
+    if callbacks is None:
+        return []
+    listed = [callbacks] if isinstance(callbacks, Callback) else callbacks
+    if not isinstance(listed, (list, tuple)) or not all(isinstance(c, Callback) for c in listed):
+        raise ConfigError(f"callbacks must be None, a Callback or a list of Callbacks, got "
+                          f"{callbacks!r}")
+    if any(isinstance(c, TrainFaultTolerance) for c in listed):
+        raise ConfigError("TrainFaultTolerance cannot be combined with fit(): ms_recover "
+                          "does the recovery")
+    return list(listed)
+
+
+def _dataset_at(dataset: DatasetFn, epoch: int, session: Session, spe: int | None) -> Any:
+    data = dataset(epoch, session.rank, session.world_size)
+    if not isinstance(data, msds.Dataset):
+        raise ConfigError(f"dataset({epoch}, {session.rank}, {session.world_size}) must return "
+                          f"a mindspore.dataset.Dataset, got {type(data).__name__}")
+    size = data.get_dataset_size()
+    if spe is not None and size != spe:
+        raise ConfigError(f"dataset({epoch}, ...) has {size} batches per epoch, but "
+                          f"dataset(0, ...) has {spe}: every epoch must have the same length")
+    return data
+
+
+def fit(model: Model, epochs: int, dataset: DatasetFn, callbacks: Any = None,
+        session: Session | None = None, *, dataset_sink_mode: bool = False,
+        sink_size: int = -1, jit: bool = True) -> FitResult:
+    """Train ``model`` for ``epochs`` epochs with ``Model.train``, recovering from faults.
+
+    Arguments mirror ``Model.train``, except that ``dataset`` is a function
+    ``(first_epoch, rank, world) -> Dataset`` (see the module doc). ``session`` defaults to
+    ``ms_recover.init(state=MindSporeState(net, optimizer))``, which ``fit`` then also finishes;
+    a session passed in stays the caller's to finish, and must have a state provider that
+    covers the model's net and optimizer. Returns once every step is committed on this rank
+    (or another callback stopped training). Raises ConfigError, naming the valid values, for
+    graph mode, sinking, a fixed Dataset, or a Model ``fit`` cannot train faithfully.
+    """
+    _check_settings(epochs, dataset, dataset_sink_mode, sink_size)
+    parts = _model_parts(model)
+    user_callbacks = _callback_list(callbacks)
+    own = session is None
+    if session is None:
+        session = init(state=MindSporeState(parts[0], parts[2]))
+    elif session.state is None:
+        raise ConfigError("session has no state provider; build it with "
+                          "ms_recover.init(state=MindSporeState(net, optimizer))")
+    result = _run(session, parts, epochs, dataset, user_callbacks, jit)
+    if own:
+        session.finish()
+    return result
+
+
+def _run(session: Session, parts: tuple[nn.Cell, nn.Cell, nn.Optimizer], epochs: int,
+         dataset: DatasetFn, callbacks: list[Callback], jit: bool) -> FitResult:
+    net, loss_fn, optimizer = parts
+    cell = DataParallelTrainCell(net, loss_fn, optimizer,
+                                 lambda flat: session.allreduce(flat, "mean"), jit=jit)
+    trainer = Model(cell)
+    spe: int | None = None
+    segments, stopped = 0, False
+    while True:
+        session.safe_point()
+        start = session.next_step
+        if spe is None:
+            spe = _dataset_at(dataset, 0, session, None).get_dataset_size()
+        if start >= epochs * spe:
+            break
+        first_epoch, skip = divmod(start, spe)
+        data = _dataset_at(dataset, first_epoch, session, spe)
+        if skip:
+            data.set_init_step(skip)  # as mindspore.train.model._calc_cb_initial_step does
+        seg = _Segment(session, start, spe, parts)
+        segments += 1
+        log.info("rank=%d step=%d epoch=%d: entering Model.train (segment %d)",
+                 session.rank, start, first_epoch, segments)
+        try:
+            trainer.train(epochs, data, callbacks=[_Position(seg), *callbacks, _Commit(seg)],
+                          dataset_sink_mode=False, initial_epoch=first_epoch)
+        except Interrupted:
+            log.info("rank=%d step=%d: step interrupted by recovery; it will be redone",
+                     session.rank, session.next_step)
+            continue
+        if seg.stopped_by_callback:
+            if seg.recover:
+                session.safe_point()  # take part in the pending recovery, then end
+            stopped = True
+            break
+        if not seg.recover and session.next_step < epochs * spe:
+            raise ConfigError(f"Model.train ended at step {session.next_step} of {epochs * spe} "
+                              "without a stop: the dataset yielded too few batches")
+    return FitResult(session.committed, epochs * spe, spe, segments, stopped)
