@@ -33,7 +33,10 @@ class JobConfig:
     """One job's settings. Fields are documented by the environment variable they come from.
 
     Timeouts are in seconds. ``heartbeat_s * liveness`` is how long a silent peer stays alive;
-    it must be shorter than ``hang_timeout_s`` and ``phase_timeout_s``.
+    it must be shorter than ``hang_timeout_s`` and ``phase_timeout_s``. A silent *agent*
+    means a lost node. A rank whose agent still reports it running is only declared lost
+    after ``rank_silence_s``: its heartbeat thread can be starved for seconds (a long jit
+    compile holding the GIL), and a dead process is reported by its agent anyway.
     """
 
     job_id: str = "default"  # MINDX_TASK_ID
@@ -48,6 +51,7 @@ class JobConfig:
     secret: bytes = b""  # MS_RECOVER_SECRET / MS_RECOVER_SECRET_FILE
     heartbeat_s: float = 0.5  # MS_RECOVER_HEARTBEAT_S
     liveness: int = 4
+    rank_silence_s: float = 10.0  # MS_RECOVER_RANK_SILENCE_S
     hang_timeout_s: float = 120.0  # MS_RECOVER_HANG_TIMEOUT_S
     phase_timeout_s: float = 60.0  # MS_RECOVER_PHASE_TIMEOUT_S
     wait_reschedule_timeout_s: float = 270.0  # MS_RECOVER_WAIT_RESCHEDULE_TIMEOUT
@@ -126,7 +130,8 @@ class JobConfig:
             raise ConfigError(f"backend {self.backend!r} is not one of: {', '.join(BACKENDS)}")
         if not all(isinstance(s, Strategy) for s in self.strategies):
             raise ConfigError(f"strategies must be Strategy values, got {self.strategies!r}")
-        for name in ("heartbeat_s", "hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s"):
+        for name in ("heartbeat_s", "hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s",
+                     "rank_silence_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -239,6 +244,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "secret": _read_secret(environ),
         "heartbeat_s": _float(environ, E.HEARTBEAT),
         "hang_timeout_s": _float(environ, E.HANG_TIMEOUT),
+        "rank_silence_s": _float(environ, E.RANK_SILENCE),
         "phase_timeout_s": _float(environ, E.PHASE_TIMEOUT),
         "wait_reschedule_timeout_s": _float(environ, E.WAIT_RESCHEDULE),
         "max_tries": _int(environ, E.MAX_TRIES),

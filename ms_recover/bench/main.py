@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -88,4 +89,6 @@ def _allreduce_missing(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not getattr(args, "verbose", False):  # the table tells the story; manager logs with -v
+        logging.getLogger("ms_recover").setLevel(logging.WARNING)
     return int(args._bench(args))

@@ -91,9 +91,14 @@ class HostBackend(CommBackend):
         self.chunk_bytes = chunk_bytes
         self._boxes = Mailboxes()
         self._link = Link(rank, bind_host, advertise_host, timeout, self._boxes, io_threads)
+        self._link.after_send = self._after_send
         self._groups: dict[str, tuple[int, ...]] = {}
         self._seq: dict[str, int] = {}
         self._built = False
+
+    def _after_send(self) -> None:
+        if self.chunk_hook is not None:
+            self.chunk_hook()
 
     @property
     def endpoint(self) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -42,6 +43,7 @@ class Link:
         self.rank = rank
         self.timeout = timeout
         self.epoch = 0
+        self.after_send: Callable[[], None] | None = None  # test hook, see CommBackend.chunk_hook
         self._sink = sink
         self._ctx = zmq.Context(io_threads=io_threads)
         self._router = self._socket(zmq.ROUTER)
@@ -161,6 +163,8 @@ class Link:
             tracker = sock.send(payload, copy=False, track=track)
         except zmq.ZMQError as exc:
             raise CommError(f"rank {self.rank}: sending to rank {dst} failed: {exc}") from exc
+        if self.after_send is not None:
+            self.after_send()
         return tracker if track else None
 
     def take(self, key: Key, what: str) -> tuple[Header, zmq.Frame]:

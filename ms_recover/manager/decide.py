@@ -58,7 +58,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
     for rank, info in sorted(m.ranks.items()):
         silent = now - info.last_seen
         if (info.alive and not info.done and info.node_rank not in lost_nodes
-                and silent > cfg.silence_s + cfg.heartbeat_s):
+                and silent > max(cfg.rank_silence_s, cfg.silence_s)):
             faults.append(Fault("rank_silent", info.node_rank, rank,
                                 f"no heartbeat for {silent:.2f}s", now, silent))
     if m.state is JobState.RUNNING and not faults:

@@ -1,0 +1,29 @@
+"""MindSpore integration: the only package of ms_recover that imports MindSpore.
+
+* :class:`~ms_recover.mindspore.state.MindSporeState`: a network's and optimizer's state as
+  named arrays, for repair;
+* :class:`~ms_recover.mindspore.step.DataParallelStep`: one train step whose gradient allreduce
+  runs through ms_recover's backend (for a hand-written loop);
+* :func:`~ms_recover.mindspore.fit.fit`: the same for ``mindspore.train.Model.train`` users,
+  with :class:`~ms_recover.mindspore.fit.ShardedArrays` to position data by (step, rank, world).
+"""
+
+from ms_recover.mindspore.fit import (
+    STEP_COLUMN,
+    DataParallelTrainCell,
+    FitResult,
+    ShardedArrays,
+    fit,
+)
+from ms_recover.mindspore.state import MindSporeState
+from ms_recover.mindspore.step import DataParallelStep
+
+__all__ = [
+    "STEP_COLUMN",
+    "DataParallelStep",
+    "DataParallelTrainCell",
+    "FitResult",
+    "MindSporeState",
+    "ShardedArrays",
+    "fit",
+]

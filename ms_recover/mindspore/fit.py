@@ -22,20 +22,24 @@ and the dataset's ``set_init_step(step % steps_per_epoch)`` skips the finished p
 A step interrupted inside its allreduce (``Interrupted``) has changed no state and is not
 committed; ``Model.train`` unwinds and the step is redone after recovery.
 
-Guarantees: every rank commits steps ``0 .. epochs * steps_per_epoch - 1`` exactly once, in
-order; with the same world size and seed a recovered run ends with weights bit-identical to an
-uninterrupted one (the data of a step is a pure function of (step, rank, world)).
+Guarantees: a rank commits each step at most once and in order, never one whose allreduce was
+interrupted, and ``fit`` returns with ``session.committed == epochs * steps_per_epoch - 1``
+(unless another callback stopped training). With the same world size and seed, a recovered run
+ends with weights bit-identical to an uninterrupted one, and to the hand-written
+``DataParallelStep`` loop over the same batches (the batch of a step is a pure function of
+(step, rank, world)).
 
 Constraints:
 
 * **PyNative mode only.** The train step runs Python (the host allreduce) between MindSpore's
-  two compiled phases; a whole-graph (``GRAPH_MODE``) build cannot contain it. The phases are
-  still ``mindspore.jit``-compiled, so the speed is that of graph mode plus one numpy round trip.
+  two compiled phases; a whole-graph (``GRAPH_MODE``) build cannot contain it. The two phases
+  are still ``mindspore.jit``-compiled.
 * **No dataset sinking**: ``dataset_sink_mode`` must be False and ``sink_size`` -1. A sink runs
   many steps per call, so gradients could not be reduced, nor steps committed, one by one.
-* **Stand-alone parallel mode**, and a ``Model(net, loss_fn=..., optimizer=...)`` with
-  ``amp_level="O0"``, ``boost_level="O0"`` and no ``loss_scale_manager``: ``fit`` builds its own
-  train step from those three pieces and would silently drop anything else.
+* **Stand-alone parallel mode** (no ``mindspore.communication.init``), and a
+  ``Model(net, loss_fn=..., optimizer=...)`` with ``amp_level="O0"``, ``boost_level="O0"`` and no
+  ``loss_scale_manager``: ``fit`` builds its own train step from those three pieces and would
+  otherwise silently drop the rest.
 * **A step** is one batch of the dataset: forward, backward, allreduce and optimizer update.
   Step numbers are global and 0-based; epoch ``e`` holds steps ``e*spe .. (e+1)*spe - 1``, where
   ``spe`` is ``dataset(...).get_dataset_size()``.
@@ -44,15 +48,22 @@ Constraints:
   A rank that joins mid-run may call it once more with ``first_epoch=0`` only to read ``spe``.
   :class:`ShardedArrays` is one over in-memory arrays, using
   :func:`~ms_recover.worker.sampler.shard_indices`. The skipped part of a resumed epoch is read
-  and dropped by MindSpore's pipeline, as in MindSpore's own resume.
+  and dropped by MindSpore's pipeline, as in MindSpore's own resume. A ``GeneratorDataset``
+  source cannot ask MindSpore which epoch a pass is for, so it counts passes; it must count a
+  pass at its first batch, not at ``iter()`` (see :class:`_EpochSource`). If the dataset's last
+  column is :data:`STEP_COLUMN` (``ShardedArrays`` adds it), each batch's step is checked
+  against the step being run, and a dataset out of position is a ConfigError instead of a
+  silently different model; the column is stripped before the network sees the batch, but
+  callbacks see it in ``cb_params.train_dataset_element``.
 * **What callbacks see.** Each entry into ``Model.train`` is a *segment*: callbacks get
   ``on_train_begin`` / ``on_train_end`` once per segment. ``cb_params.cur_step_num`` and
   ``cur_epoch_num`` are global, as in an uninterrupted run (the step in progress is
   ``cur_step_num - 1``), ``batch_num`` is ``spe``, and ``network`` / ``optimizer`` /
   ``loss_fn`` are the user's (``train_network`` is the :class:`DataParallelTrainCell`). A segment
   stopped for recovery at a step boundary ends its partial epoch with ``on_train_epoch_end``; a
-  segment unwound by ``Interrupted`` ends with neither ``on_train_step_end`` nor
-  ``on_train_epoch_end``; the resumed segment begins that epoch again with
+  segment unwound by ``Interrupted`` gets no further hook (only each callback's ``__exit__``;
+  note that ``ModelCheckpoint`` with ``exception_save=True`` then writes a breakpoint file, as
+  for any exception); the resumed segment begins that epoch again with
   ``on_train_epoch_begin``. A stop requested by another callback ends ``fit`` on this rank (in
   data-parallel training every rank must make the same decision). MindSpore's
   ``TrainFaultTolerance`` cannot be combined with ``fit``.
@@ -62,11 +73,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mindspore
 import mindspore.dataset as msds
+import numpy as np
 from mindspore import Tensor, nn
 from mindspore.train import Callback, Model, RunContext, TrainFaultTolerance
 from numpy.typing import NDArray
@@ -82,6 +94,9 @@ log = logging.getLogger(__name__)
 
 DatasetFn = Callable[[int, int, int], Any]
 """``dataset(first_epoch, rank, world) -> mindspore.dataset.Dataset`` (see the module doc)."""
+
+STEP_COLUMN = "ms_recover_step"
+"""A dataset whose last column has this name carries each batch's global step; fit checks it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +115,9 @@ class DataParallelTrainCell(nn.Cell):  # type: ignore[misc]
 
     Gradients are reduced by ``reduce_fn`` (outside MindSpore). If it raises, nothing was
     applied. Parameter names are unchanged (``auto_prefix=False``), and the cell is in training
-    mode, as ``nn.TrainOneStepCell`` would be.
+    mode, as ``nn.TrainOneStepCell`` would be. When ``expected_step`` is set, the batch's last
+    column is its global step (:data:`STEP_COLUMN`): it must equal ``expected_step()`` (else
+    ConfigError, before anything runs) and is stripped.
     """
 
     def __init__(self, net: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
@@ -109,17 +126,26 @@ class DataParallelTrainCell(nn.Cell):  # type: ignore[misc]
         self.network = net
         self.optimizer = optimizer
         self.dp_step = DataParallelStep(net, loss_fn, optimizer, reduce_fn=reduce_fn, jit=jit)
+        self.expected_step: Callable[[], int] | None = None
         self.set_train(True)
 
     def construct(self, *batch: Any) -> Tensor:
+        if self.expected_step is not None:
+            got, want = int(batch[-1].asnumpy()), self.expected_step()
+            if got != want:
+                raise ConfigError(f"data out of position: the dataset gave the batch of step "
+                                  f"{got} to step {want}")
+            batch = batch[:-1]
         return Tensor(self.dp_step(*batch), mindspore.float32)
 
 
 class _EpochSource:
     """GeneratorDataset source: its k-th pass yields epoch ``first_epoch + k`` of one rank.
 
-    MindSpore calls ``__iter__`` once per pass, in order, from its pipeline thread (it may start
-    the pass after the last one early; that pass is simply never consumed).
+    A pass takes its epoch number at its first batch, not when ``iter()`` is called:
+    ``GeneratorDataset`` calls ``iter(source)`` once at construction only to validate it
+    (measured on MindSpore 2.10), and that pass must not use up an epoch. MindSpore may start
+    the pass after the last one early; that pass is never consumed.
     """
 
     def __init__(self, arrays: Sequence[NDArray[Any]], first_epoch: int, rank: int, world: int,
@@ -133,15 +159,12 @@ class _EpochSource:
     def __len__(self) -> int:
         return self.spe
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[tuple[NDArray[Any], ...]]:
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
-        return self._batches(epoch)
-
-    def _batches(self, epoch: int) -> Any:
         for step in range(epoch * self.spe, (epoch + 1) * self.spe):
             idx = shard_indices(step, self.rank, self.world, self.global_batch,
                                 self.num_samples, self.seed)
-            yield tuple(a[idx] for a in self.arrays)
+            yield (*(a[idx] for a in self.arrays), np.array(step, dtype=np.int64))
 
 
 class ShardedArrays:
@@ -150,7 +173,9 @@ class ShardedArrays:
     ``ShardedArrays(x, y, global_batch=64, seed=1)(first_epoch, rank, world)`` returns a
     ``GeneratorDataset`` whose batch for global step ``s`` is
     ``tuple(a[shard_indices(s, rank, world, global_batch, len(x), seed)] for a in arrays)``:
-    ``global_batch // world`` samples per rank, the same bits in every process.
+    ``global_batch // world`` samples per rank, the same bits in every process. Each row ends
+    with the column :data:`STEP_COLUMN` (the global step, int64), which :func:`fit` checks
+    against the step it runs and strips before the network sees the batch.
     """
 
     def __init__(self, *arrays: NDArray[Any], global_batch: int, seed: int,
@@ -161,7 +186,8 @@ class ShardedArrays:
         self.arrays = arrays
         self.global_batch, self.seed = global_batch, seed
         self.names = list(names) if names else [f"column_{i}" for i in range(len(arrays))]
-        if len(self.names) != len(arrays):
+        self.names.append(STEP_COLUMN)
+        if len(self.names) != len(arrays) + 1:
             raise ConfigError(f"ShardedArrays: {len(self.names)} names for {len(arrays)} arrays")
         self.steps_per_epoch = steps_per_epoch(global_batch, len(arrays[0]))
 
@@ -295,6 +321,15 @@ def _dataset_at(dataset: DatasetFn, epoch: int, session: Session, spe: int | Non
     return data
 
 
+def _step_check(data: Any, session: Session) -> Callable[[], int] | None:
+    names = data.get_col_names()
+    if STEP_COLUMN not in names:
+        return None
+    if names[-1] != STEP_COLUMN:
+        raise ConfigError(f"column {STEP_COLUMN!r} must be the dataset's last column, got {names}")
+    return lambda: session.next_step
+
+
 def fit(model: Model, epochs: int, dataset: DatasetFn, callbacks: Any = None,
         session: Session | None = None, *, dataset_sink_mode: bool = False,
         sink_size: int = -1, jit: bool = True) -> FitResult:
@@ -329,19 +364,20 @@ def _run(session: Session, parts: tuple[nn.Cell, nn.Cell, nn.Optimizer], epochs:
     cell = DataParallelTrainCell(net, loss_fn, optimizer,
                                  lambda flat: session.allreduce(flat, "mean"), jit=jit)
     trainer = Model(cell)
-    spe: int | None = None
-    segments, stopped = 0, False
+    probe = _dataset_at(dataset, 0, session, None)  # also the first segment's, from step 0
+    spe = probe.get_dataset_size()
+    total, segments = epochs * spe, 0
     while True:
         session.safe_point()
+        if session.next_step >= total:
+            return FitResult(session.committed, total, spe, segments, False)
         start = session.next_step
-        if spe is None:
-            spe = _dataset_at(dataset, 0, session, None).get_dataset_size()
-        if start >= epochs * spe:
-            break
         first_epoch, skip = divmod(start, spe)
-        data = _dataset_at(dataset, first_epoch, session, spe)
+        data = probe if start == 0 and segments == 0 else _dataset_at(
+            dataset, first_epoch, session, spe)
         if skip:
             data.set_init_step(skip)  # as mindspore.train.model._calc_cb_initial_step does
+        cell.expected_step = _step_check(data, session)
         seg = _Segment(session, start, spe, parts)
         segments += 1
         log.info("rank=%d step=%d epoch=%d: entering Model.train (segment %d)",
@@ -356,9 +392,7 @@ def _run(session: Session, parts: tuple[nn.Cell, nn.Cell, nn.Optimizer], epochs:
         if seg.stopped_by_callback:
             if seg.recover:
                 session.safe_point()  # take part in the pending recovery, then end
-            stopped = True
-            break
-        if not seg.recover and session.next_step < epochs * spe:
-            raise ConfigError(f"Model.train ended at step {session.next_step} of {epochs * spe} "
+            return FitResult(session.committed, total, spe, segments, True)
+        if not seg.recover and session.next_step < total:
+            raise ConfigError(f"Model.train ended at step {session.next_step} of {total} "
                               "without a stop: the dataset yielded too few batches")
-    return FitResult(session.committed, epochs * spe, spe, segments, stopped)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import numpy as np
 
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", required=True)
     ap.add_argument("--subgroup", action="store_true", help="also reduce in an even/odd sub-group")
+    ap.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     args = ap.parse_args(argv)
     model = NumpyModel()
     session = ms_recover.init(state=model)
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.subgroup:
             session.comm.allreduce(np.ones(4, np.float32), "sum", group=f"parity{rank % 2}")
         model.apply(grad)
+        if args.step_time:
+            time.sleep(args.step_time)  # a workload knob: stretches the run, not a wait
 
     session.run(step_fn, args.steps)
     os.makedirs(args.out, exist_ok=True)

@@ -16,7 +16,7 @@ STEPS = 30
 
 
 def job_config(strategy: str = "recover-in-place,recover,exit", **changes: Any) -> JobConfig:
-    base = dict(job_id="itest", node_nums=2, proc_per_node=2, heartbeat_s=0.25,
+    base = dict(job_id="itest", node_nums=2, proc_per_node=2, heartbeat_s=0.5,
                 phase_timeout_s=20.0, hang_timeout_s=30.0, wait_reschedule_timeout_s=30.0,
                 strategies=parse_strategies(strategy))
     base.update(changes)

@@ -18,7 +18,8 @@ from .jobs import results, run_to_end, trainer_job
 
 pytestmark = pytest.mark.timeout(120)
 
-LONG = 400  # steps: long enough that the job is still running while we poke at it
+LONG = 3000  # steps of 10 ms: the job is still running while a test pokes at it
+SLOW = ("--step-time", "0.01")
 
 
 def _live_rank_pid(job, rank: int) -> int:
@@ -30,7 +31,7 @@ def _live_rank_pid(job, rank: int) -> int:
 
 
 def test_external_kill_9_of_a_rank_is_detected(tmp_path):
-    with trainer_job(str(tmp_path), strategy="exit", steps=LONG) as job:
+    with trainer_job(str(tmp_path), strategy="exit", steps=LONG, extra=SLOW) as job:
         os.kill(_live_rank_pid(job, 2), signal.SIGKILL)
         fault = wait_for(lambda: job.find("fault", kind="rank_exit", rank=2), 10, "the fault")[0]
         assert "signal 9" in fault["detail"]
@@ -41,7 +42,7 @@ def test_external_kill_9_of_a_rank_is_detected(tmp_path):
 
 
 def test_killed_agent_means_node_lost(tmp_path):
-    with trainer_job(str(tmp_path), strategy="exit", steps=LONG) as job:
+    with trainer_job(str(tmp_path), strategy="exit", steps=LONG, extra=SLOW) as job:
         _live_rank_pid(job, 3)
         agent = job.pods.procs[1]
         os.kill(agent.pid, signal.SIGKILL)  # only the agent: its ranks are orphaned
@@ -88,7 +89,7 @@ def test_bad_and_foreign_frames_are_dropped_while_the_job_goes_on(tmp_path):
     [(9, 1, "outside the world 0..3"), (3, 0, "belongs to node 1"), (0, 0, "already registered")],
 )
 def test_bad_registrations_are_rejected_with_a_reason(tmp_path, rank, node, reason):
-    with trainer_job(str(tmp_path), steps=LONG) as job:
+    with trainer_job(str(tmp_path), steps=LONG, extra=SLOW) as job:
         _live_rank_pid(job, 0)
         ctx, sock, codec = _raw(job, job.config.effective_secret())
         try:
@@ -106,7 +107,7 @@ def test_bad_registrations_are_rejected_with_a_reason(tmp_path, rank, node, reas
 
 
 def test_status_command_reports_a_live_job(tmp_path):
-    with trainer_job(str(tmp_path), steps=LONG) as job:
+    with trainer_job(str(tmp_path), steps=LONG, extra=SLOW) as job:
         _live_rank_pid(job, 1)
         env = {**os.environ, "MS_SCHED_HOST": "127.0.0.1", "MS_RECOVER_PORT": str(job.server.port),
                "MINDX_TASK_ID": "itest"}

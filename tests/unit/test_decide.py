@@ -46,6 +46,7 @@ class Job:
             manager_port=0,
             heartbeat_s=0.5,
             liveness=3,
+            rank_silence_s=2.0,
             hang_timeout_s=30.0,
             phase_timeout_s=10.0,
             wait_reschedule_timeout_s=20.0,
@@ -356,7 +357,7 @@ def test_node_lost_with_only_in_place_exits(make_job: Callable[..., Job]) -> Non
 def test_rank_silence(make_job: Callable[..., Job]) -> None:
     job = make_job()
     job.running()
-    job.advance(1.9, silent=("r2",))  # a rank gets one extra heartbeat: 1.5 + 0.5 s
+    job.advance(1.9, silent=("r2",))  # a rank is lost after rank_silence_s = 2 s
     assert job.tick() == []
     job.advance(0.2, silent=("r2",))
     job.tick()
