@@ -50,8 +50,9 @@ def init_taskd_manager(config: dict[str, Any]) -> bool:
         raise ConfigError(f"init_taskd_manager expects a dict, got {type(config).__name__}")
     unknown = sorted(set(config) - set(KEYS))
     if unknown:
-        raise ConfigError(f"unknown taskd manager key(s) {', '.join(unknown)}; "
-                          f"valid: {', '.join(KEYS)}")
+        raise ConfigError(
+            f"unknown taskd manager key(s) {', '.join(unknown)}; valid: {', '.join(KEYS)}"
+        )
     if config.get("job_id") in ("", None):
         config = {k: v for k, v in config.items() if k != "job_id"}
     _config = JobConfig.from_env(**{KEYS[k]: v for k, v in config.items()})

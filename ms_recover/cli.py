@@ -17,7 +17,11 @@ from ms_recover.errors import MsRecoverError
 COMMANDS: list[tuple[str, str, str]] = [
     ("manager", "ms_recover.manager.main", "run the job's recovery manager in the foreground"),
     ("agent", "ms_recover.agent.main", "launch and watch this node's rank processes"),
-    ("demo", "ms_recover.demo", "run a local MindSpore job, kill a rank, recover, show the timeline"),
+    (
+        "demo",
+        "ms_recover.demo",
+        "run a local MindSpore job, kill a rank, recover, show the timeline",
+    ),
     ("status", "ms_recover.status", "ask a running manager for the job's state"),
     ("check-job", "ms_recover.checkjob", "validate AscendJob YAML files before submission"),
     ("report", "ms_recover.report", "print a recovery timeline from a manager event log"),

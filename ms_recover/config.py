@@ -121,7 +121,9 @@ class JobConfig:
                 f"node_rank {self.node_rank} is outside 0..{self.node_nums - 1} (node_nums)"
             )
         if not 0 <= self.sched_node_rank < self.node_nums:
-            raise ConfigError(f"sched_node_rank {self.sched_node_rank} is outside 0..{self.node_nums - 1}")
+            raise ConfigError(
+                f"sched_node_rank {self.sched_node_rank} is outside 0..{self.node_nums - 1}"
+            )
         if not 0 <= self.manager_port < 65536:
             raise ConfigError(f"manager_port {self.manager_port} is not in 0..65535 (0: any)")
         if self.role not in ROLES:
@@ -130,8 +132,13 @@ class JobConfig:
             raise ConfigError(f"backend {self.backend!r} is not one of: {', '.join(BACKENDS)}")
         if not all(isinstance(s, Strategy) for s in self.strategies):
             raise ConfigError(f"strategies must be Strategy values, got {self.strategies!r}")
-        for name in ("heartbeat_s", "hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s",
-                     "rank_silence_s"):
+        for name in (
+            "heartbeat_s",
+            "hang_timeout_s",
+            "phase_timeout_s",
+            "wait_reschedule_timeout_s",
+            "rank_silence_s",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -220,10 +227,13 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
     nodes = _int(environ, E.NODE_NUMS)
     if world is not None and local:
         if world % local:
-            raise ConfigError(f"{E.WORKER_NUM}={world} is not a multiple of {E.LOCAL_WORKER}={local}")
+            raise ConfigError(
+                f"{E.WORKER_NUM}={world} is not a multiple of {E.LOCAL_WORKER}={local}"
+            )
         if nodes is not None and nodes * local != world:
-            raise ConfigError(f"{E.NODE_NUMS}={nodes} x {E.LOCAL_WORKER}={local} != "
-                              f"{E.WORKER_NUM}={world}")
+            raise ConfigError(
+                f"{E.NODE_NUMS}={nodes} x {E.LOCAL_WORKER}={local} != {E.WORKER_NUM}={world}"
+            )
         nodes = world // local
     elif world is not None and nodes is not None and local is None:
         if world % nodes:

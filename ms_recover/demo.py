@@ -35,17 +35,29 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
     p.add_argument("--procs-per-node", type=int, default=2, help="ranks per node (default 2)")
     p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
-    p.add_argument("--strategy", default="recover-in-place,recover,exit",
-                   help="recover-strategy comma list (default recover-in-place,recover,exit)")
-    p.add_argument("--fault", choices=FAULTS, default=None,
-                   help="kill: SIGKILL one rank; node: SIGKILL a whole node; allreduce: SIGKILL "
-                   "one rank in the middle of its gradient allreduce (default kill, or node with "
-                   "--kill-node)")
+    p.add_argument(
+        "--strategy",
+        default="recover-in-place,recover,exit",
+        help="recover-strategy comma list (default recover-in-place,recover,exit)",
+    )
+    p.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default=None,
+        help="kill: SIGKILL one rank; node: SIGKILL a whole node; allreduce: SIGKILL "
+        "one rank in the middle of its gradient allreduce (default kill, or node with "
+        "--kill-node)",
+    )
     p.add_argument("--kill-rank", type=int, default=1, help="rank to kill (default 1)")
-    p.add_argument("--kill-step", type=int, default=15, help="step after which to kill (default 15)")
+    p.add_argument(
+        "--kill-step", type=int, default=15, help="step after which to kill (default 15)"
+    )
     p.add_argument("--kill-node", type=int, default=None, help="kill this whole node instead")
-    p.add_argument("--verify", action="store_true",
-                   help="also run the job uninterrupted and compare final weights (SHA-256)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run the job uninterrupted and compare final weights (SHA-256)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
     p.add_argument("--workdir", help="where rank logs and outputs go (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
@@ -64,7 +76,9 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         raise ConfigError(f"--kill-step must be in 0..{args.steps - 2} (before the last step)")
     fault = args.fault or ("node" if args.kill_node is not None else "kill")
     if fault == "node":
-        node = args.kill_node if args.kill_node is not None else args.kill_rank // args.procs_per_node
+        node = (
+            args.kill_node if args.kill_node is not None else args.kill_rank // args.procs_per_node
+        )
         if not 0 <= node < args.nodes:
             raise ConfigError(f"--kill-node {node} is outside 0..{args.nodes - 1}")
         faults = Faults().node(rank=node * args.procs_per_node, step=args.kill_step)
@@ -72,18 +86,40 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         if not 0 <= args.kill_rank < world:
             raise ConfigError(f"--kill-rank {args.kill_rank} is outside 0..{world - 1}")
         faults = Faults().add(fault, rank=args.kill_rank, step=args.kill_step)
-    config = JobConfig(job_id=f"demo-{os.getpid()}", node_nums=args.nodes,
-                       proc_per_node=args.procs_per_node, strategies=parse_strategies(args.strategy),
-                       wait_reschedule_timeout_s=60.0)
+    config = JobConfig(
+        job_id=f"demo-{os.getpid()}",
+        node_nums=args.nodes,
+        proc_per_node=args.procs_per_node,
+        strategies=parse_strategies(args.strategy),
+        wait_reschedule_timeout_s=60.0,
+    )
     return config, faults
 
 
-def _run_job(config: JobConfig, steps: int, out: str, faults: Faults | None, timeout: float,
-             on_event: Any = None) -> tuple[LocalJob, list[dict[str, Any]]]:
-    command = [sys.executable, "-m", "ms_recover.mindspore.demo_train", "--steps", str(steps),
-               "--out", out]
-    job = LocalJob(config, command, faults.to_env() if faults else {}, os.path.join(out, "logs"),
-                   on_event=on_event)
+def _run_job(
+    config: JobConfig,
+    steps: int,
+    out: str,
+    faults: Faults | None,
+    timeout: float,
+    on_event: Any = None,
+) -> tuple[LocalJob, list[dict[str, Any]]]:
+    command = [
+        sys.executable,
+        "-m",
+        "ms_recover.mindspore.demo_train",
+        "--steps",
+        str(steps),
+        "--out",
+        out,
+    ]
+    job = LocalJob(
+        config,
+        command,
+        faults.to_env() if faults else {},
+        os.path.join(out, "logs"),
+        on_event=on_event,
+    )
     with job:
         if not job.wait(timeout):
             raise ConfigError(f"the job did not finish within {timeout:g}s; logs in {out}/logs")
@@ -111,25 +147,39 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("ms_recover").setLevel(logging.WARNING)
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-demo-")
     world = config.world_size
-    print(f"ms-recover demo: {args.nodes} nodes x {args.procs_per_node} ranks of MindSpore CPU "
-          f"training, {args.steps} steps, strategy {format_strategies(config.strategies)}")
-    print(f"fault: {faults.specs[0].kind} (rank {faults.specs[0].rank}) after step "
-          f"{args.kill_step}; logs in {workdir}")
+    print(
+        f"ms-recover demo: {args.nodes} nodes x {args.procs_per_node} ranks of MindSpore CPU "
+        f"training, {args.steps} steps, strategy {format_strategies(config.strategies)}"
+    )
+    print(
+        f"fault: {faults.specs[0].kind} (rank {faults.specs[0].rank}) after step "
+        f"{args.kill_step}; logs in {workdir}"
+    )
     result: dict[str, Any] = {}
     if args.verify:
         t0 = time.time()
         print("\nreference run (no fault) ...", flush=True)
-        _, ref = _run_job(config, args.steps, os.path.join(workdir, "reference"), None, args.timeout)
+        _, ref = _run_job(
+            config, args.steps, os.path.join(workdir, "reference"), None, args.timeout
+        )
         result["reference_weights_sha256"] = _weights(ref, world)
         print(f"reference run finished in {time.time() - t0:.1f}s")
     print("\nrun with fault injection:", flush=True)
     timeline = Timeline(sys.stdout)
-    job, final = _run_job(config.replace(job_id=config.job_id + "-f"), args.steps,
-                          os.path.join(workdir, "faulty"), faults, args.timeout, timeline.on_event)
+    job, final = _run_job(
+        config.replace(job_id=config.job_id + "-f"),
+        args.steps,
+        os.path.join(workdir, "faulty"),
+        faults,
+        args.timeout,
+        timeline.on_event,
+    )
     result.update(_summarise(job.find("recovery"), final, world, job.exit_code))
     if args.verify:
-        result["weights_match"] = (result["reference_weights_sha256"] is not None
-                                   and result["reference_weights_sha256"] == result["final_weights_sha256"])
+        result["weights_match"] = (
+            result["reference_weights_sha256"] is not None
+            and result["reference_weights_sha256"] == result["final_weights_sha256"]
+        )
     print("\n" + _verdict(result))
     if args.json:
         with open(args.json, "w") as fh:
@@ -138,14 +188,15 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _summarise(recoveries: list[Event], final: list[dict[str, Any]], world: int,
-               exit_code: int | None) -> dict[str, Any]:
+def _summarise(
+    recoveries: list[Event], final: list[dict[str, Any]], world: int, exit_code: int | None
+) -> dict[str, Any]:
     good = [r for r in recoveries if r["ok"]]
     last = good[-1] if good else (recoveries[-1] if recoveries else None)
     return {
         "recovered": bool(good) and exit_code == 0 and len(final) == world,
         "strategy_used": last["strategy"] if last else None,
-        "lost_steps": last["lost_steps"] if good else None,
+        "lost_steps": last["lost_steps"] if good and last else None,
         "mttr_s": last["mttr_s"] if last else None,
         "phases": last["phases"] if last else {},
         "recoveries": len(good),
@@ -157,13 +208,18 @@ def _summarise(recoveries: list[Event], final: list[dict[str, Any]], world: int,
 def _verdict(result: dict[str, Any]) -> str:
     lines = ["result:"]
     if result["recovered"]:
-        lines.append(f"  recovered with {result['strategy_used']} in {result['mttr_s']:.2f}s, "
-                     f"lost steps: {result['lost_steps']}")
+        lines.append(
+            f"  recovered with {result['strategy_used']} in {result['mttr_s']:.2f}s, "
+            f"lost steps: {result['lost_steps']}"
+        )
     else:
         lines.append("  NOT recovered")
     lines.append(f"  final weights sha256: {result['final_weights_sha256']}")
     if "weights_match" in result:
         lines.append(f"  reference sha256:     {result['reference_weights_sha256']}")
-        lines.append("  weights match the uninterrupted run bit for bit" if result["weights_match"]
-                     else "  WEIGHTS DIFFER from the uninterrupted run")
+        lines.append(
+            "  weights match the uninterrupted run bit for bit"
+            if result["weights_match"]
+            else "  WEIGHTS DIFFER from the uninterrupted run"
+        )
     return "\n".join(lines)

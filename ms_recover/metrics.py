@@ -39,37 +39,44 @@ class ManagerCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         status = self._status()
-        rec = CounterMetricFamily("ms_recover_recoveries", "Recoveries by strategy and outcome",
-                                  labels=["strategy", "ok"])
+        rec = CounterMetricFamily(
+            "ms_recover_recoveries", "Recoveries by strategy and outcome", labels=["strategy", "ok"]
+        )
         for (strategy, ok), n in sorted(self._recoveries.items()):
             rec.add_metric([strategy, ok], n)
         yield rec
         mttr = GaugeMetricFamily("ms_recover_last_mttr_seconds", "MTTR of the last recovery")
         mttr.add_metric([], float(self._last["mttr_s"]) if self._last else 0.0)
         yield mttr
-        phases = CounterMetricFamily("ms_recover_phase_seconds", "Time spent in each recovery "
-                                     "phase, summed over recoveries", labels=["phase"])
+        phases = CounterMetricFamily(
+            "ms_recover_phase_seconds",
+            "Time spent in each recovery phase, summed over recoveries",
+            labels=["phase"],
+        )
         for phase, seconds in sorted(self._phase_sum.items()):
             phases.add_metric([phase], seconds)
         yield phases
         yield CounterMetricFamily("ms_recover_lost_steps", "Committed steps lost", value=self._lost)
         live = sum(1 for r in status["ranks"] if r["alive"])
         yield GaugeMetricFamily("ms_recover_live_ranks", "Ranks alive and registered", value=live)
-        yield GaugeMetricFamily("ms_recover_world_size", "Ranks in the job",
-                                value=status["world_size"])
+        yield GaugeMetricFamily(
+            "ms_recover_world_size", "Ranks in the job", value=status["world_size"]
+        )
         yield GaugeMetricFamily("ms_recover_epoch", "Current epoch", value=status["epoch"])
 
 
-def serve_metrics(port: int, status: Callable[[], dict[str, Any]], events: EventLog,
-                  host: str = "0.0.0.0") -> Any:
+def serve_metrics(
+    port: int, status: Callable[[], dict[str, Any]], events: EventLog, host: str = "0.0.0.0"
+) -> Any:
     """Start the endpoint on ``host:port`` in a daemon thread; returns the HTTP server."""
     try:
         from prometheus_client import start_http_server
         from prometheus_client.registry import CollectorRegistry
     except ImportError as exc:
-        raise ConfigError("the metrics endpoint needs prometheus-client: "
-                          "pip install 'ms-recover[metrics]'") from exc
+        raise ConfigError(
+            "the metrics endpoint needs prometheus-client: pip install 'ms-recover[metrics]'"
+        ) from exc
     registry = CollectorRegistry()
-    registry.register(ManagerCollector(status, events))  # type: ignore[arg-type]
+    registry.register(ManagerCollector(status, events))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server

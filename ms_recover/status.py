@@ -32,8 +32,9 @@ def query(config: JobConfig, timeout_s: float) -> dict[str, Any] | None:
     """The manager's status snapshot, or None if it did not answer within ``timeout_s``."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
-    chan = DealerChannel(ctx, config.manager_endpoint, codec, "status",
-                         f"status.{os.getpid()}".encode())
+    chan = DealerChannel(
+        ctx, config.manager_endpoint, codec, "status", f"status.{os.getpid()}".encode()
+    )
     try:
         chan.send(M.StatusRequest(), 0)
         env = chan.recv(int(timeout_s * 1000))
@@ -46,21 +47,29 @@ def query(config: JobConfig, timeout_s: float) -> dict[str, Any] | None:
 
 
 def render(status: dict[str, Any]) -> str:
-    lines = [f"job {status['job_id']}: {status['state']}, epoch {status['epoch']}, "
-             f"world {status['world_size']}, strategy {status['strategies']}, "
-             f"recoveries {status['recoveries']}"]
+    lines = [
+        f"job {status['job_id']}: {status['state']}, epoch {status['epoch']}, "
+        f"world {status['world_size']}, strategy {status['strategies']}, "
+        f"recoveries {status['recoveries']}"
+    ]
     for a in status["agents"]:
-        lines.append(f"  node {a['node_rank']}: agent {'up' if a['alive'] else 'DOWN'} "
-                     f"pid={a['pid']} ip={a['pod_ip'] or '-'}{' (scheduler)' if a['is_scheduler'] else ''}")
+        lines.append(
+            f"  node {a['node_rank']}: agent {'up' if a['alive'] else 'DOWN'} "
+            f"pid={a['pid']} ip={a['pod_ip'] or '-'}{' (scheduler)' if a['is_scheduler'] else ''}"
+        )
     for r in status["ranks"]:
         state = "done" if r["done"] else ("up" if r["alive"] else "DOWN")
-        lines.append(f"    rank {r['rank']:>3} node {r['node_rank']}: {state:<4} step {r['step']:>6} "
-                     f"pid={r['pid']} incarnation={r['incarnation']}")
+        lines.append(
+            f"    rank {r['rank']:>3} node {r['node_rank']}: {state:<4} step {r['step']:>6} "
+            f"pid={r['pid']} incarnation={r['incarnation']}"
+        )
     last = status.get("last_recovery")
     if last:
         phases = ", ".join(f"{k} {v:.3f}s" for k, v in last["phases"].items())
-        lines.append(f"last recovery: {last['strategy']} ok={last['ok']} mttr {last['mttr_s']:.3f}s "
-                     f"lost_steps {last['lost_steps']} ({phases})")
+        lines.append(
+            f"last recovery: {last['strategy']} ok={last['ok']} mttr {last['mttr_s']:.3f}s "
+            f"lost_steps {last['lost_steps']} ({phases})"
+        )
     return "\n".join(lines)
 
 
@@ -68,9 +77,11 @@ def run(args: argparse.Namespace) -> int:
     config = JobConfig.from_env(manager_host=args.host, manager_port=args.port, job_id=args.job_id)
     status = query(config, args.timeout)
     if status is None:
-        print(f"ms-recover status: no manager answered at {config.manager_endpoint} within "
-              f"{args.timeout:g}s (check --host/--port, MINDX_TASK_ID and the secret)",
-              file=sys.stderr)
+        print(
+            f"ms-recover status: no manager answered at {config.manager_endpoint} within "
+            f"{args.timeout:g}s (check --host/--port, MINDX_TASK_ID and the secret)",
+            file=sys.stderr,
+        )
         return 1
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
     return 0

@@ -47,9 +47,7 @@ def parse_strategies(text: str) -> tuple[Strategy, ...]:
         try:
             strategy = Strategy(token)
         except ValueError:
-            raise ConfigError(
-                f"recover-strategy {token!r} is not one of: {VALID_NAMES}"
-            ) from None
+            raise ConfigError(f"recover-strategy {token!r} is not one of: {VALID_NAMES}") from None
         if strategy in seen:
             raise ConfigError(f"recover-strategy {token!r} is listed twice in {text!r}")
         seen.append(strategy)

@@ -41,9 +41,12 @@ def describe(e: Event) -> str:
         return f"RETRY    repair attempt {e['attempt']}: {e['reason']}"
     if kind == "recovery":
         phases = " | ".join(f"{p} {e['phases'][p]:.3f}s" for p in PHASES)
-        verdict = (f"RECOVERED with {e['strategy']} in {e['mttr_s']:.2f}s, resumed at step "
-                   f"{e['target_step'] + 1}, lost steps {e['lost_steps']}" if e["ok"]
-                   else f"RECOVERY FAILED ({e['strategy']}): {e['reason']}")
+        verdict = (
+            f"RECOVERED with {e['strategy']} in {e['mttr_s']:.2f}s, resumed at step "
+            f"{e['target_step'] + 1}, lost steps {e['lost_steps']}"
+            if e["ok"]
+            else f"RECOVERY FAILED ({e['strategy']}): {e['reason']}"
+        )
         return f"{verdict}\n{'':12}{phases}"
     if kind == "job_end":
         return f"job ended: {e['reason']} (exit {e['exit_code']})"

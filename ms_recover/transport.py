@@ -27,8 +27,14 @@ def make_socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[by
 class DealerChannel:
     """A DEALER socket to the manager with framing, sequence numbers and drop logging."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, codec: Codec,
-                 sender: str, identity: bytes) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        endpoint: str,
+        codec: Codec,
+        sender: str,
+        identity: bytes,
+    ) -> None:
         self._ctx = ctx
         self.endpoint = endpoint
         self.codec = codec

@@ -33,8 +33,9 @@ log = logging.getLogger("ms_recover.agent")
 
 
 class Agent:
-    def __init__(self, config: JobConfig, command: list[str], log_dir: str = "",
-                 poll_s: float = 0.02) -> None:
+    def __init__(
+        self, config: JobConfig, command: list[str], log_dir: str = "", poll_s: float = 0.02
+    ) -> None:
         if not command:
             raise ValueError("agent needs a rank command, e.g. -- python train.py")
         self.config = config
@@ -45,8 +46,9 @@ class Agent:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
         ident = f"a{config.node_rank}.{os.getpid()}".encode()
-        self.chan = DealerChannel(self._ctx, config.manager_endpoint, codec,
-                                  f"agent:{config.node_rank}", ident)
+        self.chan = DealerChannel(
+            self._ctx, config.manager_endpoint, codec, f"agent:{config.node_rank}", ident
+        )
         self.exit_code: int | None = None
         self._last_exit: dict[int, int] = {}
 
@@ -57,8 +59,12 @@ class Agent:
     def run(self) -> int:
         cfg = self.config
         is_sched = cfg.node_rank == cfg.sched_node_rank
-        self.chan.send(M.AgentHello(cfg.node_rank, cfg.pod_ip, list(cfg.ranks_of(cfg.node_rank)),
-                                    os.getpid(), is_sched), 0)
+        self.chan.send(
+            M.AgentHello(
+                cfg.node_rank, cfg.pod_ip, list(cfg.ranks_of(cfg.node_rank)), os.getpid(), is_sched
+            ),
+            0,
+        )
         for rank in cfg.ranks_of(cfg.node_rank):
             self.ranks.start(rank)
         log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
@@ -68,8 +74,11 @@ class Agent:
             while self.exit_code is None and not self._stop.is_set():
                 self._report(self.ranks.poll())
                 if time.monotonic() - last_heard > cfg.phase_timeout_s:
-                    log.error("manager at %s silent for %.0fs: stopping this node",
-                              cfg.manager_endpoint, cfg.phase_timeout_s)
+                    log.error(
+                        "manager at %s silent for %.0fs: stopping this node",
+                        cfg.manager_endpoint,
+                        cfg.phase_timeout_s,
+                    )
                     self.exit_code = exitcodes.FAILED
                     break
                 if time.monotonic() >= next_beat:
@@ -97,8 +106,12 @@ class Agent:
         for e in exited:
             log.info("rank %d exited code=%d signal=%d", e.rank, e.exit_code, e.signal)
             self._last_exit[e.rank] = e.exit_code if e.signal == 0 else -e.signal
-            self.chan.send(M.RankExited(self.config.node_rank, e.rank, e.pid, e.exit_code, e.signal,
-                                        e.observed_at), self._epoch)
+            self.chan.send(
+                M.RankExited(
+                    self.config.node_rank, e.rank, e.pid, e.exit_code, e.signal, e.observed_at
+                ),
+                self._epoch,
+            )
 
     def _handle(self, msg: M.Message) -> None:
         if isinstance(msg, M.AgentWelcome) and not msg.ok:

@@ -22,22 +22,32 @@ from ms_recover.errors import ConfigError
 def configure(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--node-rank", type=int, help="this node's rank (env MS_NODE_RANK)")
-    p.add_argument("--node-nums", type=int, help="number of nodes (env MS_RECOVER_NODE_NUMS, "
-                   "or MS_WORKER_NUM / MS_LOCAL_WORKER)")
+    p.add_argument(
+        "--node-nums",
+        type=int,
+        help="number of nodes (env MS_RECOVER_NODE_NUMS, or MS_WORKER_NUM / MS_LOCAL_WORKER)",
+    )
     p.add_argument("--proc-per-node", type=int, help="ranks per node (env MS_LOCAL_WORKER)")
     p.add_argument("--host", help="manager host (env MS_SCHED_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="manager port (env MS_RECOVER_PORT, default 9601)")
     p.add_argument("--job-id", help="job id (env MINDX_TASK_ID)")
     p.add_argument("--strategy", help="recover-strategy comma list (env MS_RECOVER_STRATEGY)")
     p.add_argument("--log-dir", default="", help="write each rank's output to DIR/rank_N.log")
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="the rank command after --, e.g. -- python train.py")
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="the rank command after --, e.g. -- python train.py",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
     return JobConfig.from_env(
-        node_rank=args.node_rank, node_nums=args.node_nums, proc_per_node=args.proc_per_node,
-        manager_host=args.host, manager_port=args.port, job_id=args.job_id,
+        node_rank=args.node_rank,
+        node_nums=args.node_nums,
+        proc_per_node=args.proc_per_node,
+        manager_host=args.host,
+        manager_port=args.port,
+        job_id=args.job_id,
         strategies=args.strategy,
     )
 

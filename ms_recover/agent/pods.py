@@ -20,8 +20,15 @@ from ms_recover.strategy import format_strategies
 
 
 class LocalPods:
-    def __init__(self, config: JobConfig, command: list[str], env: dict[str, str] | None = None,
-                 log_dir: str = "", reschedule_delay_s: float = 0.0, max_restarts: int = 5):
+    def __init__(
+        self,
+        config: JobConfig,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        log_dir: str = "",
+        reschedule_delay_s: float = 0.0,
+        max_restarts: int = 5,
+    ):
         self.config = config
         self.command = command
         self.env = {**os.environ, **(env or {})}
@@ -36,10 +43,26 @@ class LocalPods:
 
     def agent_argv(self, node: int) -> list[str]:
         cfg = self.config
-        argv = [sys.executable, "-m", "ms_recover.cli", "agent", "--node-rank", str(node),
-                "--node-nums", str(cfg.node_nums), "--proc-per-node", str(cfg.proc_per_node),
-                "--host", cfg.manager_host, "--port", str(cfg.manager_port),
-                "--job-id", cfg.job_id, "--strategy", format_strategies(cfg.strategies)]
+        argv = [
+            sys.executable,
+            "-m",
+            "ms_recover.cli",
+            "agent",
+            "--node-rank",
+            str(node),
+            "--node-nums",
+            str(cfg.node_nums),
+            "--proc-per-node",
+            str(cfg.proc_per_node),
+            "--host",
+            cfg.manager_host,
+            "--port",
+            str(cfg.manager_port),
+            "--job-id",
+            cfg.job_id,
+            "--strategy",
+            format_strategies(cfg.strategies),
+        ]
         if self.log_dir:
             argv += ["--log-dir", self.log_dir]
         return argv + ["--", *self.command]
@@ -54,8 +77,9 @@ class LocalPods:
             os.makedirs(self.log_dir, exist_ok=True)
             out = open(os.path.join(self.log_dir, f"agent_{node}.log"), "ab")  # noqa: SIM115
         try:
-            self.procs[node] = subprocess.Popen(self.agent_argv(node), env=self.env, stdout=out,
-                                                stderr=out, start_new_session=True)
+            self.procs[node] = subprocess.Popen(
+                self.agent_argv(node), env=self.env, stdout=out, stderr=out, start_new_session=True
+            )
         finally:
             if out is not None:
                 out.close()
@@ -117,5 +141,8 @@ class LocalPods:
 def _describe(code: int) -> str:
     if code < 0:
         return f"killed by signal {-code}"
-    return {exitcodes.RESCHEDULE: "exit 86: reschedule", exitcodes.JOB_EXIT: "exit 87: job gave up",
-            0: "exit 0"}.get(code, f"exit {code}")
+    return {
+        exitcodes.RESCHEDULE: "exit 86: reschedule",
+        exitcodes.JOB_EXIT: "exit 87: job gave up",
+        0: "exit 0",
+    }.get(code, f"exit {code}")

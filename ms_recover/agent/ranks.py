@@ -92,10 +92,14 @@ class RankSet:
             if code is not None:
                 del self.procs[rank]
                 sig = -code if code < 0 else 0
-                exited.append(Exited(rank, proc.pid, code if code >= 0 else 128 + sig, sig, time.time()))
+                exited.append(
+                    Exited(rank, proc.pid, code if code >= 0 else 128 + sig, sig, time.time())
+                )
         return exited
 
-    def kill(self, ranks: list[int], sig: int = signal.SIGKILL, grace_s: float = 5.0) -> list[Exited]:
+    def kill(
+        self, ranks: list[int], sig: int = signal.SIGKILL, grace_s: float = 5.0
+    ) -> list[Exited]:
         """Send ``sig`` to the given ranks and reap them (SIGKILL after ``grace_s``)."""
         targets = {r: self.procs.pop(r) for r in ranks if r in self.procs}
         for proc in targets.values():
@@ -109,8 +113,11 @@ class RankSet:
                 _signal(proc, signal.SIGKILL)
                 proc.wait()
             code = proc.returncode
-            exited.append(Exited(rank, proc.pid, code if code >= 0 else 128 - code, max(0, -code),
-                                 time.time()))
+            exited.append(
+                Exited(
+                    rank, proc.pid, code if code >= 0 else 128 - code, max(0, -code), time.time()
+                )
+            )
         return exited
 
     def pids(self) -> dict[int, int]:

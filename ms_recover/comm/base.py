@@ -66,8 +66,9 @@ class CommBackend(abc.ABC):
                 self.on_group_created(name, key)
 
     @abc.abstractmethod
-    def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM,
-                  group: str = WORLD) -> NDArray[Any]:
+    def allreduce(
+        self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM, group: str = WORLD
+    ) -> NDArray[Any]:
         """Reduce ``array`` over the group; every member gets the same result."""
 
     @abc.abstractmethod
@@ -94,7 +95,7 @@ class CommBackend(abc.ABC):
     def rebuild(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
         """Recreate the world group and every logged group at ``epoch``."""
 
-    def on_step_end(self) -> None:
+    def on_step_end(self) -> None:  # noqa: B027 - a hook: doing nothing is the default
         """Called after every committed step (the Ascend backend clears MindSpore's ARF flag)."""
 
     @abc.abstractmethod

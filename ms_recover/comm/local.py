@@ -6,7 +6,10 @@ identity, which is exactly what a world of one computes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.typing import NDArray
 
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import WORLD, GroupLog
@@ -27,8 +30,10 @@ class LocalBackend(CommBackend):
 
     def _make_group(self, name: str, ranks: tuple[int, ...]) -> None:
         if ranks != (0,):
-            raise CommError(f"group {name!r} with ranks {list(ranks)} needs ranks outside a "
-                            "one-rank job (valid: [0])")
+            raise CommError(
+                f"group {name!r} with ranks {list(ranks)} needs ranks outside a "
+                "one-rank job (valid: [0])"
+            )
 
     def _check(self, group: str) -> None:
         if self._aborted:
@@ -36,23 +41,24 @@ class LocalBackend(CommBackend):
         if group != WORLD:
             self.group_log.ranks_of(group)
 
-    def allreduce(self, array: np.ndarray, op: ReduceOp | str = ReduceOp.SUM,
-                  group: str = WORLD) -> np.ndarray:
+    def allreduce(
+        self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM, group: str = WORLD
+    ) -> NDArray[Any]:
         self._check(group)
         ReduceOp(op)
         return np.array(array, copy=True)
 
-    def broadcast(self, array: np.ndarray, root: int, group: str = WORLD) -> np.ndarray:
+    def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:
         self._check(group)
         return np.array(array, copy=True)
 
     def barrier(self, group: str = WORLD) -> None:
         self._check(group)
 
-    def send(self, arrays: dict[str, np.ndarray], dst: int, tag: str = "") -> None:
+    def send(self, arrays: dict[str, NDArray[Any]], dst: int, tag: str = "") -> None:
         raise CommError(f"a one-rank job has no peer {dst} to send to")
 
-    def recv(self, src: int, tag: str = "") -> dict[str, np.ndarray]:
+    def recv(self, src: int, tag: str = "") -> dict[str, NDArray[Any]]:
         raise CommError(f"a one-rank job has no peer {src} to receive from")
 
     def abort(self) -> None:

@@ -24,7 +24,16 @@ from ms_recover.manager.actions import (
 )
 from ms_recover.manager.model import Fault, JobModel, JobState, Round
 from ms_recover.manager.planner import plan_repair, target_step
-from ms_recover.protocol.messages import AgentExit, Exit, KillRanks, Rebuild, Repair, Resume, StartRanks, Stop
+from ms_recover.protocol.messages import (
+    AgentExit,
+    Exit,
+    KillRanks,
+    Rebuild,
+    Repair,
+    Resume,
+    StartRanks,
+    Stop,
+)
 from ms_recover.strategy import Strategy
 
 NOT_YET = {
@@ -54,13 +63,27 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
         silent = now - agent.last_seen
         if agent.alive and silent > cfg.silence_s:
             lost_nodes.add(node)
-            faults.append(Fault("node_lost", node, -1, f"agent silent for {silent:.2f}s", now, silent))
+            faults.append(
+                Fault("node_lost", node, -1, f"agent silent for {silent:.2f}s", now, silent)
+            )
     for rank, info in sorted(m.ranks.items()):
         silent = now - info.last_seen
-        if (info.alive and not info.done and info.node_rank not in lost_nodes
-                and silent > max(cfg.rank_silence_s, cfg.silence_s)):
-            faults.append(Fault("rank_silent", info.node_rank, rank,
-                                f"no heartbeat for {silent:.2f}s", now, silent))
+        if (
+            info.alive
+            and not info.done
+            and info.node_rank not in lost_nodes
+            and silent > max(cfg.rank_silence_s, cfg.silence_s)
+        ):
+            faults.append(
+                Fault(
+                    "rank_silent",
+                    info.node_rank,
+                    rank,
+                    f"no heartbeat for {silent:.2f}s",
+                    now,
+                    silent,
+                )
+            )
     if m.state is JobState.RUNNING and not faults:
         faults.extend(_detect_hang(m, now))
     return faults
@@ -74,9 +97,16 @@ def _detect_hang(m: JobModel, now: float) -> list[Fault]:
     if stalled <= m.config.hang_timeout_s:
         return []
     culprit = min(active, key=lambda i: (i.committed_step, i.rank))
-    return [Fault("hang", culprit.node_rank, culprit.rank,
-                  f"no step progress for {stalled:.1f}s (stuck at step {culprit.committed_step})",
-                  now, stalled)]
+    return [
+        Fault(
+            "hang",
+            culprit.node_rank,
+            culprit.rank,
+            f"no step progress for {stalled:.1f}s (stuck at step {culprit.committed_step})",
+            now,
+            stalled,
+        )
+    ]
 
 
 # ----------------------------------------------------------------------------- faults
@@ -90,10 +120,20 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
         hit.update(ranks)
         actions.append(MarkLost(f"{f.kind}: {f.detail}", f, tuple(ranks), f.kind == "node_lost"))
         steps = [m.ranks[r].committed_step for r in ranks]
-        actions.append(Emit(f.detail, "fault", {"kind": f.kind, "rank": f.rank,
-                                                 "node_rank": f.node_rank, "detail": f.detail,
-                                                 "detect_s": round(f.detect_s, 4),
-                                                 "step": max(steps)}))
+        actions.append(
+            Emit(
+                f.detail,
+                "fault",
+                {
+                    "kind": f.kind,
+                    "rank": f.rank,
+                    "node_rank": f.node_rank,
+                    "detail": f.detail,
+                    "detect_s": round(f.detect_s, 4),
+                    "step": max(steps),
+                },
+            )
+        )
     prev = m.round if m.in_recovery else None
     if prev is not None:
         hit |= prev.replace_ranks
@@ -109,7 +149,9 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
     return actions + _new_round(m, now, strategy, all_faults, hit, lost_nodes, prev, reason)
 
 
-def choose_strategy(m: JobModel, hit: set[int], lost_nodes: set[int]) -> tuple[Strategy | None, str]:
+def choose_strategy(
+    m: JobModel, hit: set[int], lost_nodes: set[int]
+) -> tuple[Strategy | None, str]:
     """The first feasible strategy in priority order, with the reasons others were skipped."""
     skipped: list[str] = []
     for strategy in m.config.strategies:
@@ -136,8 +178,10 @@ def feasible(m: JobModel, s: Strategy, hit: set[int], lost_nodes: set[int]) -> t
             return False, f"node(s) {sorted(lost_nodes)} lost: no agent to restart ranks in place"
     else:
         if cfg.sched_node_rank in nodes:
-            return False, (f"node {cfg.sched_node_rank} hosts the scheduler and manager and "
-                           "cannot be rescheduled")
+            return False, (
+                f"node {cfg.sched_node_rank} hosts the scheduler and manager and "
+                "cannot be rescheduled"
+            )
         for node in nodes:
             replaced.update(cfg.ranks_of(node))
     orphan = _orphan_shard(m, replaced)
@@ -158,8 +202,16 @@ def _orphan_shard(m: JobModel, replaced: set[int]) -> str | None:
     return None
 
 
-def _new_round(m: JobModel, now: float, strategy: Strategy, faults: list[Fault], hit: set[int],
-               lost_nodes: set[int], prev: Round | None, reason: str) -> list[Action]:
+def _new_round(
+    m: JobModel,
+    now: float,
+    strategy: Strategy,
+    faults: list[Fault],
+    hit: set[int],
+    lost_nodes: set[int],
+    prev: Round | None,
+    reason: str,
+) -> list[Action]:
     cfg = m.config
     epoch = m.epoch + 1
     replace = set(hit)
@@ -171,26 +223,40 @@ def _new_round(m: JobModel, now: float, strategy: Strategy, faults: list[Fault],
     first = faults[0] if faults else Fault("escalation", -1, -1, reason, now, 0.0)
     peak = max(i.committed_step for i in m.ranks.values())
     rnd = Round(
-        epoch=epoch, strategy=strategy, faults=faults, replace_ranks=frozenset(replace),
-        reschedule_nodes=frozenset(nodes), started=now,
+        epoch=epoch,
+        strategy=strategy,
+        faults=faults,
+        replace_ranks=frozenset(replace),
+        reschedule_nodes=frozenset(nodes),
+        started=now,
         incident_start=prev.incident_start if prev else first.ts - first.detect_s,
         detect_s=prev.detect_s if prev else first.detect_s,
-        peak_step=max(prev.peak_step, peak) if prev else peak, phase_start=now,
+        peak_step=max(prev.peak_step, peak) if prev else peak,
+        phase_start=now,
     )
     survivors = tuple(r for r in sorted(m.ranks) if r not in replace and m.ranks[r].alive)
     # A recreated pod already started fresh ranks: its agent needs no command.
     fresh = {f.node_rank for f in faults if f.kind == "node_restarted"}
     actions: list[Action] = [
-        Emit(reason, "decision", {"strategy": strategy.value, "reason": reason,
-                                  "replace": sorted(replace), "nodes": sorted(nodes)}),
+        Emit(
+            reason,
+            "decision",
+            {
+                "strategy": strategy.value,
+                "reason": reason,
+                "replace": sorted(replace),
+                "nodes": sorted(nodes),
+            },
+        ),
         StartRound(reason, rnd),
         SendRanks("stop survivors", survivors, Stop(reason)),
     ]
     if strategy is Strategy.RECOVER:
         for node in sorted(nodes - fresh):
             if m.agents[node].alive:
-                actions.append(SendAgent("reschedule pod", node,
-                                         AgentExit(exitcodes.RESCHEDULE, reason)))
+                actions.append(
+                    SendAgent("reschedule pod", node, AgentExit(exitcodes.RESCHEDULE, reason))
+                )
     else:
         for node in sorted({cfg.node_of(r) for r in replace} - fresh):
             local = sorted(r for r in replace if cfg.node_of(r) == node)
@@ -227,9 +293,17 @@ def _forming(m: JobModel, now: float) -> list[Action]:
     if not all(i.alive for i in m.ranks.values()):
         return []
     reason = f"all {len(m.ranks)} ranks registered"
-    rnd = Round(epoch=m.epoch + 1, strategy=None, faults=[], replace_ranks=frozenset(),
-                reschedule_nodes=frozenset(), started=now, incident_start=now, detect_s=0.0,
-                phase_start=now)
+    rnd = Round(
+        epoch=m.epoch + 1,
+        strategy=None,
+        faults=[],
+        replace_ranks=frozenset(),
+        reschedule_nodes=frozenset(),
+        started=now,
+        incident_start=now,
+        detect_s=0.0,
+        phase_start=now,
+    )
     return [StartRound(reason, rnd), _rebuild(m), Transition(reason, JobState.REBUILDING)]
 
 
@@ -250,16 +324,28 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
         actions.append(UpdateRound("replacements registered", {"replace_done": now}))
     if not unstopped and not missing:
         reason = f"survivors stopped, ranks {sorted(rnd.replace_ranks)} replaced"
-        return actions + [_rebuild(m), UpdateRound(reason, {"phase_start": now}),
-                          Transition(reason, JobState.REBUILDING)]
+        return actions + [
+            _rebuild(m),
+            UpdateRound(reason, {"phase_start": now}),
+            Transition(reason, JobState.REBUILDING),
+        ]
     waited = now - rnd.started
     if unstopped and waited > m.config.phase_timeout_s:
-        return escalate(m, now, f"ranks {unstopped} did not stop within "
-                        f"{m.config.phase_timeout_s:g}s", unstopped)
-    limit = (m.config.wait_reschedule_timeout_s if rnd.strategy is Strategy.RECOVER
-             else m.config.phase_timeout_s)
+        return escalate(
+            m,
+            now,
+            f"ranks {unstopped} did not stop within {m.config.phase_timeout_s:g}s",
+            unstopped,
+        )
+    limit = (
+        m.config.wait_reschedule_timeout_s
+        if rnd.strategy is Strategy.RECOVER
+        else m.config.phase_timeout_s
+    )
     if missing and waited > limit:
-        return escalate(m, now, f"replacements for ranks {missing} did not register within {limit:g}s")
+        return escalate(
+            m, now, f"replacements for ranks {missing} did not register within {limit:g}s"
+        )
     return actions
 
 
@@ -270,13 +356,20 @@ def _rebuilding(m: JobModel, now: float) -> list[Action]:
     survivors = {r for r in m.ranks if r not in rnd.replace_ranks}
     steps = {r: i.committed_step for r, i in m.ranks.items()}
     target = target_step(steps, survivors)
-    return [UpdateRound("rebuilt", {"target_step": target, "repair_attempt": 0,
-                                    "phases": {**rnd.phases, "rebuild": now - rnd.phase_start},
-                                    "phase_start": now})] + _plan(m, now, target, 0, rnd.bad_sources)
+    return [
+        UpdateRound(
+            "rebuilt",
+            {
+                "target_step": target,
+                "repair_attempt": 0,
+                "phases": {**rnd.phases, "rebuild": now - rnd.phase_start},
+                "phase_start": now,
+            },
+        )
+    ] + _plan(m, now, target, 0, rnd.bad_sources)
 
 
-def _plan(m: JobModel, now: float, target: int, attempt: int,
-          bad: frozenset[int]) -> list[Action]:
+def _plan(m: JobModel, now: float, target: int, attempt: int, bad: frozenset[int]) -> list[Action]:
     rnd = _round(m)
     steps = {r: i.committed_step for r, i in m.ranks.items()}
     shards = {r: i.shard for r, i in m.ranks.items()}
@@ -295,26 +388,36 @@ def _plan(m: JobModel, now: float, target: int, attempt: int,
 def _repairing(m: JobModel, now: float) -> list[Action]:
     rnd = _round(m)
     key = f"repair{rnd.repair_attempt}"
-    failures = [i.repair_failure for i in m.ranks.values()
-                if i.repair_failure and i.repair_failure[0] == rnd.repair_attempt]
+    failures = [
+        i.repair_failure
+        for i in m.ranks.values()
+        if i.repair_failure and i.repair_failure[0] == rnd.repair_attempt
+    ]
     if failures:
         bad = rnd.bad_sources | {peer for _, peer, _ in failures if peer >= 0}
         attempt = rnd.repair_attempt + 1
         note = "; ".join(reason for _, _, reason in failures)
         if bad == rnd.bad_sources or now - rnd.phase_start > m.config.phase_timeout_s:
             return escalate(m, now, f"repair failed: {note}")
-        return [Emit(note, "repair_retry", {"attempt": attempt, "bad_sources": sorted(bad),
-                                             "reason": note}),
-                UpdateRound(note, {"repair_attempt": attempt, "bad_sources": bad})] + _plan(
-            m, now, rnd.target_step, attempt, bad)
+        return [
+            Emit(
+                note,
+                "repair_retry",
+                {"attempt": attempt, "bad_sources": sorted(bad), "reason": note},
+            ),
+            UpdateRound(note, {"repair_attempt": attempt, "bad_sources": bad}),
+        ] + _plan(m, now, rnd.target_step, attempt, bad)
     if any(i.acked.get(key) != m.epoch for i in m.ranks.values()):
         return _phase_timeout(m, now, "repair")
     step = rnd.target_step + 1
     reason = f"every rank at step {rnd.target_step}; resume at {step}"
-    return [UpdateRound(reason, {"phases": {**rnd.phases, "repair": now - rnd.phase_start},
-                                 "phase_start": now}),
-            SendRanks("resume", tuple(sorted(m.ranks)), Resume(step)),
-            Transition(reason, JobState.RESUMING)]
+    return [
+        UpdateRound(
+            reason, {"phases": {**rnd.phases, "repair": now - rnd.phase_start}, "phase_start": now}
+        ),
+        SendRanks("resume", tuple(sorted(m.ranks)), Resume(step)),
+        Transition(reason, JobState.RESUMING),
+    ]
 
 
 def _resuming(m: JobModel, now: float) -> list[Action]:
@@ -326,18 +429,26 @@ def _resuming(m: JobModel, now: float) -> list[Action]:
             return escalate(m, now, f"ranks {slow} did not commit step {step}", slow)
         return []
     reason = f"every rank committed step {step}"
-    return [UpdateRound(reason, {"phases": {**rnd.phases, "resume": now - rnd.phase_start}}),
-            FinishRound(reason, True), Transition(reason, JobState.RUNNING)]
+    return [
+        UpdateRound(reason, {"phases": {**rnd.phases, "resume": now - rnd.phase_start}}),
+        FinishRound(reason, True),
+        Transition(reason, JobState.RUNNING),
+    ]
 
 
 def _running(m: JobModel, now: float) -> list[Action]:
     if not all(i.done for i in m.ranks.values()):
         return []
     reason = "every rank finished training"
-    actions: list[Action] = [SendAgent(reason, n, AgentExit(exitcodes.OK, reason))
-                             for n, a in sorted(m.agents.items()) if a.alive]
-    return actions + [Emit(reason, "job_end", {"exit_code": 0, "reason": reason}),
-                      Transition(reason, JobState.FINISHED)]
+    actions: list[Action] = [
+        SendAgent(reason, n, AgentExit(exitcodes.OK, reason))
+        for n, a in sorted(m.agents.items())
+        if a.alive
+    ]
+    return actions + [
+        Emit(reason, "job_end", {"exit_code": 0, "reason": reason}),
+        Transition(reason, JobState.FINISHED),
+    ]
 
 
 def _phase_timeout(m: JobModel, now: float, phase: str) -> list[Action]:

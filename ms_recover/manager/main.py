@@ -23,24 +23,40 @@ log = logging.getLogger("ms_recover.manager")
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="address to bind (env POD_IP / MS_SCHED_HOST, default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to bind (env MS_RECOVER_PORT, default 9601; 0 = any)")
+    p.add_argument(
+        "--port", type=int, help="port to bind (env MS_RECOVER_PORT, default 9601; 0 = any)"
+    )
     p.add_argument("--job-id", help="job id (env MINDX_TASK_ID, default 'default')")
     p.add_argument("--node-nums", type=int, help="number of nodes (env MS_RECOVER_NODE_NUMS)")
     p.add_argument("--proc-per-node", type=int, help="ranks per node (env MS_LOCAL_WORKER)")
-    p.add_argument("--strategy", help="recover-strategy comma list: retry, recover-in-place, "
-                   "recover, elastic-training, dump, exit (env MS_RECOVER_STRATEGY)")
+    p.add_argument(
+        "--strategy",
+        help="recover-strategy comma list: retry, recover-in-place, "
+        "recover, elastic-training, dump, exit (env MS_RECOVER_STRATEGY)",
+    )
     p.add_argument("--events", help="JSONL event log path (env MS_RECOVER_EVENTS)")
-    p.add_argument("--wait-reschedule-timeout", type=float,
-                   help="seconds to wait for a rescheduled pod (default 270)")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="serve Prometheus metrics on this port (env MS_RECOVER_METRICS_PORT; "
-                   "needs ms-recover[metrics])")
+    p.add_argument(
+        "--wait-reschedule-timeout",
+        type=float,
+        help="seconds to wait for a rescheduled pod (default 270)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (env MS_RECOVER_METRICS_PORT; "
+        "needs ms-recover[metrics])",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
     return JobConfig.from_env(
-        manager_port=args.port, job_id=args.job_id, node_nums=args.node_nums,
-        proc_per_node=args.proc_per_node, strategies=args.strategy, events_path=args.events,
+        manager_port=args.port,
+        job_id=args.job_id,
+        node_nums=args.node_nums,
+        proc_per_node=args.proc_per_node,
+        strategies=args.strategy,
+        events_path=args.events,
         wait_reschedule_timeout_s=args.wait_reschedule_timeout,
     )
 

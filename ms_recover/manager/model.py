@@ -45,8 +45,9 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.RUNNING: frozenset({JobState.STOPPING, JobState.FINISHED, JobState.EXITING}),
     JobState.STOPPING: frozenset({JobState.REBUILDING, JobState.STOPPING, JobState.EXITING}),
     JobState.REBUILDING: frozenset({JobState.REPAIRING, JobState.STOPPING, JobState.EXITING}),
-    JobState.REPAIRING: frozenset({JobState.RESUMING, JobState.REPAIRING, JobState.STOPPING,
-                                   JobState.EXITING}),
+    JobState.REPAIRING: frozenset(
+        {JobState.RESUMING, JobState.REPAIRING, JobState.STOPPING, JobState.EXITING}
+    ),
     JobState.RESUMING: frozenset({JobState.RUNNING, JobState.STOPPING, JobState.EXITING}),
     JobState.EXITING: frozenset(),
     JobState.FINISHED: frozenset(),
@@ -156,8 +157,9 @@ class JobModel:
     def transition(self, to: JobState) -> None:
         if to not in TRANSITIONS[self.state]:
             allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self.state])) or "none"
-            raise IllegalTransition(f"job state {self.state.value} -> {to.value} is not allowed "
-                                    f"(allowed: {allowed})")
+            raise IllegalTransition(
+                f"job state {self.state.value} -> {to.value} is not allowed (allowed: {allowed})"
+            )
         self.state = to
 
     def live_ranks(self) -> list[int]:

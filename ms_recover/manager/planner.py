@@ -52,9 +52,13 @@ def plan_repair(
     recv_from: dict[int, int] = {}
     for dst in receivers:
         candidates = [
-            r for r in sorted(steps)
-            if shards[r] == shards[dst] and steps[r] == target
-            and r not in missing and r not in bad_sources and r not in receivers
+            r
+            for r in sorted(steps)
+            if shards[r] == shards[dst]
+            and steps[r] == target
+            and r not in missing
+            and r not in bad_sources
+            and r not in receivers
         ]
         if not candidates:
             replicas = sorted(r for r in steps if shards[r] == shards[dst])

@@ -36,9 +36,14 @@ PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
 class ManagerServer:
     """Owns the job model. ``serve()`` runs until the job finishes or exits, or ``stop()``."""
 
-    def __init__(self, config: JobConfig, events: EventLog | None = None,
-                 clock: Callable[[], float] = time.time, tick_s: float = 0.02,
-                 bind: str | None = None) -> None:
+    def __init__(
+        self,
+        config: JobConfig,
+        events: EventLog | None = None,
+        clock: Callable[[], float] = time.time,
+        tick_s: float = 0.02,
+        bind: str | None = None,
+    ) -> None:
         self.config = config
         self.events = events or EventLog(config.events_path)
         self.clock = clock
@@ -60,19 +65,29 @@ class ManagerServer:
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
-            M.AgentHello: self._on_agent_hello, M.AgentHeartbeat: self._on_agent_heartbeat,
-            M.RankExited: self._on_rank_exited, M.WorkerHello: self._on_worker_hello,
-            M.WorkerHeartbeat: self._on_worker_heartbeat, M.GroupCreated: self._on_group,
-            M.Stopped: self._on_stopped, M.Rebuilt: self._on_rebuilt,
-            M.Repaired: self._on_repaired, M.WorkerFault: self._on_worker_fault,
-            M.WorkerDone: self._on_worker_done, M.StatusRequest: self._on_status,
+            M.AgentHello: self._on_agent_hello,
+            M.AgentHeartbeat: self._on_agent_heartbeat,
+            M.RankExited: self._on_rank_exited,
+            M.WorkerHello: self._on_worker_hello,
+            M.WorkerHeartbeat: self._on_worker_heartbeat,
+            M.GroupCreated: self._on_group,
+            M.Stopped: self._on_stopped,
+            M.Rebuilt: self._on_rebuilt,
+            M.Repaired: self._on_repaired,
+            M.WorkerFault: self._on_worker_fault,
+            M.WorkerDone: self._on_worker_done,
+            M.StatusRequest: self._on_status,
         }
-        self.events.write("manager_start", epoch=0, port=self.port,
-                          config=config.replace(manager_port=self.port).describe())
+        self.events.write(
+            "manager_start",
+            epoch=0,
+            port=self.port,
+            config=config.replace(manager_port=self.port).describe(),
+        )
 
     # ------------------------------------------------------------------ loop
     def serve(self, end_grace_s: float = 1.0) -> int:
-        """Run until the job ends (plus a grace period to flush) or stop(); returns the exit code."""
+        """Run until the job ends (plus a grace to flush) or stop(); returns the exit code."""
         ended_at: float | None = None
         try:
             while not self._stop.is_set():
@@ -149,9 +164,16 @@ class ManagerServer:
         agent = m.agents[msg.node_rank]
         if agent.alive and agent.pid != msg.pid:
             # The pod was recreated before its loss was noticed: its old ranks are gone.
-            m.pending.append(Fault("node_restarted", msg.node_rank, -1,
-                                   f"agent of node {msg.node_rank} restarted (pid {agent.pid} -> "
-                                   f"{msg.pid})", now, now - agent.last_seen))
+            m.pending.append(
+                Fault(
+                    "node_restarted",
+                    msg.node_rank,
+                    -1,
+                    f"agent of node {msg.node_rank} restarted (pid {agent.pid} -> {msg.pid})",
+                    now,
+                    now - agent.last_seen,
+                )
+            )
             for rank in self.config.ranks_of(msg.node_rank):
                 m.ranks[rank].alive, m.ranks[rank].identity = False, b""
         agent.registered = agent.alive = True
@@ -159,8 +181,14 @@ class ManagerServer:
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
         self._send(ident, M.AgentWelcome(True, ""))
-        self.events.write("member", epoch=m.epoch, role="agent", node_rank=msg.node_rank,
-                          pid=msg.pid, pod_ip=msg.pod_ip)
+        self.events.write(
+            "member",
+            epoch=m.epoch,
+            role="agent",
+            node_rank=msg.node_rank,
+            pid=msg.pid,
+            pod_ip=msg.pod_ip,
+        )
 
     def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
         agent = self.model.agents.get(node_rank)
@@ -187,14 +215,28 @@ class ManagerServer:
         # Expected: the exit of a process already declared lost. A process that never registered
         # (another pid) crashed before joining: that is a fault too.
         expected = not info.alive and msg.pid == info.pid
-        self.events.write("rank_exit", epoch=m.epoch, rank=msg.rank, pid=msg.pid,
-                          exit_code=msg.exit_code, signal=msg.signal, expected=expected)
+        self.events.write(
+            "rank_exit",
+            epoch=m.epoch,
+            rank=msg.rank,
+            pid=msg.pid,
+            exit_code=msg.exit_code,
+            signal=msg.signal,
+            expected=expected,
+        )
         if msg.exit_code == 0 and msg.signal == 0:
             info.done, info.alive = True, False
         elif not expected:
-            m.pending.append(Fault("rank_exit", msg.node_rank, msg.rank,
-                                   f"rank {msg.rank} died ({how})", now,
-                                   max(0.0, now - msg.observed_at)))
+            m.pending.append(
+                Fault(
+                    "rank_exit",
+                    msg.node_rank,
+                    msg.rank,
+                    f"rank {msg.rank} died ({how})",
+                    now,
+                    max(0.0, now - msg.observed_at),
+                )
+            )
 
     # ------------------------------------------------------------------ worker handlers
     def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
@@ -208,15 +250,28 @@ class ManagerServer:
         info = m.ranks[msg.rank]
         info.registered = info.alive = True
         info.identity, info.pid, info.incarnation = ident, msg.pid, msg.incarnation
-        info.endpoint, info.shard, info.committed_step = msg.data_endpoint, msg.shard, msg.committed_step
+        info.endpoint, info.shard, info.committed_step = (
+            msg.data_endpoint,
+            msg.shard,
+            msg.committed_step,
+        )
         info.last_seen = info.last_progress = now
         info.acked, info.repair_failure, info.done = {}, None, False
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
-        self._send(ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire()))
+        self._send(
+            ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire())
+        )
         if m.state is JobState.STOPPING and not reboot:
             self._send(ident, M.Stop("joining during recovery"))
-        self.events.write("member", epoch=m.epoch, role="worker", rank=msg.rank, pid=msg.pid,
-                          incarnation=msg.incarnation, reboot=reboot)
+        self.events.write(
+            "member",
+            epoch=m.epoch,
+            role="worker",
+            rank=msg.rank,
+            pid=msg.pid,
+            incarnation=msg.incarnation,
+            reboot=reboot,
+        )
 
     def _reject_worker(self, msg: M.WorkerHello) -> str:
         world = self.config.world_size
@@ -240,7 +295,9 @@ class ManagerServer:
 
     def _current(self, env: Envelope, what: str) -> bool:
         if env.epoch != self.model.epoch:
-            self.drops.drop(f"stale {what} of epoch {env.epoch} (now {self.model.epoch})", env.sender)
+            self.drops.drop(
+                f"stale {what} of epoch {env.epoch} (now {self.model.epoch})", env.sender
+            )
             return False
         return True
 
@@ -281,9 +338,16 @@ class ManagerServer:
     def _on_worker_fault(self, ident: bytes, env: Envelope, msg: M.WorkerFault) -> None:
         info = self._worker(ident, msg.rank)
         if info is not None:
-            self.model.pending.append(Fault("worker_error", info.node_rank, msg.rank,
-                                            f"rank {msg.rank} {msg.kind}: {msg.message}",
-                                            self.clock(), 0.0))
+            self.model.pending.append(
+                Fault(
+                    "worker_error",
+                    info.node_rank,
+                    msg.rank,
+                    f"rank {msg.rank} {msg.kind}: {msg.message}",
+                    self.clock(),
+                    0.0,
+                )
+            )
 
     def _on_worker_done(self, ident: bytes, env: Envelope, msg: M.WorkerDone) -> None:
         info = self._worker(ident, msg.rank)
@@ -354,20 +418,28 @@ class ManagerServer:
         m, now = self.model, self.clock()
         rnd = m.round
         assert rnd is not None
-        phases = {"detect": rnd.detect_s,
-                  "stop": (rnd.stop_done or now) - rnd.started if rnd.strategy else 0.0,
-                  "replace": (rnd.replace_done or now) - rnd.started if rnd.strategy else 0.0,
-                  **rnd.phases}
+        phases = {
+            "detect": rnd.detect_s,
+            "stop": (rnd.stop_done or now) - rnd.started if rnd.strategy else 0.0,
+            "replace": (rnd.replace_done or now) - rnd.started if rnd.strategy else 0.0,
+            **rnd.phases,
+        }
         phases = {p: round(phases.get(p, 0.0), 4) for p in PHASES}
         if rnd.strategy is None:
             if ok:
                 self.events.write("job_start", epoch=m.epoch, phases=phases)
             return
-        record = {"ok": ok, "strategy": rnd.strategy.value, "reason": reason,
-                  "mttr_s": round(now - rnd.incident_start, 4), "phases": phases,
-                  "target_step": rnd.target_step,
-                  "lost_steps": max(0, rnd.peak_step - rnd.target_step) if ok else None,
-                  "faults": [f.detail for f in rnd.faults], "replaced": sorted(rnd.replace_ranks)}
+        record = {
+            "ok": ok,
+            "strategy": rnd.strategy.value,
+            "reason": reason,
+            "mttr_s": round(now - rnd.incident_start, 4),
+            "phases": phases,
+            "target_step": rnd.target_step,
+            "lost_steps": max(0, rnd.peak_step - rnd.target_step) if ok else None,
+            "faults": [f.detail for f in rnd.faults],
+            "replaced": sorted(rnd.replace_ranks),
+        }
         for phase in PHASES:
             self.events.write("phase", epoch=m.epoch, phase=phase, duration_s=phases[phase])
         m.last_recovery = self.events.write("recovery", epoch=m.epoch, **record)
@@ -377,9 +449,20 @@ class ManagerServer:
 
     def _log_action(self, action: A.Action) -> None:
         if isinstance(action, (A.SendRanks, A.SendAgent)) and log.isEnabledFor(logging.DEBUG):
-            log.debug("%s epoch=%d state=%s %s", type(action).__name__, self.model.epoch,
-                      self.model.state.value, action.reason)
+            log.debug(
+                "%s epoch=%d state=%s %s",
+                type(action).__name__,
+                self.model.epoch,
+                self.model.state.value,
+                action.reason,
+            )
         elif not isinstance(action, (A.SendRanks, A.SendAgent, A.UpdateRound)):
             rank = getattr(getattr(action, "fault", None), "rank", "-")
-            log.info("%s epoch=%d rank=%s state=%s reason=%s", type(action).__name__,
-                     self.model.epoch, rank, self.model.state.value, action.reason)
+            log.info(
+                "%s epoch=%d rank=%s state=%s reason=%s",
+                type(action).__name__,
+                self.model.epoch,
+                rank,
+                self.model.state.value,
+                action.reason,
+            )

@@ -19,15 +19,27 @@ def status_of(m: JobModel, now: float) -> dict[str, Any]:
         "recoveries": m.recoveries,
         "last_recovery": m.last_recovery,
         "ranks": [
-            {"rank": i.rank, "node_rank": i.node_rank, "alive": i.alive, "done": i.done,
-             "step": i.committed_step, "pid": i.pid, "incarnation": i.incarnation,
-             "silent_s": round(now - i.last_seen, 3) if i.registered else None}
+            {
+                "rank": i.rank,
+                "node_rank": i.node_rank,
+                "alive": i.alive,
+                "done": i.done,
+                "step": i.committed_step,
+                "pid": i.pid,
+                "incarnation": i.incarnation,
+                "silent_s": round(now - i.last_seen, 3) if i.registered else None,
+            }
             for _, i in sorted(m.ranks.items())
         ],
         "agents": [
-            {"node_rank": a.node_rank, "alive": a.alive, "pid": a.pid, "pod_ip": a.pod_ip,
-             "is_scheduler": a.is_scheduler,
-             "silent_s": round(now - a.last_seen, 3) if a.registered else None}
+            {
+                "node_rank": a.node_rank,
+                "alive": a.alive,
+                "pid": a.pid,
+                "pod_ip": a.pod_ip,
+                "is_scheduler": a.is_scheduler,
+                "silent_s": round(now - a.last_seen, 3) if a.registered else None,
+            }
             for _, a in sorted(m.agents.items())
         ],
         "groups": m.group_log.to_wire(),

@@ -46,8 +46,13 @@ class Codec:
         self.max_bytes = max_bytes
 
     def encode(self, msg: Message, epoch: int, sender: str, seq: int) -> list[bytes]:
-        body = {"job_id": self.job_id, "epoch": epoch, "sender": sender, "seq": seq,
-                "body": msg.to_wire()}
+        body = {
+            "job_id": self.job_id,
+            "epoch": epoch,
+            "sender": sender,
+            "seq": seq,
+            "body": msg.to_wire(),
+        }
         payload = msgpack.packb(body, use_bin_type=True)
         return [MAGIC, msg.KIND, payload, self._mac(msg.KIND, payload)]
 
@@ -74,12 +79,15 @@ class Codec:
         if not isinstance(data, dict) or set(data) != set(HEADER_KEYS):
             raise ProtocolError(f"envelope must be a map with keys {HEADER_KEYS}")
         if data["job_id"] != self.job_id:
-            raise ProtocolError(f"foreign job_id {str(data['job_id'])[:64]!r} (this job: {self.job_id!r})")
+            raise ProtocolError(
+                f"foreign job_id {str(data['job_id'])[:64]!r} (this job: {self.job_id!r})"
+            )
         for key, typ in (("epoch", int), ("seq", int), ("sender", str)):
             if not _is(data[key], typ):
                 raise ProtocolError(f"envelope field {key!r} must be {typ.__name__}")
-        return Envelope(self.job_id, data["epoch"], data["sender"], data["seq"],
-                        _message(kind, data["body"]))
+        return Envelope(
+            self.job_id, data["epoch"], data["sender"], data["seq"], _message(kind, data["body"])
+        )
 
     def _mac(self, kind: bytes, payload: bytes) -> bytes:
         return hmac.new(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256).digest()
@@ -98,7 +106,8 @@ def _is(value: Any, hint: Any) -> bool:
         return isinstance(value, list) and all(_is(v, args[0]) for v in value)
     if origin is dict:
         return isinstance(value, dict) and all(
-            _is(k, args[0]) and _is(v, args[1]) for k, v in value.items())
+            _is(k, args[0]) and _is(v, args[1]) for k, v in value.items()
+        )
     return isinstance(value, hint)
 
 
@@ -132,4 +141,6 @@ class DropLog:
         if now - self._last.get(key, -1e9) >= self._interval:
             self._last[key] = now
             n = self._count.pop(key)
-            self._log.warning("dropped frame from %s: %s (%d dropped since last report)", peer, reason, n)
+            self._log.warning(
+                "dropped frame from %s: %s (%d dropped since last report)", peer, reason, n
+            )

@@ -91,7 +91,7 @@ class StartRanks(Message):
 
 @dataclasses.dataclass(frozen=True)
 class AgentExit(Message):
-    """manager -> agent: kill every local rank and exit with ``code`` (a pod reschedule or the end)."""
+    """manager -> agent: kill every local rank and exit with ``code`` (reschedule or the end)."""
 
     KIND: ClassVar[bytes] = b"agent_exit"
     code: int
@@ -197,7 +197,7 @@ class Welcome(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Stop(Message):
-    """manager -> worker: abort in-flight collectives, pause at the step boundary, answer Stopped."""
+    """manager -> worker: abort in-flight collectives, pause at a step boundary, answer Stopped."""
 
     KIND: ClassVar[bytes] = b"stop"
     reason: str
@@ -263,9 +263,30 @@ class StatusReply(Message):
 KINDS: dict[bytes, type[Message]] = {
     cls.KIND: cls
     for cls in (
-        AgentHello, AgentHeartbeat, RankExited, AgentWelcome, ManagerBeat, KillRanks, StartRanks, AgentExit,
-        WorkerHello, WorkerHeartbeat, GroupCreated, Stopped, Rebuilt, Repaired, WorkerFault,
-        WorkerDone, Welcome, Stop, Rebuild, Repair, Resume, Exit, StatusRequest, StatusReply,
+        AgentHello,
+        AgentHeartbeat,
+        RankExited,
+        AgentWelcome,
+        ManagerBeat,
+        KillRanks,
+        StartRanks,
+        AgentExit,
+        WorkerHello,
+        WorkerHeartbeat,
+        GroupCreated,
+        Stopped,
+        Rebuilt,
+        Repaired,
+        WorkerFault,
+        WorkerDone,
+        Welcome,
+        Stop,
+        Rebuild,
+        Repair,
+        Resume,
+        Exit,
+        StatusRequest,
+        StatusReply,
     )
 }
 

@@ -77,12 +77,16 @@ def parse(text: str) -> tuple[FaultSpec, ...]:
     for raw in filter(None, (t.strip() for t in text.split(";"))):
         kind, *pairs = raw.split(":")
         if kind not in KINDS:
-            raise ConfigError(f"fault spec {raw!r}: kind {kind!r} is not one of: {', '.join(KINDS)}")
+            raise ConfigError(
+                f"fault spec {raw!r}: kind {kind!r} is not one of: {', '.join(KINDS)}"
+            )
         try:
             fields = {k: int(v) for k, v in (p.split("=", 1) for p in pairs)}
             specs.append(FaultSpec(kind, **fields))
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"fault spec {raw!r} must look like kind:rank=R:step=K[:inc=N]") from exc
+            raise ConfigError(
+                f"fault spec {raw!r} must look like kind:rank=R:step=K[:inc=N]"
+            ) from exc
     return tuple(specs)
 
 

@@ -18,16 +18,24 @@ from ms_recover.manager.server import ManagerServer
 
 
 class LocalJob:
-    def __init__(self, config: JobConfig, command: list[str], env: dict[str, str] | None = None,
-                 log_dir: str = "", reschedule_delay_s: float = 0.0,
-                 on_event: Callable[[Event], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: JobConfig,
+        command: list[str],
+        env: dict[str, str] | None = None,
+        log_dir: str = "",
+        reschedule_delay_s: float = 0.0,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
         self.events = EventLog(config.events_path)
         if on_event is not None:
             self.events.subscribe(on_event)
-        self.server = ManagerServer(config.replace(manager_port=0), events=self.events,
-                                    bind="127.0.0.1")
-        self.config = config.replace(manager_port=self.server.port, manager_host="127.0.0.1",
-                                     pod_ip="127.0.0.1")
+        self.server = ManagerServer(
+            config.replace(manager_port=0), events=self.events, bind="127.0.0.1"
+        )
+        self.config = config.replace(
+            manager_port=self.server.port, manager_host="127.0.0.1", pod_ip="127.0.0.1"
+        )
         self.pods = LocalPods(self.config, command, env, log_dir, reschedule_delay_s)
         self._thread: threading.Thread | None = None
         self.exit_code: int | None = None
@@ -49,8 +57,9 @@ class LocalJob:
         return ok
 
     def find(self, event: str, **match: Any) -> list[Event]:
-        return [e for e in self.events.recent(event)
-                if all(e.get(k) == v for k, v in match.items())]
+        return [
+            e for e in self.events.recent(event) if all(e.get(k) == v for k, v in match.items())
+        ]
 
     def status(self) -> dict[str, Any]:
         return self.server.status()

@@ -14,8 +14,10 @@ import argparse
 import json
 import os
 import time
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 import ms_recover
 from ms_recover.errors import RepairError
@@ -38,21 +40,25 @@ class NumpyModel:
         }
         self.lr, self.momentum = np.float32(lr), np.float32(momentum)
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, NDArray[Any]]:
         return {k: v.copy() for k, v in self.arrays.items()}
 
-    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, arrays: dict[str, NDArray[Any]]) -> None:
         if set(arrays) != set(self.arrays):
-            raise RepairError(f"state names differ: got {sorted(arrays)}, have {sorted(self.arrays)}")
+            raise RepairError(
+                f"state names differ: got {sorted(arrays)}, have {sorted(self.arrays)}"
+            )
         for name, value in arrays.items():
             mine = self.arrays[name]
             if value.shape != mine.shape or value.dtype != mine.dtype:
-                raise RepairError(f"parameter {name!r}: got {value.shape}/{value.dtype}, "
-                                  f"have {mine.shape}/{mine.dtype}")
+                raise RepairError(
+                    f"parameter {name!r}: got {value.shape}/{value.dtype}, "
+                    f"have {mine.shape}/{mine.dtype}"
+                )
         for name, value in arrays.items():
             self.arrays[name][...] = value
 
-    def grads(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def grads(self, x: NDArray[Any], y: NDArray[Any]) -> NDArray[Any]:
         """Mean cross-entropy gradient of the local batch, flattened [w, b]."""
         logits = x @ self.arrays["w"] + self.arrays["b"]
         logits -= logits.max(axis=1, keepdims=True)
@@ -60,9 +66,10 @@ class NumpyModel:
         p /= p.sum(axis=1, keepdims=True)
         p[np.arange(len(y)), y] -= 1.0
         p /= np.float32(len(y))
-        return np.concatenate([(x.T @ p).reshape(-1), p.sum(axis=0)]).astype(np.float32)
+        flat: NDArray[Any] = np.concatenate([(x.T @ p).reshape(-1), p.sum(axis=0)])
+        return flat.astype(np.float32)
 
-    def apply(self, flat: np.ndarray) -> None:
+    def apply(self, flat: NDArray[Any]) -> None:
         split = IN_DIM * CLASSES
         for name, grad in (("w", flat[:split].reshape(IN_DIM, CLASSES)), ("b", flat[split:])):
             buf = self.arrays["m." + name]
@@ -99,9 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **model.arrays)
     with open(os.path.join(args.out, f"rank_{rank}.json"), "w") as fh:
-        json.dump({"rank": rank, "sha256": sha256_of(model.arrays), "steps": args.steps,
-                   "committed": session.committed, "recoveries": session.recoveries,
-                   "incarnation": session.incarnation}, fh)
+        json.dump(
+            {
+                "rank": rank,
+                "sha256": sha256_of(model.arrays),
+                "steps": args.steps,
+                "committed": session.committed,
+                "recoveries": session.recoveries,
+                "incarnation": session.incarnation,
+            },
+            fh,
+        )
     session.finish()
     return 0
 

@@ -30,15 +30,19 @@ def make_backend(config: JobConfig, rank: int) -> CommBackend:
 
 
 def _standalone(state: StateProvider | None, why: str) -> Session:
-    warnings.warn(f"ms_recover: {why}; running as a plain single-process job without recovery",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"ms_recover: {why}; running as a plain single-process job without recovery",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     session = Session(JobConfig(), 0, LocalBackend(), state, standalone=True)
     session.connect()
     return session
 
 
-def init(state: StateProvider | None = None, shard: int = 0,
-         connect_timeout_s: float | None = None) -> Session:
+def init(
+    state: StateProvider | None = None, shard: int = 0, connect_timeout_s: float | None = None
+) -> Session:
     """Join the job as the rank the agent started, or run alone if there is no job.
 
     ``state`` exposes this rank's training state for repair; ``shard`` groups replicas (ranks
@@ -54,12 +58,15 @@ def init(state: StateProvider | None = None, shard: int = 0,
         rank = int(os.environ[E.RANK_ID])
         incarnation = int(os.environ.get(E.INCARNATION, "0"))
     except (KeyError, ValueError) as exc:
-        raise ConfigError(f"{E.RANK_ID} and {E.INCARNATION} must be integers set by the agent "
-                          f"(got {os.environ.get(E.RANK_ID)!r})") from exc
+        raise ConfigError(
+            f"{E.RANK_ID} and {E.INCARNATION} must be integers set by the agent "
+            f"(got {os.environ.get(E.RANK_ID)!r})"
+        ) from exc
     timeout = connect_timeout_s if connect_timeout_s is not None else config.phase_timeout_s
     backend = make_backend(config, rank)
-    session = Session(config, rank, backend, state, shard, incarnation,
-                      FaultInjector.from_env(rank, incarnation))
+    session = Session(
+        config, rank, backend, state, shard, incarnation, FaultInjector.from_env(rank, incarnation)
+    )
     try:
         session.connect(timeout)
     except RecoveryError:

@@ -29,15 +29,17 @@ log = logging.getLogger("ms_recover.worker")
 class ManagerLink:
     """Thread-safe mailbox between the training thread and the manager."""
 
-    def __init__(self, config: JobConfig, rank: int, identity: bytes,
-                 on_abort: Callable[[], None]) -> None:
+    def __init__(
+        self, config: JobConfig, rank: int, identity: bytes, on_abort: Callable[[], None]
+    ) -> None:
         self.config = config
         self.rank = rank
         self._on_abort = on_abort
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
-        self._chan = DealerChannel(self._ctx, config.manager_endpoint, codec, f"rank:{rank}",
-                                   identity)
+        self._chan = DealerChannel(
+            self._ctx, config.manager_endpoint, codec, f"rank:{rank}", identity
+        )
         self._out: queue.SimpleQueue[tuple[M.Message, int | None]] = queue.SimpleQueue()
         self._inbox: collections.deque[Envelope] = collections.deque()
         self._cond = threading.Condition()
@@ -46,8 +48,9 @@ class ManagerLink:
         self.committed = -1
         self._sent_step = -2
         self.last_heard = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name=f"ms-recover-link-{rank}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"ms-recover-link-{rank}", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()

@@ -9,30 +9,32 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ms_recover.errors import RepairError
 
 MANIFEST = "__manifest__"
 
 
-def checksum(array: np.ndarray) -> int:
+def checksum(array: NDArray[Any]) -> int:
     """CRC-32 of the array's bytes (C order)."""
-    return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+    return zlib.crc32(np.ascontiguousarray(array).data)
 
 
-def digest(arrays: dict[str, np.ndarray]) -> str:
+def digest(arrays: dict[str, NDArray[Any]]) -> str:
     """One CRC-32 over every tensor, in name order: equal digests mean equal state."""
     crc = 0
     for name in sorted(arrays):
         array = np.ascontiguousarray(arrays[name])
         head = f"{len(name)}:{name}:{array.dtype.str}:{array.shape}".encode()
-        crc = zlib.crc32(array.view(np.uint8).reshape(-1), zlib.crc32(head, crc))
+        crc = zlib.crc32(array.data, zlib.crc32(head, crc))
     return f"{crc:08x}"
 
 
-def sha256_of(arrays: dict[str, np.ndarray]) -> str:
+def sha256_of(arrays: dict[str, NDArray[Any]]) -> str:
     """SHA-256 over every tensor's name and bytes, in name order (for comparing final weights)."""
     h = hashlib.sha256()
     for name in sorted(arrays):
@@ -41,7 +43,7 @@ def sha256_of(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def pack(arrays: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+def pack(arrays: dict[str, NDArray[Any]], step: int) -> dict[str, NDArray[Any]]:
     """The state plus its manifest (step, and every tensor's checksum, shape and dtype)."""
     if MANIFEST in arrays:
         raise RepairError(f"state name {MANIFEST!r} is reserved")
@@ -53,15 +55,17 @@ def pack(arrays: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
     return {**arrays, MANIFEST: raw}
 
 
-def unpack(received: dict[str, np.ndarray], src: int) -> tuple[dict[str, np.ndarray], int]:
+def unpack(received: dict[str, NDArray[Any]], src: int) -> tuple[dict[str, NDArray[Any]], int]:
     """Verify every tensor against the manifest; returns (state, step) or raises RepairError."""
     if MANIFEST not in received:
         raise RepairError(f"state from rank {src} has no manifest")
     try:
         manifest = json.loads(received[MANIFEST].tobytes().decode())
         step = int(manifest["step"])
-        tensors = {str(n): (int(crc), [int(d) for d in shape], str(dtype))
-                   for n, (crc, shape, dtype) in dict(manifest["tensors"]).items()}
+        tensors = {
+            str(n): (int(crc), [int(d) for d in shape], str(dtype))
+            for n, (crc, shape, dtype) in dict(manifest["tensors"]).items()
+        }
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RepairError(f"state from rank {src} has a malformed manifest") from exc
     arrays = {n: a for n, a in received.items() if n != MANIFEST}
@@ -72,8 +76,10 @@ def unpack(received: dict[str, np.ndarray], src: int) -> tuple[dict[str, np.ndar
     for name, (crc, shape, dtype) in tensors.items():
         got = arrays[name]
         if list(got.shape) != shape or got.dtype.str != dtype:
-            raise RepairError(f"tensor {name!r} from rank {src}: got {got.shape}/{got.dtype}, "
-                              f"manifest says {tuple(shape)}/{dtype}")
+            raise RepairError(
+                f"tensor {name!r} from rank {src}: got {got.shape}/{got.dtype}, "
+                f"manifest says {tuple(shape)}/{dtype}"
+            )
         if checksum(got) != crc:
             raise RepairError(f"checksum mismatch on tensor {name!r} from rank {src}")
     return arrays, step

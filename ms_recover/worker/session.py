@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import GroupLog
@@ -42,9 +43,17 @@ log = logging.getLogger("ms_recover.worker")
 class Session:
     """One rank's connection to the job. Build it with :func:`ms_recover.init`."""
 
-    def __init__(self, config: JobConfig, rank: int, backend: CommBackend,
-                 state: StateProvider | None = None, shard: int = 0, incarnation: int = 0,
-                 faults: FaultInjector | None = None, standalone: bool = False) -> None:
+    def __init__(
+        self,
+        config: JobConfig,
+        rank: int,
+        backend: CommBackend,
+        state: StateProvider | None = None,
+        shard: int = 0,
+        incarnation: int = 0,
+        faults: FaultInjector | None = None,
+        standalone: bool = False,
+    ) -> None:
         self.config = config
         self.rank = rank
         self.comm = backend
@@ -77,14 +86,24 @@ class Session:
         if self.link is None:
             self.comm.init(0, {0: self.comm.endpoint})
             return
-        self.link.send(M.WorkerHello(self.rank, self.config.node_rank, os.getpid(),
-                                     self.incarnation, self.comm.endpoint, self.committed,
-                                     self.shard))
+        self.link.send(
+            M.WorkerHello(
+                self.rank,
+                self.config.node_rank,
+                os.getpid(),
+                self.incarnation,
+                self.comm.endpoint,
+                self.committed,
+                self.shard,
+            )
+        )
         self.link.start()
         if not self.wait_for_manager(timeout_s):
             self.link.close()
-            raise RecoveryError(f"rank {self.rank}: no manager answered at "
-                                f"{self.config.manager_endpoint} within {timeout_s:g}s")
+            raise RecoveryError(
+                f"rank {self.rank}: no manager answered at "
+                f"{self.config.manager_endpoint} within {timeout_s:g}s"
+            )
         self._recover()
 
     def wait_for_manager(self, timeout_s: float) -> bool:
@@ -153,7 +172,7 @@ class Session:
                 step_fn(step)
         return self.committed
 
-    def allreduce(self, array: np.ndarray, op: ReduceOp | str = ReduceOp.MEAN) -> np.ndarray:
+    def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.MEAN) -> NDArray[Any]:
         """The world allreduce of the current step, with the fault-injection points."""
         step = self.next_step
         self.faults.before_allreduce(step)
@@ -174,7 +193,9 @@ class Session:
             env = self.link.next_command(0.5)
             if env is None:
                 if time.monotonic() - last > limit:
-                    raise RecoveryError(f"rank {self.rank}: no word from the manager for {limit:g}s")
+                    raise RecoveryError(
+                        f"rank {self.rank}: no word from the manager for {limit:g}s"
+                    )
                 continue
             last = time.monotonic()
             try:
@@ -224,8 +245,9 @@ class Session:
             if msg.recv_from >= 0:
                 arrays, step = repair.unpack(self.comm.recv(msg.recv_from, tag), msg.recv_from)
                 if step != msg.target_step:
-                    raise RepairError(f"rank {msg.recv_from} sent step {step}, "
-                                      f"expected {msg.target_step}")
+                    raise RepairError(
+                        f"rank {msg.recv_from} sent step {step}, expected {msg.target_step}"
+                    )
                 self._state().load_state_dict(arrays)
                 self.committed = step
                 self.link.committed = step
@@ -233,15 +255,18 @@ class Session:
             if isinstance(exc, Interrupted):
                 raise
             log.error("rank %d: repair failed: %s", self.rank, exc)
-            self.link.send(M.Repaired(self.rank, msg.attempt, False, self.committed,
-                                      msg.recv_from, str(exc)), epoch)
+            self.link.send(
+                M.Repaired(self.rank, msg.attempt, False, self.committed, msg.recv_from, str(exc)),
+                epoch,
+            )
             return
         self.link.send(M.Repaired(self.rank, msg.attempt, True, self.committed, -1, ""), epoch)
 
     def _state(self) -> StateProvider:
         if self.state is None:
-            raise RepairError(f"rank {self.rank} has no state provider; pass state= to "
-                              "ms_recover.init()")
+            raise RepairError(
+                f"rank {self.rank} has no state provider; pass state= to ms_recover.init()"
+            )
         return self.state
 
     def _digest(self) -> str:
@@ -259,7 +284,7 @@ class Session:
             self.link.send(M.GroupCreated(self.rank, name, list(ranks)))
 
 
-def _flip_one_byte(payload: dict[str, np.ndarray]) -> None:
+def _flip_one_byte(payload: dict[str, NDArray[Any]]) -> None:
     name = next(n for n in sorted(payload) if n != repair.MANIFEST and payload[n].nbytes)
     corrupted = np.array(payload[name], copy=True)
     corrupted.view(np.uint8).reshape(-1)[0] ^= 0xFF

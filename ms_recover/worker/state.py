@@ -6,18 +6,18 @@ exposes parameters, optimizer moments, step counters, RNG state, etc. under stab
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
+from numpy.typing import NDArray
 
 
 @runtime_checkable
 class StateProvider(Protocol):
     """What the worker needs to copy a rank's state to a peer and back."""
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, NDArray[Any]]:
         """Every piece of named state, as contiguous numpy arrays (copies are fine)."""
 
-    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, arrays: dict[str, NDArray[Any]]) -> None:
         """Load state in place. Raises RepairError naming the first missing/extra/mismatched
         entry (name, shape, dtype); on error nothing is half-loaded where avoidable."""

@@ -22,12 +22,29 @@ STEPS = 24
 
 
 def _job(out: str, faults: Faults | None, strategy: str, delay: float = 0.0) -> LocalJob:
-    config = JobConfig(job_id="e2e", node_nums=2, proc_per_node=2,
-                       strategies=parse_strategies(strategy), wait_reschedule_timeout_s=60.0)
-    command = [sys.executable, "-m", "ms_recover.mindspore.demo_train", "--steps", str(STEPS),
-               "--out", out]
-    return LocalJob(config, command, faults.to_env() if faults else {},
-                    log_dir=os.path.join(out, "logs"), reschedule_delay_s=delay)
+    config = JobConfig(
+        job_id="e2e",
+        node_nums=2,
+        proc_per_node=2,
+        strategies=parse_strategies(strategy),
+        wait_reschedule_timeout_s=60.0,
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "ms_recover.mindspore.demo_train",
+        "--steps",
+        str(STEPS),
+        "--out",
+        out,
+    ]
+    return LocalJob(
+        config,
+        command,
+        faults.to_env() if faults else {},
+        log_dir=os.path.join(out, "logs"),
+        reschedule_delay_s=delay,
+    )
 
 
 def _shas(out: str) -> list[str]:

@@ -16,21 +16,47 @@ STEPS = 30
 
 
 def job_config(strategy: str = "recover-in-place,recover,exit", **changes: Any) -> JobConfig:
-    base = dict(job_id="itest", node_nums=2, proc_per_node=2, heartbeat_s=0.5,
-                phase_timeout_s=20.0, hang_timeout_s=30.0, wait_reschedule_timeout_s=30.0,
-                strategies=parse_strategies(strategy))
+    base = dict(
+        job_id="itest",
+        node_nums=2,
+        proc_per_node=2,
+        heartbeat_s=0.5,
+        phase_timeout_s=20.0,
+        hang_timeout_s=30.0,
+        wait_reschedule_timeout_s=30.0,
+        strategies=parse_strategies(strategy),
+    )
     base.update(changes)
     return JobConfig(**base)
 
 
-def trainer_job(out: str, faults: Faults | None = None, strategy: str = "recover-in-place,recover,exit",
-                extra: tuple[str, ...] = (), steps: int = STEPS, reschedule_delay_s: float = 0.0,
-                **changes: Any) -> LocalJob:
-    command = [sys.executable, "-m", "ms_recover.testing.numpy_trainer", "--steps", str(steps),
-               "--out", out, *extra]
+def trainer_job(
+    out: str,
+    faults: Faults | None = None,
+    strategy: str = "recover-in-place,recover,exit",
+    extra: tuple[str, ...] = (),
+    steps: int = STEPS,
+    reschedule_delay_s: float = 0.0,
+    **changes: Any,
+) -> LocalJob:
+    command = [
+        sys.executable,
+        "-m",
+        "ms_recover.testing.numpy_trainer",
+        "--steps",
+        str(steps),
+        "--out",
+        out,
+        *extra,
+    ]
     env = {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {})}
-    return LocalJob(job_config(strategy, **changes), command, env,
-                    log_dir=os.path.join(out, "logs"), reschedule_delay_s=reschedule_delay_s)
+    return LocalJob(
+        job_config(strategy, **changes),
+        command,
+        env,
+        log_dir=os.path.join(out, "logs"),
+        reschedule_delay_s=reschedule_delay_s,
+    )
 
 
 def results(out: str, world: int = 4) -> list[dict[str, Any]]:

@@ -35,8 +35,13 @@ def _listening(port: int) -> bool:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ms_recover.cli", *args], capture_output=True,
-                          text=True, timeout=30, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize(
@@ -72,9 +77,25 @@ def test_manager_listens_and_stops_cleanly_on_sigterm(tmp_path):
     port = _free_port()
     events = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ms_recover.cli", "manager", "--port", str(port), "--job-id", "j1",
-         "--node-nums", "2", "--proc-per-node", "2", "--events", str(events)],
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ms_recover.cli",
+            "manager",
+            "--port",
+            str(port),
+            "--job-id",
+            "j1",
+            "--node-nums",
+            "2",
+            "--proc-per-node",
+            "2",
+            "--events",
+            str(events),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: _listening(port), 20, "the manager port")
         proc.send_signal(signal.SIGTERM)
@@ -91,19 +112,29 @@ def test_manager_listens_and_stops_cleanly_on_sigterm(tmp_path):
 def test_init_taskd_manager_validates(monkeypatch):
     monkeypatch.setenv("MINDX_TASK_ID", "job-7")
     assert api.init_taskd_manager({"job_id": "job-7", "node_nums": 2, "proc_per_node": 8})
-    for bad, needle in [({"node_nums": 0, "proc_per_node": 1}, "node_nums"),
-                        ({"node_nums": 1, "proc_per_node": -2}, "proc_per_node"),
-                        ({"node_nums": 1, "proc_per_node": 1, "nodes": 3}, "unknown taskd")]:
+    for bad, needle in [
+        ({"node_nums": 0, "proc_per_node": 1}, "node_nums"),
+        ({"node_nums": 1, "proc_per_node": -2}, "proc_per_node"),
+        ({"node_nums": 1, "proc_per_node": 1, "nodes": 3}, "unknown taskd"),
+    ]:
         with pytest.raises(ConfigError, match=needle):
             api.init_taskd_manager(bad)
 
 
 def test_documented_manager_script_runs_with_our_api(tmp_path):
     port = _free_port()
-    env = {**os.environ, "MINDX_TASK_ID": "sample-job", "MS_RECOVER_PORT": str(port),
-           "MS_RECOVER_EVENTS": str(tmp_path / "ev.jsonl")}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "samples" / "manager.py")], env=env,
-                            stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "MINDX_TASK_ID": "sample-job",
+        "MS_RECOVER_PORT": str(port),
+        "MS_RECOVER_EVENTS": str(tmp_path / "ev.jsonl"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "samples" / "manager.py")],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: _listening(port), 20, "the sample manager's port")
         proc.send_signal(signal.SIGTERM)
@@ -121,8 +152,23 @@ def test_manager_serves_prometheus_metrics(tmp_path):
 
     port, metrics = _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ms_recover.cli", "manager", "--port", str(port), "--node-nums", "1",
-         "--proc-per-node", "2", "--metrics-port", str(metrics)], stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ms_recover.cli",
+            "manager",
+            "--port",
+            str(port),
+            "--node-nums",
+            "1",
+            "--proc-per-node",
+            "2",
+            "--metrics-port",
+            str(metrics),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: _listening(metrics), 20, "the metrics port")
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read()

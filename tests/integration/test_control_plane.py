@@ -93,8 +93,11 @@ def test_bad_registrations_are_rejected_with_a_reason(tmp_path, rank, node, reas
         _live_rank_pid(job, 0)
         ctx, sock, codec = _raw(job, job.config.effective_secret())
         try:
-            sock.send_multipart(codec.encode(
-                M.WorkerHello(rank, node, 424242, 0, "tcp://127.0.0.1:1", -1, 0), 0, "rank:x", 1))
+            sock.send_multipart(
+                codec.encode(
+                    M.WorkerHello(rank, node, 424242, 0, "tcp://127.0.0.1:1", -1, 0), 0, "rank:x", 1
+                )
+            )
             assert sock.poll(5000), "no answer to a bad registration"
             reply = codec.decode(sock.recv_multipart())
         finally:
@@ -109,14 +112,36 @@ def test_bad_registrations_are_rejected_with_a_reason(tmp_path, rank, node, reas
 def test_status_command_reports_a_live_job(tmp_path):
     with trainer_job(str(tmp_path), steps=LONG, extra=SLOW) as job:
         _live_rank_pid(job, 1)
-        env = {**os.environ, "MS_SCHED_HOST": "127.0.0.1", "MS_RECOVER_PORT": str(job.server.port),
-               "MINDX_TASK_ID": "itest"}
-        out = subprocess.run([sys.executable, "-m", "ms_recover.cli", "status"], env=env,
-                             capture_output=True, text=True, timeout=30)
+        env = {
+            **os.environ,
+            "MS_SCHED_HOST": "127.0.0.1",
+            "MS_RECOVER_PORT": str(job.server.port),
+            "MINDX_TASK_ID": "itest",
+        }
+        out = subprocess.run(
+            [sys.executable, "-m", "ms_recover.cli", "status"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.returncode == 0, out.stderr
         assert "job itest: running" in out.stdout
         assert out.stdout.count(" up ") >= 4
-        wrong = subprocess.run([sys.executable, "-m", "ms_recover.cli", "status", "--job-id", "nope",
-                                "--timeout", "0.5"], env=env, capture_output=True, text=True,
-                               timeout=30)
+        wrong = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ms_recover.cli",
+                "status",
+                "--job-id",
+                "nope",
+                "--timeout",
+                "0.5",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert wrong.returncode == 1 and "no manager answered" in wrong.stderr

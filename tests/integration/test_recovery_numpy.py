@@ -28,8 +28,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _assert_recovered(job, out: str, reference: str, strategy: str) -> dict:
     run_to_end(job)
-    assert job.exit_code == 0, [(e["event"], e.get("reason") or e.get("detail"))
-                                for e in job.events.recent() if e["event"] in ("fault", "decision")]
+    assert job.exit_code == 0, [
+        (e["event"], e.get("reason") or e.get("detail"))
+        for e in job.events.recent()
+        if e["event"] in ("fault", "decision")
+    ]
     final = results(out)
     assert [r["sha256"] for r in final] == [reference] * 4
     assert all(r["committed"] == STEPS - 1 for r in final)
@@ -55,8 +58,9 @@ def test_kill_rank_recover_in_place_is_bit_identical(tmp_path, reference):
 def test_lost_node_recover_is_bit_identical(tmp_path, reference):
     out = str(tmp_path)
     # The replacement pod takes 4 s to schedule, longer than the 2 s silence that marks a loss.
-    with trainer_job(out, Faults().node(rank=2, step=12), strategy="recover,exit",
-                     reschedule_delay_s=4.0) as job:
+    with trainer_job(
+        out, Faults().node(rank=2, step=12), strategy="recover,exit", reschedule_delay_s=4.0
+    ) as job:
         last = _assert_recovered(job, out, reference, "recover")
     assert job.find("fault", kind="node_lost", node_rank=1)
     assert last["replaced"] == [2, 3]
@@ -66,8 +70,13 @@ def test_lost_node_recover_is_bit_identical(tmp_path, reference):
 def test_pod_recreated_before_loss_is_noticed(tmp_path, reference):
     out = str(tmp_path)
     # 8 s of silence marks a loss; the supervisor recreates the pod well before that.
-    with trainer_job(out, Faults().node(rank=3, step=12), strategy="recover,exit",
-                     heartbeat_s=2.0, phase_timeout_s=30.0) as job:
+    with trainer_job(
+        out,
+        Faults().node(rank=3, step=12),
+        strategy="recover,exit",
+        heartbeat_s=2.0,
+        phase_timeout_s=30.0,
+    ) as job:
         last = _assert_recovered(job, out, reference, "recover")
     assert job.find("fault", kind="node_restarted", node_rank=1)
     assert last["replaced"] == [2, 3]

@@ -24,7 +24,9 @@ SAMPLES: dict[bytes, M.Message] = {
     for m in (
         M.AgentHello(node_rank=1, pod_ip="10.0.0.2", ranks=[2, 3], pid=4242, is_scheduler=False),
         M.AgentHeartbeat(node_rank=1, pids={2: 100, 3: -1}),
-        M.RankExited(node_rank=1, rank=3, pid=4321, exit_code=-9, signal=9, observed_at=1700000000.25),
+        M.RankExited(
+            node_rank=1, rank=3, pid=4321, exit_code=-9, signal=9, observed_at=1700000000.25
+        ),
         M.AgentWelcome(ok=False, reason="node_rank 9 is outside 0..1"),
         M.ManagerBeat(state="running"),
         M.KillRanks(ranks=[3], reason="rank 3 died"),
@@ -258,7 +260,14 @@ def test_wrong_field_set(codec: Codec, body: Any) -> None:
         (M.AgentHeartbeat.KIND, {"node_rank": 0, "pids": [1, 2]}, "pids"),
         (
             M.RankExited.KIND,
-            {"node_rank": 0, "rank": 0, "pid": 1, "exit_code": 1, "signal": 0, "observed_at": "now"},
+            {
+                "node_rank": 0,
+                "rank": 0,
+                "pid": 1,
+                "exit_code": 1,
+                "signal": 0,
+                "observed_at": "now",
+            },
             "observed_at",
         ),
     ],
