@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +60,7 @@ class JobConfig:
     events_path: str = ""  # MS_RECOVER_EVENTS
     sched_node_rank: int = 0  # MS_RECOVER_SCHED_NODE_RANK
     backend: str = "host"  # MS_RECOVER_BACKEND
+    dump_dir: str = ""  # MS_RECOVER_DUMP_DIR (shared storage in production)
     max_frame_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
@@ -91,6 +93,12 @@ class JobConfig:
         MS_RECOVER_SECRET (from a Kubernetes Secret).
         """
         return self.secret or b"ms-recover-insecure:" + self.job_id.encode()
+
+    def effective_dump_dir(self) -> str:
+        """Where the ``dump`` strategy writes: ``dump_dir``, else a per-job temp directory."""
+        return self.dump_dir or os.path.join(
+            tempfile.gettempdir(), "ms-recover", self.job_id, "dump"
+        )
 
     def replace(self, **changes: Any) -> JobConfig:
         """A copy with some fields changed; unknown fields raise ConfigError."""
@@ -261,5 +269,6 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "events_path": environ.get(E.EVENTS) or None,
         "sched_node_rank": _int(environ, E.SCHED_NODE_RANK),
         "backend": environ.get(E.BACKEND) or None,
+        "dump_dir": environ.get(E.DUMP_DIR) or None,
     }
     return {k: v for k, v in found.items() if v is not None}

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
 
+from ms_recover.bench.jobdriver import JobDriver
 from ms_recover.bench.table import Measure, Report, summary
 from ms_recover.config import JobConfig
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.localjob import LocalJob
-from ms_recover.testing.wait import wait_for
 
 RANK_TARGET_MS = 200.0
 NODE_TARGET_S = 3.0
@@ -73,62 +70,35 @@ def run(args: argparse.Namespace) -> int:
     with job:
         bench = _Bench(job, args.timeout)
         bench.until_running(min_step=3)
-        rank_ms = [bench.kill_rank((1, 2, 3, 0)[i % 4]) * 1e3 for i in range(args.repeats)]
-        node_s = [bench.kill_node(1) for _ in range(node_repeats)]
+        rank_ms = [bench.kill_rank_latency((1, 2, 3, 0)[i % 4]) * 1e3
+                   for i in range(args.repeats)]
+        node_s = [bench.kill_node_latency(1) for _ in range(node_repeats)]
     return _report(config, args, rank_ms, node_s, workdir).emit(args.json)
 
 
-class _Bench:
-    """Drives one LocalJob: supervises its pods while waiting, kills, and reads events."""
-
-    def __init__(self, job: LocalJob, timeout_s: float) -> None:
-        self.job = job
-        self.timeout_s = timeout_s
-
-    def wait(self, cond: Callable[[], Any], what: str) -> Any:
-        def check() -> Any:
-            self.job.pods.poll()  # the pod supervisor's duty: reap and recreate pods
-            return cond()
-
-        return wait_for(check, self.timeout_s, what)
-
-    def until_running(self, min_step: int) -> None:
-        """Wait until the job runs and every rank committed ``min_step`` steps past its start."""
-        floor = min(r["step"] for r in self.job.status()["ranks"]) + min_step
-
-        def ready() -> bool:
-            st = self.job.status()
-            return st["state"] == "running" and all(r["alive"] and r["step"] >= floor
-                                                     for r in st["ranks"])
-
-        self.wait(ready, f"every rank running past step {floor}")
-
-    def _new_fault(self, seen: int, **match: Any) -> dict[str, Any]:
-        found = self.wait(lambda: self.job.find("fault", **match)[seen:], f"fault {match}")
-        return dict(found[0])
+class _Bench(JobDriver):
+    """Kills one rank or node of the job, returns the detection latency, waits for recovery."""
 
     def _recovered(self, seen: int) -> None:
-        self.wait(lambda: len(self.job.find("recovery", ok=True)) > seen, "a successful recovery")
+        self.new_event("recovery", seen, ok=True)
         self.until_running(min_step=2)
 
-    def kill_rank(self, rank: int) -> float:
+    def kill_rank_latency(self, rank: int) -> float:
         """SIGKILL one rank; seconds from the kill to its ``rank_exit`` fault event."""
-        pid = next(r["pid"] for r in self.job.status()["ranks"] if r["rank"] == rank)
-        faults = len(self.job.find("fault", kind="rank_exit", rank=rank))
-        recoveries = len(self.job.find("recovery", ok=True))
-        t_kill = time.time()
-        os.kill(pid, signal.SIGKILL)
-        fault = self._new_fault(faults, kind="rank_exit", rank=rank)
+        faults = self.count("fault", kind="rank_exit", rank=rank)
+        recoveries = self.count("recovery", ok=True)
+        t_kill = self.kill_rank(rank)
+        fault = self.new_event("fault", faults, kind="rank_exit", rank=rank)
         self._recovered(recoveries)
         return float(fault["ts"]) - t_kill
 
-    def kill_node(self, node: int) -> float:
+    def kill_node_latency(self, node: int) -> float:
         """SIGKILL a node's process group; seconds from the kill to its ``node_lost`` event."""
-        faults = len(self.job.find("fault", kind="node_lost", node_rank=node))
-        recoveries = len(self.job.find("recovery", ok=True))
+        faults = self.count("fault", kind="node_lost", node_rank=node)
+        recoveries = self.count("recovery", ok=True)
         t_kill = time.time()
         self.job.pods.kill_node(node)
-        fault = self._new_fault(faults, kind="node_lost", node_rank=node)
+        fault = self.new_event("fault", faults, kind="node_lost", node_rank=node)
         self._recovered(recoveries)
         return float(fault["ts"]) - t_kill
 
@@ -147,7 +117,9 @@ def _report(config: JobConfig, args: argparse.Namespace, rank_ms: list[float],
                         "SIGKILL of node 1's process group -> 'fault' event (kind node_lost)"),
                 Measure("lost node, max", n["max"], "s", "<=", NODE_TARGET_S),
                 Measure("lost node, configured silence", config.silence_s, "s",
-                        note="heartbeat_s * liveness: the floor of node-loss detection"))
+                        note="heartbeat_s * liveness; a loss is declared that long after the "
+                        "node's last heartbeat, so between silence - heartbeat and silence after "
+                        "the kill (plus a 20 ms tick)"))
     rep.settings = {"nodes": 2, "proc_per_node": 2, "heartbeat_s": config.heartbeat_s,
                     "liveness": config.liveness, "silence_s": config.silence_s,
                     "reschedule_delay_s": args.reschedule_delay, "repeats": args.repeats,

@@ -64,6 +64,11 @@ class FinishRound(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class WriteManifest(Action):
+    """Write the dump manifest from the ranks' Dumped answers."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Emit(Action):
     """Write one event to the job's event log."""
 

@@ -21,11 +21,14 @@ from ms_recover.manager.actions import (
     StartRound,
     Transition,
     UpdateRound,
+    WriteManifest,
 )
+from ms_recover.manager.feasibility import choose_strategy
 from ms_recover.manager.model import Fault, JobModel, JobState, Round
 from ms_recover.manager.planner import plan_repair, target_step
 from ms_recover.protocol.messages import (
     AgentExit,
+    Dump,
     Exit,
     KillRanks,
     Rebuild,
@@ -35,12 +38,6 @@ from ms_recover.protocol.messages import (
     Stop,
 )
 from ms_recover.strategy import Strategy
-
-NOT_YET = {
-    Strategy.RETRY: "in-process retry is not implemented yet",
-    Strategy.ELASTIC_TRAINING: "elastic training is not implemented yet",
-    Strategy.DUMP: "the end-of-life dump is not implemented yet",
-}
 
 
 def decide(m: JobModel, now: float) -> list[Action]:
@@ -96,7 +93,8 @@ def _detect_hang(m: JobModel, now: float) -> list[Fault]:
     stalled = now - max(i.last_progress for i in active)
     if stalled <= m.config.hang_timeout_s:
         return []
-    culprit = min(active, key=lambda i: (i.committed_step, i.rank))
+    # A stopped process (SIGSTOP) is also silent; the others wait in a collective for it.
+    culprit = min(active, key=lambda i: (i.last_seen, i.committed_step, i.rank))
     return [
         Fault(
             "hang",
@@ -118,7 +116,8 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
     for f in faults:
         ranks = cfg.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
         hit.update(ranks)
-        actions.append(MarkLost(f"{f.kind}: {f.detail}", f, tuple(ranks), f.kind == "node_lost"))
+        lost = () if f.kind == "worker_error" else tuple(ranks)  # that rank is still alive
+        actions.append(MarkLost(f"{f.kind}: {f.detail}", f, lost, f.kind == "node_lost"))
         steps = [m.ranks[r].committed_step for r in ranks]
         actions.append(
             Emit(
@@ -141,65 +140,12 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
     lost_nodes = {f.node_rank for f in all_faults if f.kind == "node_lost"}
     if prev is not None:
         lost_nodes |= {n for n in prev.reschedule_nodes if not m.agents[n].alive}
-    strategy, reason = choose_strategy(m, hit, lost_nodes)
+    strategy, reason = choose_strategy(m, all_faults, hit, lost_nodes)
     if strategy is None or strategy is Strategy.EXIT:
         return actions + exit_job(m, exitcodes.JOB_EXIT, f"{why}; {reason}")
     if why != "fault detected":
         reason = f"{why}; {reason}"
     return actions + _new_round(m, now, strategy, all_faults, hit, lost_nodes, prev, reason)
-
-
-def choose_strategy(
-    m: JobModel, hit: set[int], lost_nodes: set[int]
-) -> tuple[Strategy | None, str]:
-    """The first feasible strategy in priority order, with the reasons others were skipped."""
-    skipped: list[str] = []
-    for strategy in m.config.strategies:
-        ok, why = feasible(m, strategy, hit, lost_nodes)
-        if ok:
-            note = f" (skipped: {'; '.join(skipped)})" if skipped else ""
-            return strategy, f"{strategy.value}: {why}{note}"
-        skipped.append(f"{strategy.value}: {why}")
-    return None, "no feasible strategy: " + ("; ".join(skipped) or "none configured")
-
-
-def feasible(m: JobModel, s: Strategy, hit: set[int], lost_nodes: set[int]) -> tuple[bool, str]:
-    cfg = m.config
-    if s is Strategy.EXIT:
-        return True, "last resort"
-    if s in NOT_YET:
-        return False, NOT_YET[s]
-    if m.tries.get(s.value, 0) >= cfg.max_tries:
-        return False, f"tried {m.tries[s.value]} time(s), max_tries={cfg.max_tries}"
-    nodes = {cfg.node_of(r) for r in hit} | lost_nodes
-    replaced = set(hit)
-    if s is Strategy.RECOVER_IN_PLACE:
-        if lost_nodes:
-            return False, f"node(s) {sorted(lost_nodes)} lost: no agent to restart ranks in place"
-    else:
-        if cfg.sched_node_rank in nodes:
-            return False, (
-                f"node {cfg.sched_node_rank} hosts the scheduler and manager and "
-                "cannot be rescheduled"
-            )
-        for node in nodes:
-            replaced.update(cfg.ranks_of(node))
-    orphan = _orphan_shard(m, replaced)
-    if orphan is not None:
-        return False, orphan
-    return True, f"replace ranks {sorted(replaced)}"
-
-
-def _orphan_shard(m: JobModel, replaced: set[int]) -> str | None:
-    if all(i.committed_step < 0 for i in m.ranks.values()):
-        return None
-    shards: dict[int, list[int]] = {}
-    for rank, info in m.ranks.items():
-        shards.setdefault(info.shard, []).append(rank)
-    for shard, members in sorted(shards.items()):
-        if set(members) <= replaced:
-            return f"no healthy replica left for shard {shard} (ranks {members})"
-    return None
 
 
 def _new_round(
@@ -214,7 +160,12 @@ def _new_round(
 ) -> list[Action]:
     cfg = m.config
     epoch = m.epoch + 1
-    replace = set(hit)
+    restarts = strategy in (Strategy.RECOVER, Strategy.RECOVER_IN_PLACE)
+    replace = set(hit) if restarts else set()
+    excluded: frozenset[int] = frozenset()
+    if strategy is Strategy.DUMP:
+        excluded = frozenset(hit | {r for r, i in m.ranks.items() if not i.alive})
+    corrupt = frozenset(f.rank for f in faults if f.corrupt and strategy is Strategy.RETRY)
     nodes: set[int] = set()
     if strategy is Strategy.RECOVER:
         nodes = {cfg.node_of(r) for r in hit} | lost_nodes
@@ -233,8 +184,12 @@ def _new_round(
         detect_s=prev.detect_s if prev else first.detect_s,
         peak_step=max(prev.peak_step, peak) if prev else peak,
         phase_start=now,
+        corrupt_ranks=corrupt,
+        excluded_ranks=excluded,
     )
-    survivors = tuple(r for r in sorted(m.ranks) if r not in replace and m.ranks[r].alive)
+    survivors = tuple(
+        r for r in sorted(m.ranks) if r not in replace | excluded and m.ranks[r].alive
+    )
     # A recreated pod already started fresh ranks: its agent needs no command.
     fresh = {f.node_rank for f in faults if f.kind == "node_restarted"}
     actions: list[Action] = [
@@ -257,7 +212,7 @@ def _new_round(
                 actions.append(
                     SendAgent("reschedule pod", node, AgentExit(exitcodes.RESCHEDULE, reason))
                 )
-    else:
+    elif restarts:
         for node in sorted({cfg.node_of(r) for r in replace} - fresh):
             local = sorted(r for r in replace if cfg.node_of(r) == node)
             actions.append(SendAgent("kill leftovers", node, KillRanks(local, reason)))
@@ -314,7 +269,8 @@ def _rebuild(m: JobModel) -> SendRanks:
 
 def _stopping(m: JobModel, now: float) -> list[Action]:
     rnd = _round(m)
-    survivors = [r for r, i in m.ranks.items() if r not in rnd.replace_ranks and not i.done]
+    out = rnd.replace_ranks | rnd.excluded_ranks
+    survivors = [r for r, i in m.ranks.items() if r not in out and not i.done]
     unstopped = [r for r in survivors if m.ranks[r].acked.get("stop") != m.epoch]
     missing = [r for r in rnd.replace_ranks if not m.ranks[r].alive]
     actions: list[Action] = []
@@ -322,6 +278,8 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
         actions.append(UpdateRound("survivors stopped", {"stop_done": now}))
     if not missing and not rnd.replace_done:
         actions.append(UpdateRound("replacements registered", {"replace_done": now}))
+    if not unstopped and not missing and rnd.strategy is Strategy.DUMP:
+        return actions + _start_dump(m, now, survivors)
     if not unstopped and not missing:
         reason = f"survivors stopped, ranks {sorted(rnd.replace_ranks)} replaced"
         return actions + [
@@ -353,7 +311,7 @@ def _rebuilding(m: JobModel, now: float) -> list[Action]:
     rnd = _round(m)
     if any(i.acked.get("rebuild") != m.epoch for i in m.ranks.values()):
         return _phase_timeout(m, now, "rebuild")
-    survivors = {r for r in m.ranks if r not in rnd.replace_ranks}
+    survivors = {r for r in m.ranks if r not in rnd.replace_ranks | rnd.corrupt_ranks}
     steps = {r: i.committed_step for r, i in m.ranks.items()}
     target = target_step(steps, survivors)
     return [
@@ -374,7 +332,7 @@ def _plan(m: JobModel, now: float, target: int, attempt: int, bad: frozenset[int
     steps = {r: i.committed_step for r, i in m.ranks.items()}
     shards = {r: i.shard for r, i in m.ranks.items()}
     try:
-        plan = plan_repair(steps, shards, set(rnd.replace_ranks), target, bad)
+        plan = plan_repair(steps, shards, set(rnd.replace_ranks | rnd.corrupt_ranks), target, bad)
     except RepairError as exc:
         return escalate(m, now, f"repair impossible: {exc}")
     actions: list[Action] = []
@@ -436,6 +394,46 @@ def _resuming(m: JobModel, now: float) -> list[Action]:
     ]
 
 
+def _start_dump(m: JobModel, now: float, survivors: list[int]) -> list[Action]:
+    """One stopped replica per shard, at the highest committed step, writes its state."""
+    step = max(m.ranks[r].committed_step for r in survivors)
+    chosen: dict[int, int] = {}
+    for rank in sorted(survivors):
+        info = m.ranks[rank]
+        if info.committed_step == step:
+            chosen.setdefault(info.shard, rank)
+    missing = sorted({i.shard for i in m.ranks.values()} - set(chosen))
+    if missing:
+        return exit_job(
+            m,
+            exitcodes.JOB_EXIT,
+            f"dump impossible: shards {missing} have no stopped replica at step {step}",
+        )
+    ranks = tuple(sorted(chosen.values()))
+    reason = f"dump step {step} from ranks {list(ranks)} into {m.config.effective_dump_dir()}"
+    return [
+        UpdateRound(reason, {"dump_ranks": ranks, "target_step": step, "phase_start": now}),
+        SendRanks("dump", ranks, Dump(step, m.config.effective_dump_dir())),
+        Transition(reason, JobState.DUMPING),
+    ]
+
+
+def _dumping(m: JobModel, now: float) -> list[Action]:
+    rnd = _round(m)
+    answers = [m.ranks[r].dump for r in rnd.dump_ranks]
+    failed = [a for a in answers if a is not None and not a["ok"]]
+    if failed:
+        why = "; ".join(str(a["reason"]) for a in failed)
+        return exit_job(m, exitcodes.JOB_EXIT, f"dump failed: {why}")
+    if any(a is None for a in answers):
+        if now - rnd.phase_start > m.config.phase_timeout_s:
+            late = [r for r in rnd.dump_ranks if m.ranks[r].dump is None]
+            return exit_job(m, exitcodes.JOB_EXIT, f"ranks {late} did not finish their dump")
+        return []
+    reason = f"state of step {rnd.target_step} saved by ranks {list(rnd.dump_ranks)}"
+    return [WriteManifest(reason)] + exit_job(m, exitcodes.DUMPED, reason)
+
+
 def _running(m: JobModel, now: float) -> list[Action]:
     if not all(i.done for i in m.ranks.values()):
         return []
@@ -472,4 +470,5 @@ _PROGRESS: dict[JobState, Callable[[JobModel, float], list[Action]]] = {
     JobState.REBUILDING: _rebuilding,
     JobState.REPAIRING: _repairing,
     JobState.RESUMING: _resuming,
+    JobState.DUMPING: _dumping,
 }

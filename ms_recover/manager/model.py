@@ -7,6 +7,7 @@
     RUNNING ──fault──▶ STOPPING ──survivors stopped and replacements registered──▶ REBUILDING
     any recovery state ──new fault / failure / timeout──▶ STOPPING (new epoch) or EXITING
     RUNNING ──every rank done──▶ FINISHED
+    STOPPING ──dump chosen, survivors stopped──▶ DUMPING ──files written──▶ EXITING
 
 Only :meth:`JobModel.transition` changes the state, and it raises on a transition the table
 does not allow. The model holds data only; the pure :func:`~ms_recover.manager.decide.decide`
@@ -31,6 +32,7 @@ class JobState(str, enum.Enum):
     REBUILDING = "rebuilding"
     REPAIRING = "repairing"
     RESUMING = "resuming"
+    DUMPING = "dumping"
     EXITING = "exiting"
     FINISHED = "finished"
 
@@ -38,12 +40,21 @@ class JobState(str, enum.Enum):
         return self.value
 
 
-_RECOVERY = {JobState.STOPPING, JobState.REBUILDING, JobState.REPAIRING, JobState.RESUMING}
+_RECOVERY = {
+    JobState.STOPPING,
+    JobState.REBUILDING,
+    JobState.REPAIRING,
+    JobState.RESUMING,
+    JobState.DUMPING,
+}
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.FORMING: frozenset({JobState.REBUILDING, JobState.STOPPING, JobState.EXITING}),
     JobState.RUNNING: frozenset({JobState.STOPPING, JobState.FINISHED, JobState.EXITING}),
-    JobState.STOPPING: frozenset({JobState.REBUILDING, JobState.STOPPING, JobState.EXITING}),
+    JobState.STOPPING: frozenset(
+        {JobState.REBUILDING, JobState.STOPPING, JobState.DUMPING, JobState.EXITING}
+    ),
+    JobState.DUMPING: frozenset({JobState.EXITING}),
     JobState.REBUILDING: frozenset({JobState.REPAIRING, JobState.STOPPING, JobState.EXITING}),
     JobState.REPAIRING: frozenset(
         {JobState.RESUMING, JobState.REPAIRING, JobState.STOPPING, JobState.EXITING}
@@ -75,6 +86,7 @@ class RankInfo:
     last_progress: float = 0.0
     acked: dict[str, int] = dataclasses.field(default_factory=dict)  # phase -> epoch
     repair_failure: tuple[int, int, str] | None = None  # (attempt, failed peer, reason)
+    dump: dict[str, object] | None = None  # the Dumped answer of this epoch
     done: bool = False
     identity: bytes = b""
 
@@ -102,6 +114,7 @@ class Fault:
     detail: str
     ts: float
     detect_s: float  # from the last sign of health to detection
+    corrupt: bool = False  # the rank survived but its state must be repaired (retry)
 
 
 @dataclasses.dataclass
@@ -120,6 +133,9 @@ class Round:
     peak_step: int = -1
     repair_attempt: int = 0
     bad_sources: frozenset[int] = frozenset()
+    corrupt_ranks: frozenset[int] = frozenset()  # alive, but state must be repaired (retry)
+    excluded_ranks: frozenset[int] = frozenset()  # neither stopped nor used (dump)
+    dump_ranks: tuple[int, ...] = ()
     phase_start: float = 0.0
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     stop_done: float = 0.0

@@ -22,15 +22,20 @@ from ms_recover.errors import CommError, ProtocolError
 from ms_recover.events import EventLog
 from ms_recover.manager import actions as A
 from ms_recover.manager.decide import decide
+from ms_recover.manager.feasibility import config_problems
 from ms_recover.manager.model import Fault, JobModel, JobState
 from ms_recover.manager.status import status_of
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.transport import make_socket
+from ms_recover.worker.dump import DumpFile, write_manifest
 
 log = logging.getLogger("ms_recover.manager")
 
 PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
+#: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
+CORRUPTING = frozenset({"corrupt", "device_memory"})
+DUMP_FIELDS = ("rank", "step", "file", "format", "sha256", "size")
 
 
 class ManagerServer:
@@ -76,6 +81,7 @@ class ManagerServer:
             M.Repaired: self._on_repaired,
             M.WorkerFault: self._on_worker_fault,
             M.WorkerDone: self._on_worker_done,
+            M.Dumped: self._on_dumped,
             M.StatusRequest: self._on_status,
         }
         self.events.write(
@@ -84,6 +90,9 @@ class ManagerServer:
             port=self.port,
             config=config.replace(manager_port=self.port).describe(),
         )
+        for problem in config_problems(config):  # reported now, not when a fault happens
+            log.warning("recover-strategy %s", problem)
+            self.events.write("config_warning", epoch=0, problem=problem)
 
     # ------------------------------------------------------------------ loop
     def serve(self, end_grace_s: float = 1.0) -> int:
@@ -346,8 +355,14 @@ class ManagerServer:
                     f"rank {msg.rank} {msg.kind}: {msg.message}",
                     self.clock(),
                     0.0,
+                    corrupt=msg.kind in CORRUPTING,
                 )
             )
+
+    def _on_dumped(self, ident: bytes, env: Envelope, msg: M.Dumped) -> None:
+        info = self._worker(ident, msg.rank)
+        if info is not None and self._current(env, "dumped"):
+            info.dump = msg.to_wire()
 
     def _on_worker_done(self, ident: bytes, env: Envelope, msg: M.WorkerDone) -> None:
         info = self._worker(ident, msg.rank)
@@ -389,8 +404,36 @@ class ManagerServer:
                 m.exit_code = exitcodes.JOB_EXIT
         elif isinstance(action, A.FinishRound):
             self._finish_round(action.ok, action.reason)
+        elif isinstance(action, A.WriteManifest):
+            self._write_manifest()
         elif isinstance(action, A.Emit):
             self.events.write(action.event, epoch=m.epoch, state=m.state.value, **action.fields)
+            if action.event == "job_end":
+                m.exit_code = int(action.fields["exit_code"])
+
+    def _write_manifest(self) -> None:
+        m = self.model
+        assert m.round is not None
+        files = [
+            DumpFile(**{k: m.ranks[r].dump[k] for k in DUMP_FIELDS})  # type: ignore[index]
+            for r in m.round.dump_ranks
+        ]
+        shards = {r: i.shard for r, i in m.ranks.items()}
+        path = write_manifest(
+            self.config.effective_dump_dir(),
+            self.config.job_id,
+            m.round.target_step,
+            self.config.world_size,
+            files,
+            shards,
+        )
+        self.events.write(
+            "dump",
+            epoch=m.epoch,
+            step=m.round.target_step,
+            manifest=path,
+            files=[f.file for f in files],
+        )
 
     def _mark_lost(self, action: A.MarkLost) -> None:
         m = self.model
@@ -412,7 +455,7 @@ class ManagerServer:
             info = m.ranks[rank]
             info.alive, info.identity, info.committed_step, info.done = False, b"", -1, False
         for info in m.ranks.values():
-            info.repair_failure = None
+            info.repair_failure, info.dump = None, None
 
     def _finish_round(self, ok: bool, reason: str) -> None:
         m, now = self.model, self.clock()

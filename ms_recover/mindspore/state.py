@@ -40,6 +40,7 @@ from mindspore.common.api import _pynative_executor
 from numpy.typing import NDArray
 
 from ms_recover.errors import RepairError
+from ms_recover.mindspore.checkpoint import write_ckpt
 from ms_recover.worker.state import StateProvider
 
 RNG_KEY = "__rng__/default"
@@ -161,6 +162,15 @@ class MindSporeState:
         # Assignments run asynchronously; the caller may reuse or free the source arrays and
         # report the state as repaired as soon as this returns.
         device_sync()
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write ``state_dict()`` (same names, including optimizer moments, step counters and
+        extras) to exactly ``path`` with ``mindspore.save_checkpoint``; not fsynced.
+
+        ``mindspore.load_checkpoint(path)`` (or ``checkpoint.read_ckpt``) gives it back bit
+        for bit. See :mod:`ms_recover.mindspore.checkpoint` for what MindSpore does to paths.
+        """
+        write_ckpt(self.state_dict(), path)
 
     def _mismatches(self, arrays: dict[str, NDArray[Any]]) -> list[str]:
         # Extras are checked by their own provider; everything else is checked here.

@@ -244,6 +244,30 @@ class Exit(Message):
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Dump(Message):
+    """manager -> worker: save your whole state at your committed step into ``directory``."""
+
+    KIND: ClassVar[bytes] = b"dump"
+    step: int
+    directory: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Dumped(Message):
+    """worker -> manager: the dump file this rank wrote (or ``ok=False`` with a reason)."""
+
+    KIND: ClassVar[bytes] = b"dumped"
+    rank: int
+    ok: bool
+    step: int
+    file: str
+    format: str
+    sha256: str
+    size: int
+    reason: str
+
+
 # ----------------------------------------------------------------------------- status (any client)
 @dataclasses.dataclass(frozen=True)
 class StatusRequest(Message):
@@ -285,6 +309,8 @@ KINDS: dict[bytes, type[Message]] = {
         Repair,
         Resume,
         Exit,
+        Dump,
+        Dumped,
         StatusRequest,
         StatusReply,
     )

@@ -11,6 +11,7 @@ Kinds:
 * ``hang``        SIGSTOP this rank after step K (it stops heartbeating: a hung process);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
+* ``memory``      corrupt this rank's state in step K and report a device memory error;
 * ``corrupt``     flip one byte of the state this rank sends in its first repair;
 * ``boot``        SIGKILL this rank as soon as the manager accepted its registration;
 * ``repairdie``   SIGKILL this rank in the middle of sending its state for a repair.
@@ -24,7 +25,7 @@ import signal
 
 from ms_recover.errors import CommError, ConfigError
 
-KINDS = ("kill", "node", "hang", "allreduce", "transient", "corrupt", "boot", "repairdie")
+KINDS = ("kill", "node", "hang", "allreduce", "transient", "memory", "corrupt", "boot", "repairdie")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +127,9 @@ class FaultInjector:
     def before_allreduce(self, step: int) -> None:
         if self._take(("transient",), step) is not None:
             raise CommError(f"injected transient data-plane failure at step {step}")
+
+    def memory_error(self, step: int) -> bool:
+        return self._take(("memory",), step) is not None
 
     def corrupt_repair(self) -> bool:
         return self._take(("corrupt",), -1) is not None

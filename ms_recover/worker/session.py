@@ -34,6 +34,7 @@ from ms_recover.errors import CommError, Interrupted, RecoveryError, RepairError
 from ms_recover.protocol import messages as M
 from ms_recover.testing.faults import FaultInjector
 from ms_recover.worker import repair
+from ms_recover.worker.dump import write_rank_dump
 from ms_recover.worker.link import ManagerLink
 from ms_recover.worker.state import StateProvider
 
@@ -67,6 +68,7 @@ class Session:
         self.reboot = False
         self.recoveries = 0
         self._interrupted = False
+        self._await_manager = False
         self.link: ManagerLink | None = None
         if not standalone:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
@@ -139,7 +141,8 @@ class Session:
 
     def safe_point(self) -> None:
         """Handle any latched command; returns once training may go on."""
-        if self.link is not None and self.link.has_command():
+        if self.link is not None and (self._await_manager or self.link.has_command()):
+            self._await_manager = False
             self._recover()
 
     def steps(self, total: int) -> Iterator[int]:
@@ -159,11 +162,28 @@ class Session:
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        """Swallow an :class:`Interrupted` collective so the step is redone after recovery."""
+        """Make the step redoable: an :class:`Interrupted` collective, or a data-plane error
+        this rank survived (reported to the manager, which then decides: ``retry`` rebuilds
+        and redoes the step), leaves the step uncommitted. Other errors propagate."""
         try:
             yield
         except Interrupted:
             self._interrupted = True
+        except CommError as exc:
+            if self.link is None:
+                raise
+            self._interrupted = True
+            self.report_fault("comm", str(exc))
+
+    def report_fault(self, kind: str, message: str) -> None:
+        """Tell the manager this rank hit an error it survived, and wait for its decision at
+        the next safe point. ``kind="corrupt"`` (or ``"device_memory"``) marks this rank's state
+        as untrustworthy: under ``retry`` it is repaired from a replica."""
+        if self.link is None:
+            raise RecoveryError(f"rank {self.rank}: {kind}: {message} (no manager to recover)")
+        log.warning("rank %d reports %s: %s", self.rank, kind, message)
+        self.link.send(M.WorkerFault(self.rank, kind, message))
+        self._await_manager = True
 
     def run(self, step_fn: Callable[[int], Any], total: int) -> int:
         """Call ``step_fn(step)`` for every step up to ``total``; returns the last committed."""
@@ -178,7 +198,16 @@ class Session:
         self.faults.before_allreduce(step)
         if self.faults.in_allreduce(step):
             self._die_in_collective()
+        if self.faults.memory_error(step):
+            self._corrupt_state()
+            self.report_fault("device_memory", f"injected memory error at step {step}")
+            raise Interrupted(f"rank {self.rank}: device memory error at step {step}")
         return self.comm.allreduce(array, op)
+
+    def _corrupt_state(self) -> None:
+        """Fault injection: overwrite this rank's state, as a device memory error would."""
+        state = self._state()
+        state.load_state_dict({n: np.zeros_like(a) for n, a in state.state_dict().items()})
 
     def _die_in_collective(self) -> None:
         """Arm the backend so this process is SIGKILLed after its first chunk is on the wire."""
@@ -226,9 +255,25 @@ class Session:
                 self.recoveries += 1
             log.info("rank %d resumes at step %d (epoch %d)", self.rank, msg.step, epoch)
             return True
+        elif isinstance(msg, M.Dump):
+            self._dump(epoch, msg)
         elif isinstance(msg, M.Exit):
             self._exit(msg)
         return False
+
+    def _dump(self, epoch: int, msg: M.Dump) -> None:
+        assert self.link is not None
+        try:
+            if self.committed != msg.step:
+                raise RepairError(f"rank {self.rank} is at step {self.committed}, not {msg.step}")
+            f = write_rank_dump(self._state(), msg.directory, self.rank, self.committed)
+        except (OSError, RepairError) as exc:
+            log.error("rank %d: dump failed: %s", self.rank, exc)
+            self.link.send(M.Dumped(self.rank, False, msg.step, "", "", "", 0, str(exc)), epoch)
+            return
+        self.link.send(
+            M.Dumped(self.rank, True, f.step, f.file, f.format, f.sha256, f.size, ""), epoch
+        )
 
     def _repair(self, epoch: int, msg: M.Repair) -> None:
         assert self.link is not None

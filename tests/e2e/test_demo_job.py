@@ -89,3 +89,17 @@ def test_recover_after_losing_a_node_is_bit_identical(tmp_path, reference):
         recovery = _check(job, out, reference, "recover")
     assert recovery["replaced"] == [2, 3]
     assert job.find("fault", kind="node_lost", node_rank=1)
+
+
+def test_retry_after_a_transient_comm_error_is_bit_identical(tmp_path, reference):
+    """The failed step's gradients were computed but never applied (the reduce runs outside
+    MindSpore's grad function), so the same process redoes the step after the rebuild."""
+    out = str(tmp_path)
+    with _job(out, Faults().transient(rank=2, step=7), "retry,recover-in-place,exit") as job:
+        recovery = _check(job, out, reference, "retry")
+    assert recovery["replaced"] == []
+    incarnations = []
+    for rank in range(4):
+        with open(os.path.join(out, f"rank_{rank}.json")) as fh:
+            incarnations.append(json.load(fh)["incarnation"])
+    assert incarnations == [0, 0, 0, 0]

@@ -6,9 +6,12 @@ uninterrupted run, and no committed step is lost.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ms_recover.testing.faults import Faults
+from ms_recover.worker.dump import load_npz, locate, read_manifest
+from ms_recover.worker.repair import sha256_of
 
 from .jobs import STEPS, results, run_to_end, trainer_job
 
@@ -128,3 +131,42 @@ def test_repair_source_dying_mid_transfer_recovers(tmp_path, reference):
         _assert_recovered(job, out, reference, "recover-in-place")
     assert job.find("fault", kind="rank_exit", rank=0)
     assert sorted(job.find("recovery", ok=True)[-1]["replaced"]) == [0, 1]
+
+
+def test_transient_comm_error_is_retried_in_process(tmp_path, reference):
+    out = str(tmp_path)
+    with trainer_job(
+        out, Faults().transient(rank=2, step=8), strategy="retry,recover-in-place,exit"
+    ) as job:
+        last = _assert_recovered(job, out, reference, "retry")
+    assert last["replaced"] == [] and last["target_step"] == 7
+    assert job.find("fault", kind="worker_error", rank=2)
+    assert [r["incarnation"] for r in results(out)] == [0, 0, 0, 0]  # nobody restarted
+
+
+def test_corrupted_state_is_repaired_under_retry(tmp_path, reference):
+    out = str(tmp_path)
+    with trainer_job(out, Faults().add("memory", rank=1, step=6), strategy="retry,exit") as job:
+        last = _assert_recovered(job, out, reference, "retry")
+    assert "device_memory" in job.find("fault", rank=1)[0]["detail"]
+    assert last["replaced"] == []
+    assert [r["incarnation"] for r in results(out)] == [0, 0, 0, 0]
+
+
+def test_dump_saves_the_last_committed_state_then_exits(tmp_path):
+    ref_out, out, dump_dir = str(tmp_path / "ref"), str(tmp_path / "run"), str(tmp_path / "dump")
+    with trainer_job(ref_out, steps=11) as job:  # uninterrupted through step 10
+        run_to_end(job)
+    with trainer_job(
+        out, Faults().kill(rank=1, step=10), strategy="dump,exit", dump_dir=dump_dir
+    ) as job:
+        run_to_end(job)
+    assert job.exit_code == 88 and job.pods.exit_codes == {0: 88, 1: 88}
+    manifest = read_manifest(dump_dir)
+    assert manifest.step == 10 and manifest.world_size == 4
+    assert len(manifest.files) == 1  # one replica per shard; every rank here is shard 0
+    for rank in range(4):  # a later job-level restart finds every rank's state
+        path, _ = locate(dump_dir, rank)
+        assert sha256_of(load_npz(path)) == results(ref_out)[rank]["sha256"]
+    assert np.all(np.isfinite(load_npz(locate(dump_dir, 0)[0])["w"]))
+    assert job.find("dump")[0]["step"] == 10

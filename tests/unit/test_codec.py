@@ -55,6 +55,11 @@ SAMPLES: dict[bytes, M.Message] = {
         ),
         M.WorkerFault(rank=2, kind="comm", message="peer 1 reset"),
         M.WorkerDone(rank=2, committed_step=100),
+        M.Dump(step=12, directory="/shared/dump"),
+        M.Dumped(
+            rank=0, ok=True, step=12, file="rank_0.ckpt", format="mindspore", sha256="ab" * 32,
+            size=1024, reason="",
+        ),
         M.Welcome(
             ok=True,
             reason="",

@@ -869,18 +869,19 @@ FAULTS: dict[str, Callable[[Job], None]] = {
     "hang": _hang,
 }
 NOT_YET = {
-    "retry": "in-process retry is not implemented yet",
-    "dump": "the end-of-life dump is not implemented yet",
     "elastic-training": "elastic training is not implemented yet",
 }
 
 CASES = [
-    # strategies, {fault kind: chosen strategy}
+    # strategies, {fault kind: chosen strategy}, the usual choice
     ("recover-in-place,exit", {"node_lost": "exit"}, RIP),
     ("recover,exit", {}, REC),
     ("recover-in-place,recover,exit", {"node_lost": REC}, RIP),
     ("exit", {}, "exit"),
-    ("retry,dump,exit", {}, "exit"),
+    ("retry,dump,exit", {"worker_error": "retry"}, "dump"),
+    ("retry,recover-in-place,recover,dump,exit", {"worker_error": "retry", "node_lost": REC}, RIP),
+    ("dump,exit", {}, "dump"),
+    ("retry,exit", {"worker_error": "retry"}, "exit"),
     ("elastic-training,exit", {}, "exit"),
     ("", {}, "exit"),
 ]
@@ -906,7 +907,7 @@ def test_strategy_choice(
         assert job.model.state is JobState.EXITING and job.model.exit_code == 87
     else:
         assert job.model.state is JobState.STOPPING and job.model.epoch == 2
-        replaced = {2, 3} if expected == REC else {3}
+        replaced = {REC: {2, 3}, RIP: {3}}.get(expected, set())  # retry, dump: nobody restarts
         assert job.model.round is not None and job.model.round.replace_ranks == replaced
     for name, why in NOT_YET.items():
         if name in parse_strategies(strategies):

@@ -1,0 +1,70 @@
+"""Driving a running :class:`~ms_recover.testing.localjob.LocalJob` from a benchmark.
+
+While a benchmark waits it also plays the pod supervisor (``LocalPods.poll``: reap exited pods,
+recreate the ones to reschedule), which ``LocalJob.wait`` would otherwise do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ms_recover.testing.localjob import LocalJob
+from ms_recover.testing.wait import wait_for
+
+
+class JobDriver:
+    def __init__(self, job: LocalJob, timeout_s: float) -> None:
+        self.job = job
+        self.timeout_s = timeout_s
+
+    def wait(self, cond: Callable[[], Any], what: str) -> Any:
+        """``cond()``'s first truthy value, supervising pods meanwhile; Timeout at the deadline."""
+
+        def check() -> Any:
+            self.job.pods.poll()
+            return cond()
+
+        return wait_for(check, self.timeout_s, what)
+
+    def steps(self) -> list[int]:
+        return [r["step"] for r in self.job.status()["ranks"]]
+
+    def until_running(self, min_step: int) -> None:
+        """Wait until the job runs and every rank is ``min_step`` steps past the slowest now."""
+        floor = min(self.steps()) + min_step
+
+        def ready() -> bool:
+            st = self.job.status()
+            return st["state"] == "running" and all(r["alive"] and r["step"] >= floor
+                                                     for r in st["ranks"])
+
+        self.wait(ready, f"every rank running past step {floor}")
+
+    def step_time(self, window_s: float) -> float:
+        """Seconds per step over a window of steady training (slowest rank)."""
+        s0, t0 = min(self.steps()), time.monotonic()
+        self.wait(lambda: time.monotonic() - t0 >= window_s and min(self.steps()) > s0,
+                  "training progress")
+        return (time.monotonic() - t0) / (min(self.steps()) - s0)
+
+    def new_event(self, event: str, seen: int, **match: Any) -> dict[str, Any]:
+        """The first ``event`` matching ``match`` after the ``seen`` already there."""
+        found = self.wait(lambda: self.job.find(event, **match)[seen:], f"{event} {match}")
+        return dict(found[0])
+
+    def count(self, event: str, **match: Any) -> int:
+        return len(self.job.find(event, **match))
+
+    def pid_of(self, rank: int) -> int:
+        return int(next(r["pid"] for r in self.job.status()["ranks"] if r["rank"] == rank))
+
+    def kill_rank(self, rank: int) -> float:
+        """SIGKILL one rank process (a grandchild we started, by pid); the wall time of the kill."""
+        pid = self.pid_of(rank)
+        t_kill = time.time()
+        os.kill(pid, signal.SIGKILL)
+        return t_kill

@@ -1,0 +1,163 @@
+"""Rank program of the overhead benchmark: the demo's MindSpore step, timed with and without ms_recover.
+
+Modes (all time whole loop iterations, so the loop's own bookkeeping is inside the numbers):
+
+* ``plain``: no ms_recover at all: ``DataParallelStep`` with the identity reduce, a ``for`` loop;
+* ``session``: under an agent, ``ms_recover.init()`` then ``session.steps()`` / ``guard()`` with
+  ``session.allreduce`` as the reduce (the host allreduce when world > 1, a copy for one rank);
+  also times every allreduce call;
+* ``interleaved``: under an agent, alternates blocks of the plain loop and of the session loop
+  in one process (ABBA order), and reads the CPU time of the session's heartbeat thread
+  (``ms-recover-link-R``) over each block.
+
+Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
+
+    python -m ms_recover.bench.overhead_train --mode plain --steps 2000 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mindspore
+import numpy as np
+
+from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SAMPLES, SEED, build
+from ms_recover.mindspore.state import MindSporeState
+from ms_recover.mindspore.step import DataParallelStep
+from ms_recover.worker.sampler import make_dataset, shard_indices
+
+MODES = ("plain", "session", "interleaved")
+
+
+class _Data:
+    def __init__(self, rank: int, world: int) -> None:
+        self.x, self.y = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
+        self.rank, self.world = rank, world
+
+    def batch(self, step: int) -> tuple[Any, Any]:
+        idx = shard_indices(step, self.rank, self.world, GLOBAL_BATCH, SAMPLES, SEED)
+        return self.x[idx], self.y[idx]
+
+
+def _plain_block(step: DataParallelStep, data: _Data, first: int, n: int) -> list[float]:
+    """Per-iteration times of ``n`` plain steps."""
+    times, t = [], time.perf_counter()
+    for s in range(first, first + n):
+        step(*data.batch(s))
+        now = time.perf_counter()
+        times.append(now - t)
+        t = now
+    return times
+
+
+def _session_block(session: Any, step: DataParallelStep, data: _Data, n: int) -> list[float]:
+    """Per-iteration times of ``n`` steps through ``session.steps``, ``guard`` and commit."""
+    times, t = [], time.perf_counter()
+    for s in session.steps(session.next_step + n):
+        with session.guard():
+            step(*data.batch(s))
+        now = time.perf_counter()
+        times.append(now - t)
+        t = now
+    # The loop above measured n - 1 full iterations plus the first; the last commit and the
+    # safe point that ends the generator ran after the last timestamp: count them too.
+    times[-1] += time.perf_counter() - t
+    return times
+
+
+def _link_cpu(rank: int) -> Callable[[], float]:
+    thread = next((t for t in threading.enumerate() if t.name == f"ms-recover-link-{rank}"), None)
+    if thread is None or thread.ident is None:
+        return lambda: float("nan")
+    clock = time.pthread_getcpuclockid(thread.ident)
+    return lambda: time.clock_gettime(clock)
+
+
+def _timed(fn: Callable[[np.ndarray], np.ndarray], into: list[float]) -> Callable[..., Any]:
+    def reduce(flat: np.ndarray) -> np.ndarray:
+        t = time.perf_counter()
+        out = fn(flat)
+        into.append(time.perf_counter() - t)
+        return out
+
+    return reduce
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--mode", choices=MODES, required=True)
+    ap.add_argument("--steps", type=int, default=2000, help="timed steps (per kind)")
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--block", type=int, default=200, help="steps per block (interleaved)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+    net, loss_fn, optimizer = build()
+    result: dict[str, Any] = {"mode": args.mode}
+    if args.mode == "plain":
+        step = DataParallelStep(net, loss_fn, optimizer)
+        data = _Data(0, 1)
+        _plain_block(step, data, 0, args.warmup)
+        result.update(rank=0, world=1, step_times=_plain_block(step, data, args.warmup, args.steps))
+    else:
+        import ms_recover
+
+        session = ms_recover.init(state=MindSporeState(net, optimizer))
+        data = _Data(session.rank, session.world_size)
+        reduce_times: list[float] = []
+        step = DataParallelStep(net, loss_fn, optimizer,
+                                reduce_fn=_timed(lambda f: session.allreduce(f, "mean"),
+                                                 reduce_times))
+        result.update(rank=session.rank, world=session.world_size)
+        if args.mode == "session":
+            _session_block(session, step, data, args.warmup)
+            reduce_times.clear()
+            result["step_times"] = _session_block(session, step, data, args.steps)
+            result["allreduce_times"] = reduce_times
+        else:
+            plain = DataParallelStep(net, loss_fn, optimizer)  # same model, identity reduce
+            result.update(_interleave(session, plain, step, data, args))
+        _write(args.out, result)  # before finish(): the job ends, and its agent kills its ranks
+        session.finish()
+        return 0
+    _write(args.out, result)
+    return 0
+
+
+def _write(out: str, result: dict[str, Any]) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{result['mode']}_{result['rank']}.json"), "w") as fh:
+        json.dump(result, fh)
+
+
+def _interleave(session: Any, plain: DataParallelStep, step: DataParallelStep, data: _Data,
+                args: argparse.Namespace) -> dict[str, Any]:
+    """ABBA blocks of the plain and the session loop on one model, in one process."""
+    link_cpu = _link_cpu(session.rank)
+    _plain_block(plain, data, 0, args.warmup)
+    _session_block(session, step, data, args.warmup)
+    pairs = []
+    for i in range(max(1, args.steps // args.block)):
+        order = ("plain", "session") if i % 2 == 0 else ("session", "plain")
+        pair: dict[str, Any] = {}
+        for kind in order:
+            cpu0 = link_cpu()
+            if kind == "plain":
+                times = _plain_block(plain, data, args.warmup + i * args.block, args.block)
+            else:
+                times = _session_block(session, step, data, args.block)
+            pair[kind] = {"seconds": sum(times), "steps": len(times),
+                          "link_cpu_s": link_cpu() - cpu0}
+        pairs.append(pair)
+    return {"pairs": pairs}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
