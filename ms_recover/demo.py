@@ -28,7 +28,14 @@ from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.timeline import Timeline
 
-FAULTS = ("kill", "node", "allreduce")
+FAULTS = {
+    "kill": "SIGKILL one rank after --kill-step",
+    "node": "SIGKILL a whole node (its agent and ranks)",
+    "hang": "SIGSTOP one rank: detected by the step-progress (hang) timeout",
+    "transient": "a transient data-plane error in one rank's allreduce (the rank survives)",
+    "memory": "corrupt one rank's state and report a device memory error",
+    "allreduce": "SIGKILL one rank in the middle of its gradient allreduce",
+}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -44,14 +51,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--fault",
         choices=FAULTS,
         default=None,
-        help="kill: SIGKILL one rank; node: SIGKILL a whole node; allreduce: SIGKILL "
-        "one rank in the middle of its gradient allreduce (default kill, or node with "
-        "--kill-node)",
+        help="; ".join(f"{k}: {v}" for k, v in FAULTS.items())
+        + " (default kill, or node with --kill-node)",
     )
-    p.add_argument("--kill-rank", type=int, default=1, help="rank to kill (default 1)")
-    p.add_argument(
-        "--kill-step", type=int, default=15, help="step after which to kill (default 15)"
-    )
+    p.add_argument("--kill-rank", type=int, default=1, help="rank to fault (default 1)")
+    p.add_argument("--kill-step", type=int, default=15, help="step of the fault (default 15)")
     p.add_argument("--kill-node", type=int, default=None, help="kill this whole node instead")
     p.add_argument(
         "--verify",
@@ -86,12 +90,15 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         if not 0 <= args.kill_rank < world:
             raise ConfigError(f"--kill-rank {args.kill_rank} is outside 0..{world - 1}")
         faults = Faults().add(fault, rank=args.kill_rank, step=args.kill_step)
+    # A hang is found by the step-progress timeout: keep it short, and silence detection longer.
+    timeouts = {"hang_timeout_s": 6.0, "rank_silence_s": 60.0} if fault == "hang" else {}
     config = JobConfig(
         job_id=f"demo-{os.getpid()}",
         node_nums=args.nodes,
         proc_per_node=args.procs_per_node,
         strategies=parse_strategies(args.strategy),
         wait_reschedule_timeout_s=60.0,
+        **timeouts,
     )
     return config, faults
 

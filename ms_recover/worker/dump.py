@@ -32,8 +32,8 @@ import json
 import os
 import secrets
 import zipfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -59,6 +59,30 @@ class DumpFile:
     sha256: str
     size: int
 
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any]) -> DumpFile:
+        """A DumpFile from its JSON/msgpack form (``dataclasses.asdict``), checked: RepairError
+        for a missing or mistyped field, an unknown format or a name that is not a plain name.
+        """
+        try:
+            f = cls(
+                rank=int(entry["rank"]),
+                step=int(entry["step"]),
+                file=str(entry["file"]),
+                format=str(entry["format"]),
+                sha256=str(entry["sha256"]),
+                size=int(entry["size"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RepairError(f"dump file entry {dict(entry)!r} is malformed: {exc!r}") from exc
+        if f.format not in FORMATS:
+            raise RepairError(
+                f"dump file {f.file!r} has format {f.format!r}, not one of: {', '.join(FORMATS)}"
+            )
+        if os.path.basename(f.file) != f.file or f.file in ("", ".", ".."):
+            raise RepairError(f"dump file name {f.file!r} is not a plain name in the directory")
+        return f
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -68,8 +92,8 @@ class Manifest:
     step: int
     world_size: int
     files: tuple[DumpFile, ...]
-    shards: dict[int, int] = field(default_factory=dict)
-    holders: dict[int, str] = field(default_factory=dict)
+    shards: dict[int, int]
+    holders: dict[int, str]
 
     def file_for(self, rank: int) -> DumpFile:
         """The DumpFile holding ``rank``'s state; RepairError for a rank outside the world."""
@@ -155,6 +179,9 @@ def _write_npz(fh: BinaryIO, arrays: dict[str, NDArray[Any]]) -> None:
 
 
 def _save_npz(path: str, arrays: dict[str, NDArray[Any]]) -> None:
+    pickled = [f"{n!r} ({a.dtype})" for n, a in arrays.items() if np.asarray(a).dtype.hasobject]
+    if pickled:
+        raise RepairError(f"state entries {', '.join(pickled)} hold Python objects; not dumped")
     with open(path, "xb") as fh:
         _write_npz(fh, arrays)
 
@@ -277,42 +304,21 @@ def read_manifest(directory: str) -> Manifest:
         ) from exc
     try:
         return _parse_manifest(json.loads(raw))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (RepairError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RepairError(f"dump manifest {path} is malformed: {exc!r}") from exc
-
-
-def _parse_file(entry: dict[str, Any]) -> DumpFile:
-    f = DumpFile(
-        rank=int(entry["rank"]),
-        step=int(entry["step"]),
-        file=str(entry["file"]),
-        format=str(entry["format"]),
-        sha256=str(entry["sha256"]),
-        size=int(entry["size"]),
-    )
-    if f.format not in FORMATS:
-        raise ValueError(
-            f"file {f.file!r} has format {f.format!r}, not one of: {', '.join(FORMATS)}"
-        )
-    if os.path.basename(f.file) != f.file or f.file in ("", ".", ".."):
-        raise ValueError(f"file name {f.file!r} is not a plain name inside the dump directory")
-    return f
 
 
 def _parse_manifest(body: dict[str, Any]) -> Manifest:
     if body["version"] != MANIFEST_VERSION:
         raise ValueError(f"version {body['version']!r}, this reader knows {MANIFEST_VERSION}")
     step, world_size = int(body["step"]), int(body["world_size"])
-    files = [_parse_file(dict(e)) for e in body["files"]]
+    files = [DumpFile.from_dict(e) for e in body["files"]]
     ranks = {int(r): dict(v) for r, v in dict(body["ranks"]).items()}
     shards = {r: int(v["shard"]) for r, v in ranks.items()}
     holders = {r: str(v["file"]) for r, v in ranks.items()}
-    try:
-        _check_files(files, step, world_size)
-        if holders != _holders(files, shards, world_size):
-            raise ValueError("the rank -> file map disagrees with the files and shards it lists")
-    except RepairError as exc:
-        raise ValueError(str(exc)) from exc
+    _check_files(files, step, world_size)
+    if holders != _holders(files, shards, world_size):
+        raise ValueError("the rank -> file map disagrees with the files and shards it lists")
     return Manifest(
         job_id=str(body["job_id"]),
         step=step,

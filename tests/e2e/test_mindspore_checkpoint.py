@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 ms = pytest.importorskip("mindspore")
 nn = ms.nn
@@ -43,7 +44,7 @@ def train(net: Any, opt: Any, steps: range) -> None:
         step(X[idx], Y[idx])
 
 
-def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+def assert_same(a: dict[str, NDArray[Any]], b: dict[str, NDArray[Any]]) -> None:
     assert list(a) == list(b)
     for name in a:
         assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
@@ -51,7 +52,7 @@ def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
 
 
 @pytest.fixture(scope="module")
-def dumped(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, np.ndarray]]:
+def dumped(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, NDArray[Any]]]:
     """World 2, one shard: rank 0 trained 3 steps and dumped; rank 1 wrote nothing."""
     net, opt = build(seed=1)
     train(net, opt, range(3))
@@ -64,7 +65,7 @@ def dumped(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, np.
     return directory, live
 
 
-def test_dump_is_one_ckpt_with_the_whole_state(dumped: tuple[str, dict[str, np.ndarray]]) -> None:
+def test_dump_is_one_ckpt_with_the_whole_state(dumped: tuple[str, dict[str, NDArray[Any]]]) -> None:
     directory, live = dumped
     assert sorted(os.listdir(directory)) == ["manifest.json", "rank_0.ckpt"]
     assert int(live["global_step"][0]) == 3
@@ -75,7 +76,7 @@ def test_dump_is_one_ckpt_with_the_whole_state(dumped: tuple[str, dict[str, np.n
 
 
 def test_a_fresh_model_loads_the_dump_bit_for_bit_and_trains_on_identically(
-    dumped: tuple[str, dict[str, np.ndarray]], monkeypatch: pytest.MonkeyPatch
+    dumped: tuple[str, dict[str, NDArray[Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory, live = dumped
     net, opt = build(seed=99)
@@ -93,7 +94,7 @@ def test_a_fresh_model_loads_the_dump_bit_for_bit_and_trains_on_identically(
 
 
 def test_a_model_of_another_shape_is_refused_by_name_and_left_untouched(
-    dumped: tuple[str, dict[str, np.ndarray]],
+    dumped: tuple[str, dict[str, NDArray[Any]]],
 ) -> None:
     directory, _ = dumped
     net, opt = build(seed=2, hidden=33)
@@ -108,12 +109,15 @@ class Cursor:
     """An extra provider with a zero-size entry (MindSpore's checkpoint drops those itself)."""
 
     def __init__(self) -> None:
-        self.arrays = {"pos": np.array([7], np.int64), "pending": np.zeros((0, 3), np.float16)}
+        self.arrays: dict[str, NDArray[Any]] = {
+            "pos": np.array([7], np.int64),
+            "pending": np.zeros((0, 3), np.float16),
+        }
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self) -> dict[str, NDArray[Any]]:
         return dict(self.arrays)
 
-    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, arrays: dict[str, NDArray[Any]]) -> None:
         self.arrays = dict(arrays)
 
 

@@ -7,6 +7,7 @@ locate() verifies the file and names what is missing, corrupt or malformed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -122,7 +123,7 @@ def test_a_failed_write_leaves_no_file_and_keeps_the_previous_one(tmp_path: Any)
         def state_dict(self) -> dict[str, NDArray[Any]]:
             return {"ok": np.ones(2), "bad": np.array([object()])}  # never pickled
 
-    with pytest.raises(ValueError):
+    with pytest.raises(RepairError, match=r"'bad' \(object\) hold Python objects"):
         write_rank_dump(Broken({}), str(tmp_path), 4, 2)
     assert os.listdir(tmp_path) == ["rank_0.ckpt"]
 
@@ -229,3 +230,15 @@ def test_load_npz_names_an_unreadable_file(tmp_path: Any) -> None:
     path.write_bytes(b"not a zip")
     with pytest.raises(RepairError, match=r"cannot read npz dump file .*rank_0\.npz"):
         load_npz(str(path))
+
+
+def test_dump_file_from_dict_round_trips_and_checks_its_fields() -> None:
+    f = DumpFile(1, 7, "rank_1.ckpt", "mindspore", "ab" * 32, 10)
+    assert DumpFile.from_dict(dataclasses.asdict(f)) == f
+    for bad, message in [
+        ({"rank": 1}, "malformed"),
+        ({**dataclasses.asdict(f), "format": "pickle"}, "not one of: mindspore, npz"),
+        ({**dataclasses.asdict(f), "file": "/etc/passwd"}, "not a plain name"),
+    ]:
+        with pytest.raises(RepairError, match=message):
+            DumpFile.from_dict(bad)

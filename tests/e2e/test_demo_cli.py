@@ -1,0 +1,62 @@
+"""`ms-recover demo` as a newcomer runs it: the result JSON, the exit code, bad flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+
+
+def test_demo_verify_writes_the_result_json(tmp_path):
+    out = tmp_path / "result.json"
+    run = _demo(
+        "--steps",
+        "20",
+        "--kill-step",
+        "8",
+        "--verify",
+        "--json",
+        str(out),
+        "--workdir",
+        str(tmp_path / "work"),
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["recovered"] is True and result["strategy_used"] == "recover-in-place"
+    assert result["lost_steps"] == 0 and result["mttr_s"] > 0
+    assert set(result["phases"]) == {"detect", "stop", "replace", "rebuild", "repair", "resume"}
+    assert result["weights_match"] is True
+    assert result["final_weights_sha256"] == result["reference_weights_sha256"]
+    assert "RECOVERED with recover-in-place" in run.stdout
+    assert "weights match the uninterrupted run bit for bit" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--kill-step", "99"], "--kill-step must be in 0..38"),
+        (["--kill-rank", "7"], "--kill-rank 7 is outside 0..3"),
+        (["--kill-node", "2"], "--kill-node 2 is outside 0..1"),
+        (["--nodes", "1", "--procs-per-node", "1"], "at least 2 ranks"),
+        (["--strategy", "recover,recover"], "listed twice"),
+        (["--fault", "meteor"], "invalid choice: 'meteor'"),
+    ],
+)
+def test_demo_bad_flags_exit_2_with_a_reason(args, needle):
+    run = _demo(*args)
+    assert run.returncode == 2
+    assert needle in run.stderr
+    assert "Traceback" not in run.stderr
