@@ -91,15 +91,15 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
             raise ConfigError(f"--kill-rank {args.kill_rank} is outside 0..{world - 1}")
         faults = Faults().add(fault, rank=args.kill_rank, step=args.kill_step)
     # A hang is found by the step-progress timeout: keep it short, and silence detection longer.
-    timeouts = {"hang_timeout_s": 6.0, "rank_silence_s": 60.0} if fault == "hang" else {}
     config = JobConfig(
         job_id=f"demo-{os.getpid()}",
         node_nums=args.nodes,
         proc_per_node=args.procs_per_node,
         strategies=parse_strategies(args.strategy),
         wait_reschedule_timeout_s=60.0,
-        **timeouts,
     )
+    if fault == "hang":
+        config = config.replace(hang_timeout_s=6.0, rank_silence_s=60.0)
     return config, faults
 
 

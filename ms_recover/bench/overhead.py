@@ -10,12 +10,15 @@ millisecond, so any fixed per-step cost shows up large; a bigger model only dilu
 
 Two ways of comparing them, because the host is shared and noisy:
 
-1. **In one process, interleaved** (ABBA blocks of (a) and (b) on the same model, after
-   ``init``): the per-step bookkeeping cost, immune to drift between processes. The heartbeat
-   thread runs under both blocks, so its CPU time per (b) step is added on top, as if it
-   always held the GIL: an upper bound.
+1. **In one process, interleaved step by step** (ABBA: a, b, b, a, ...; one DataParallelStep
+   whose reduce is switched, so both run the same compiled graphs; after ``init``): the
+   per-step bookkeeping, as the ratio of the median step times. Other load on the host hits
+   both sides alike. The heartbeat thread runs under both, so its CPU time per (b) step is
+   added on top, as if it always held the GIL: an upper bound. This is the row checked
+   against the target.
 2. **Separate processes**, (a) alone vs (b) under a LocalJob, in ABBA order, ``--repeats``
-   pairs: the literal comparison, noisier. Each run's per-step median; the median of the pairs.
+   pairs: the literal comparison, shown for reference. On a shared host, runs minutes apart
+   differ by far more than 1 %, so it carries no verdict.
 
 DESIGN.md §8: <= 1 %. With two ranks, the share of the host allreduce in the step is reported
 too (no target: it is the data plane's cost, not ms_recover's overhead).
@@ -44,9 +47,8 @@ PROGRAM = [sys.executable, "-m", "ms_recover.bench.overhead_train"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=2000, help="timed steps per run (default 2000)")
-    p.add_argument("--block", type=int, default=200, help="steps per interleaved block")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="(a)/(b) pairs of separate processes (default 3)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="(a)/(b) pairs of separate processes, for reference (default 2)")
     p.add_argument("--world2", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the allreduce share at 2 ranks (default on)")
     p.add_argument("--timeout", type=float, default=240.0, help="per-run deadline in s")
@@ -55,13 +57,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < args.block or args.block < 10 or args.repeats < 0:
-        print("ms-recover bench overhead: needs --steps >= --block >= 10, --repeats >= 0",
-              file=sys.stderr)
+    if args.steps < 100 or args.repeats < 0:
+        print("ms-recover bench overhead: needs --steps >= 100, --repeats >= 0", file=sys.stderr)
         return 2
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-overhead-")
     runner = _Runner(args, workdir)
-    print("overhead: interleaved (a)/(b) blocks in one process ...", flush=True)
+    print("overhead: (a) and (b) interleaved step by step in one process ...", flush=True)
     inter = runner.job("interleaved", procs=1)[0]
     pairs = []
     for i in range(args.repeats):
@@ -84,8 +85,7 @@ class _Runner:
         self.args, self.workdir, self.n = args, workdir, 0
 
     def _argv(self, mode: str, out: str) -> list[str]:
-        return PROGRAM + ["--mode", mode, "--steps", str(self.args.steps),
-                          "--block", str(self.args.block), "--out", out]
+        return PROGRAM + ["--mode", mode, "--steps", str(self.args.steps), "--out", out]
 
     def _out(self, mode: str) -> str:
         self.n += 1
@@ -122,16 +122,14 @@ def _load(out: str, mode: str, procs: int) -> list[dict[str, Any]]:
 
 
 def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
-    pairs = inter["pairs"]
-    per_step = [{k: p[k]["seconds"] / p[k]["steps"] for k in ("plain", "session")} for p in pairs]
-    bookkeeping = statistics.median(s["session"] / s["plain"] - 1 for s in per_step) * 100
-    plain_step = statistics.median(s["plain"] for s in per_step)
-    link = (sum(p["session"]["link_cpu_s"] for p in pairs)
-            / sum(p["session"]["steps"] for p in pairs))
-    return {"bookkeeping_pct": bookkeeping, "plain_step_s": plain_step,
-            "session_step_s": statistics.median(s["session"] for s in per_step),
-            "link_cpu_per_step_s": link, "link_pct": link / plain_step * 100,
-            "upper_bound_pct": bookkeeping + link / plain_step * 100, "blocks": per_step}
+    plain = statistics.median(inter["plain_times"])
+    session = statistics.median(inter["session_times"])
+    link = inter["link_cpu_s"] / len(inter["session_times"])
+    bookkeeping = (session / plain - 1) * 100
+    return {"steps": len(inter["session_times"]), "plain_step_s": plain,
+            "session_step_s": session, "bookkeeping_pct": bookkeeping,
+            "link_cpu_per_step_s": link, "link_pct": link / plain * 100,
+            "upper_bound_pct": bookkeeping + link / plain * 100}
 
 
 def _report(args: argparse.Namespace, inter: dict[str, Any], pairs: list[dict[str, float]],
@@ -139,12 +137,11 @@ def _report(args: argparse.Namespace, inter: dict[str, Any], pairs: list[dict[st
     il = _interleaved(inter)
     rep = Report("overhead", "ms-recover bench overhead: demo MLP DataParallelStep on MindSpore "
                  "CPU, (a) plain loop vs (b) under ms_recover")
-    rep.add(Measure("step time (a), interleaved", il["plain_step_s"] * 1e3, "ms"),
-            Measure("step time (b), interleaved", il["session_step_s"] * 1e3, "ms"),
-            Measure(f"  loop bookkeeping, median of {len(il['blocks'])} block pairs",
-                    il["bookkeeping_pct"], "%",
+    rep.add(Measure(f"step time (a), median of {il['steps']}", il["plain_step_s"] * 1e3, "ms"),
+            Measure(f"step time (b), median of {il['steps']}", il["session_step_s"] * 1e3, "ms"),
+            Measure("  loop bookkeeping, (b) / (a) - 1", il["bookkeeping_pct"], "%",
                     note="session.steps/guard/commit + session.allreduce vs the plain loop, "
-                    "same process, ABBA blocks"),
+                    "same process, alternating step by step"),
             Measure("  heartbeat thread CPU per step", il["link_pct"], "%",
                     note=f"{il['link_cpu_per_step_s'] * 1e6:.1f} us of the link thread's CPU per "
                     "(b) step, relative to an (a) step"),
@@ -152,10 +149,10 @@ def _report(args: argparse.Namespace, inter: dict[str, Any], pairs: list[dict[st
                     "<=", TARGET_PCT, "bookkeeping + all heartbeat-thread CPU"))
     if pairs:
         ab = [p["session"] / p["plain"] * 100 - 100 for p in pairs]
-        rep.add(Measure(f"overhead (b) vs (a), separate processes, median of {len(ab)}",
-                        statistics.median(ab), "%", "<=", TARGET_PCT,
+        rep.add(Measure(f"(b) vs (a), separate processes, median of {len(ab)} (reference)",
+                        statistics.median(ab), "%",
                         note="each run's median step time; pairs in ABBA order; spread "
-                        f"{min(ab):+.1f} .. {max(ab):+.1f} %"))
+                        f"{min(ab):+.1f} .. {max(ab):+.1f} %; no verdict: host noise"))
     w2 = None
     if world2:
         w2 = [{"rank": r["rank"], "step_s": statistics.median(r["step_times"]),
@@ -166,12 +163,12 @@ def _report(args: argparse.Namespace, inter: dict[str, Any], pairs: list[dict[st
                 Measure("2 ranks: allreduce share of the step",
                         median([x["allreduce_s"] / x["step_s"] for x in w2]) * 100, "%",
                         note="median per-call allreduce / median step, per rank, then median"))
-    rep.settings = {"steps": args.steps, "block": args.block, "repeats": args.repeats,
+    rep.settings = {"steps": args.steps, "repeats": args.repeats,
                     "model": "demo_train MLP 64-128-8, Adam, global batch 64, jit",
                     "workdir": workdir}
     rep.samples = {"interleaved": il, "separate_process_pairs": pairs, "world2": w2}
     rep.notes = ["One rank's step is about a millisecond: a per-step cost of ms_recover is at "
                  "its most visible here.",
                  "The host is shared with other work: the separate-process comparison moves by "
-                 "more than 1 % between runs; the in-process one is the steadier."]
+                 "far more than 1 % between runs; the step-by-step one is the steadier."]
     return rep

@@ -6,9 +6,10 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
 * ``session``: under an agent, ``ms_recover.init()`` then ``session.steps()`` / ``guard()`` with
   ``session.allreduce`` as the reduce (the host allreduce when world > 1, a copy for one rank);
   also times every allreduce call;
-* ``interleaved``: under an agent, alternates blocks of the plain loop and of the session loop
-  in one process (ABBA order), and reads the CPU time of the session's heartbeat thread
-  (``ms-recover-link-R``) over each block.
+* ``interleaved``: under an agent, alternates single steps of the plain loop and of the session
+  loop in one process (ABBA order, one ``DataParallelStep`` whose reduce is switched, so both
+  run the same compiled graphs), and reads the CPU time of the session's heartbeat thread
+  (``ms-recover-link-R``) over the session steps.
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
@@ -95,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=MODES, required=True)
     ap.add_argument("--steps", type=int, default=2000, help="timed steps (per kind)")
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--block", type=int, default=200, help="steps per block (interleaved)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             result["step_times"] = _session_block(session, step, data, args.steps)
             result["allreduce_times"] = reduce_times
         else:
-            plain = DataParallelStep(net, loss_fn, optimizer)  # same model, identity reduce
-            result.update(_interleave(session, plain, step, data, args))
+            result.update(_interleave(session, step, data, args))
         _write(args.out, result)  # before finish(): the job ends, and its agent kills its ranks
         session.finish()
         return 0
@@ -137,26 +136,43 @@ def _write(out: str, result: dict[str, Any]) -> None:
         json.dump(result, fh)
 
 
-def _interleave(session: Any, plain: DataParallelStep, step: DataParallelStep, data: _Data,
+def _interleave(session: Any, step: DataParallelStep, data: _Data,
                 args: argparse.Namespace) -> dict[str, Any]:
-    """ABBA blocks of the plain and the session loop on one model, in one process."""
+    """Alternate single steps of (a) and (b), ABBA, on one DataParallelStep (one set of graphs).
+
+    (a) is the step with the identity reduce, called directly; (b) is one iteration of
+    ``session.steps()`` (which commits the previous (b) step and passes the safe point) with
+    ``guard()`` and ``session.allreduce`` as the reduce.
+    """
+    session_reduce = step.reduce_fn
     link_cpu = _link_cpu(session.rank)
-    _plain_block(plain, data, 0, args.warmup)
-    _session_block(session, step, data, args.warmup)
-    pairs = []
-    for i in range(max(1, args.steps // args.block)):
-        order = ("plain", "session") if i % 2 == 0 else ("session", "plain")
-        pair: dict[str, Any] = {}
-        for kind in order:
+    steps = session.steps(1 << 62)
+    times: dict[str, list[float]] = {"plain": [], "session": []}
+    link_s = 0.0
+    for i in range(args.warmup + args.steps):
+        for kind in ("plain", "session") if i % 2 == 0 else ("session", "plain"):
             cpu0 = link_cpu()
+            t = time.perf_counter()
             if kind == "plain":
-                times = _plain_block(plain, data, args.warmup + i * args.block, args.block)
+                step.reduce_fn = _identity
+                step(*data.batch(i))
             else:
-                times = _session_block(session, step, data, args.block)
-            pair[kind] = {"seconds": sum(times), "steps": len(times),
-                          "link_cpu_s": link_cpu() - cpu0}
-        pairs.append(pair)
-    return {"pairs": pairs}
+                step.reduce_fn = session_reduce
+                s = next(steps)
+                with session.guard():
+                    step(*data.batch(s))
+            dt = time.perf_counter() - t
+            if i >= args.warmup:
+                times[kind].append(dt)
+                if kind == "session":
+                    link_s += link_cpu() - cpu0
+    steps.close()
+    return {"plain_times": times["plain"], "session_times": times["session"],
+            "link_cpu_s": link_s}
+
+
+def _identity(flat: np.ndarray) -> np.ndarray:
+    return flat
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ log = logging.getLogger("ms_recover.manager")
 PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
 #: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
 CORRUPTING = frozenset({"corrupt", "device_memory"})
-DUMP_FIELDS = ("rank", "step", "file", "format", "sha256", "size")
 
 
 class ManagerServer:
@@ -414,10 +413,7 @@ class ManagerServer:
     def _write_manifest(self) -> None:
         m = self.model
         assert m.round is not None
-        files = [
-            DumpFile(**{k: m.ranks[r].dump[k] for k in DUMP_FIELDS})  # type: ignore[index]
-            for r in m.round.dump_ranks
-        ]
+        files = [DumpFile.from_dict(m.ranks[r].dump or {}) for r in m.round.dump_ranks]
         shards = {r: i.shard for r, i in m.ranks.items()}
         path = write_manifest(
             self.config.effective_dump_dir(),

@@ -267,7 +267,7 @@ class Session:
             if self.committed != msg.step:
                 raise RepairError(f"rank {self.rank} is at step {self.committed}, not {msg.step}")
             f = write_rank_dump(self._state(), msg.directory, self.rank, self.committed)
-        except (OSError, RepairError) as exc:
+        except Exception as exc:  # any failure is reported: the manager then exits the job
             log.error("rank %d: dump failed: %s", self.rank, exc)
             self.link.send(M.Dumped(self.rank, False, msg.step, "", "", "", 0, str(exc)), epoch)
             return
