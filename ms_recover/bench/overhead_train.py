@@ -166,9 +166,31 @@ def _interleave(session: Any, step: DataParallelStep, data: _Data,
                 times[kind].append(dt)
                 if kind == "session":
                     link_s += link_cpu() - cpu0
+    # The direct cost of ms_recover's per-step calls, isolated from the step: one empty
+    # iteration of steps()/guard() (commit and safe point included) and one allreduce call on
+    # a buffer of the gradient's size. These commit empty steps, so they come last.
+    flat = np.ones(step.num_elements, np.float32)
+    calls = {"allreduce_s": _median_call(lambda: session.allreduce(flat, "mean")),
+             "loop_s": _median_call(lambda: _empty_iteration(session, steps))}
     steps.close()
     return {"plain_times": times["plain"], "session_times": times["session"],
-            "link_cpu_s": link_s}
+            "link_cpu_s": link_s, "calls": calls}
+
+
+def _empty_iteration(session: Any, steps: Any) -> None:
+    next(steps)
+    with session.guard():
+        pass
+
+
+def _median_call(fn: Callable[[], Any], n: int = 2000) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[n // 2]
 
 
 def _identity(flat: np.ndarray) -> np.ndarray:

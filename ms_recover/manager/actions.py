@@ -64,6 +64,20 @@ class FinishRound(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class SetActive(Action):
+    """Elastic training: the data-plane world becomes ``ranks``."""
+
+    ranks: frozenset[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Exhaust(Action):
+    """No more tries of ``strategy`` in this incident (its replacement never came)."""
+
+    strategy: str
+
+
+@dataclasses.dataclass(frozen=True)
 class WriteManifest(Action):
     """Write the dump manifest from the ranks' Dumped answers."""
 

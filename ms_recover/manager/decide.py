@@ -14,10 +14,12 @@ from ms_recover.errors import RepairError
 from ms_recover.manager.actions import (
     Action,
     Emit,
+    Exhaust,
     FinishRound,
     MarkLost,
     SendAgent,
     SendRanks,
+    SetActive,
     StartRound,
     Transition,
     UpdateRound,
@@ -87,7 +89,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
 
 
 def _detect_hang(m: JobModel, now: float) -> list[Fault]:
-    active = [i for i in m.ranks.values() if i.alive and not i.done]
+    active = [i for i in m.members().values() if i.alive and not i.done]
     if not active:
         return []
     stalled = now - max(i.last_progress for i in active)
@@ -108,7 +110,9 @@ def _detect_hang(m: JobModel, now: float) -> list[Fault]:
 
 
 # ----------------------------------------------------------------------------- faults
-def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Action]:
+def on_faults(
+    m: JobModel, faults: list[Fault], now: float, why: str, exhausted: str = ""
+) -> list[Action]:
     """Mark the faults, then start a new round with the first feasible strategy, or exit."""
     cfg = m.config
     actions: list[Action] = []
@@ -140,7 +144,7 @@ def on_faults(m: JobModel, faults: list[Fault], now: float, why: str) -> list[Ac
     lost_nodes = {f.node_rank for f in all_faults if f.kind == "node_lost"}
     if prev is not None:
         lost_nodes |= {n for n in prev.reschedule_nodes if not m.agents[n].alive}
-    strategy, reason = choose_strategy(m, all_faults, hit, lost_nodes)
+    strategy, reason = choose_strategy(m, all_faults, hit, lost_nodes, exhausted)
     if strategy is None or strategy is Strategy.EXIT:
         return actions + exit_job(m, exitcodes.JOB_EXIT, f"{why}; {reason}")
     if why != "fault detected":
@@ -163,7 +167,7 @@ def _new_round(
     restarts = strategy in (Strategy.RECOVER, Strategy.RECOVER_IN_PLACE)
     replace = set(hit) if restarts else set()
     excluded: frozenset[int] = frozenset()
-    if strategy is Strategy.DUMP:
+    if strategy in (Strategy.DUMP, Strategy.ELASTIC_TRAINING):
         excluded = frozenset(hit | {r for r, i in m.ranks.items() if not i.alive})
     corrupt = frozenset(f.rank for f in faults if f.corrupt and strategy is Strategy.RETRY)
     nodes: set[int] = set()
@@ -186,6 +190,7 @@ def _new_round(
         phase_start=now,
         corrupt_ranks=corrupt,
         excluded_ranks=excluded,
+        new_active=m.active - excluded,
     )
     survivors = tuple(
         r for r in sorted(m.ranks) if r not in replace | excluded and m.ranks[r].alive
@@ -212,9 +217,11 @@ def _new_round(
                 actions.append(
                     SendAgent("reschedule pod", node, AgentExit(exitcodes.RESCHEDULE, reason))
                 )
-    elif restarts:
-        for node in sorted({cfg.node_of(r) for r in replace} - fresh):
-            local = sorted(r for r in replace if cfg.node_of(r) == node)
+    elif restarts or strategy is Strategy.ELASTIC_TRAINING:
+        # Elastic training goes on without waiting, but still asks for replacements.
+        todo = replace or {r for r in hit if m.agents[cfg.node_of(r)].alive}
+        for node in sorted({cfg.node_of(r) for r in todo} - fresh):
+            local = sorted(r for r in todo if cfg.node_of(r) == node)
             actions.append(SendAgent("kill leftovers", node, KillRanks(local, reason)))
             actions.append(SendAgent("restart in place", node, StartRanks(local, reason)))
     actions.append(Transition(reason, JobState.STOPPING))
@@ -235,12 +242,14 @@ def exit_job(m: JobModel, code: int, reason: str) -> list[Action]:
     return actions
 
 
-def escalate(m: JobModel, now: float, why: str, stuck: Sequence[int] = ()) -> list[Action]:
-    """A phase failed or timed out: new epoch, same or next strategy."""
+def escalate(
+    m: JobModel, now: float, why: str, stuck: Sequence[int] = (), exhausted: str = ""
+) -> list[Action]:
+    """A phase failed or timed out: new epoch, same or next strategy (never ``exhausted``)."""
     faults = [Fault("hang", m.config.node_of(r), r, f"{why} (rank {r})", now, 0.0) for r in stuck]
-    if not faults:
-        return on_faults(m, [], now, why) if m.round else exit_job(m, exitcodes.JOB_EXIT, why)
-    return on_faults(m, faults, now, why)
+    if not faults and not m.round:
+        return exit_job(m, exitcodes.JOB_EXIT, why)
+    return on_faults(m, faults, now, why, exhausted)
 
 
 # ----------------------------------------------------------------------------- progress per state
@@ -262,15 +271,18 @@ def _forming(m: JobModel, now: float) -> list[Action]:
     return [StartRound(reason, rnd), _rebuild(m), Transition(reason, JobState.REBUILDING)]
 
 
-def _rebuild(m: JobModel) -> SendRanks:
-    members = {r: i.endpoint for r, i in sorted(m.ranks.items())}
-    return SendRanks("rebuild", tuple(sorted(m.ranks)), Rebuild(members, m.group_log.to_wire()))
+def _rebuild(m: JobModel, active: frozenset[int] | None = None) -> SendRanks:
+    world = m.active if active is None else active
+    members = {r: i.endpoint for r, i in sorted(m.ranks.items()) if r in world}
+    return SendRanks("rebuild", tuple(members), Rebuild(members, m.group_log.to_wire()))
 
 
 def _stopping(m: JobModel, now: float) -> list[Action]:
     rnd = _round(m)
     out = rnd.replace_ranks | rnd.excluded_ranks
-    survivors = [r for r, i in m.ranks.items() if r not in out and not i.done]
+    survivors = [
+        r for r, i in m.ranks.items() if (r in m.active or i.alive) and r not in out and not i.done
+    ]
     unstopped = [r for r in survivors if m.ranks[r].acked.get("stop") != m.epoch]
     missing = [r for r in rnd.replace_ranks if not m.ranks[r].alive]
     actions: list[Action] = []
@@ -280,6 +292,14 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
         actions.append(UpdateRound("replacements registered", {"replace_done": now}))
     if not unstopped and not missing and rnd.strategy is Strategy.DUMP:
         return actions + _start_dump(m, now, survivors)
+    if not unstopped and not missing and rnd.strategy is Strategy.ELASTIC_TRAINING:
+        reason = f"elastic-training: data-parallel world is now ranks {sorted(rnd.new_active)}"
+        return actions + [
+            SetActive(reason, rnd.new_active),
+            _rebuild(m, rnd.new_active),
+            UpdateRound(reason, {"phase_start": now}),
+            Transition(reason, JobState.REBUILDING),
+        ]
     if not unstopped and not missing:
         reason = f"survivors stopped, ranks {sorted(rnd.replace_ranks)} replaced"
         return actions + [
@@ -301,19 +321,21 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
         else m.config.phase_timeout_s
     )
     if missing and waited > limit:
-        return escalate(
-            m, now, f"replacements for ranks {missing} did not register within {limit:g}s"
-        )
+        why = f"replacements for ranks {missing} did not register within {limit:g}s"
+        if rnd.strategy is not Strategy.RECOVER:
+            return escalate(m, now, why)
+        # wait-reschedule-timeout passed: the pod will not come back in time; fall through.
+        return [Exhaust(why, "recover")] + escalate(m, now, why, exhausted="recover")
     return actions
 
 
 def _rebuilding(m: JobModel, now: float) -> list[Action]:
     rnd = _round(m)
-    if any(i.acked.get("rebuild") != m.epoch for i in m.ranks.values()):
+    if any(i.acked.get("rebuild") != m.epoch for i in m.members().values()):
         return _phase_timeout(m, now, "rebuild")
     survivors = {r for r in m.ranks if r not in rnd.replace_ranks | rnd.corrupt_ranks}
-    steps = {r: i.committed_step for r, i in m.ranks.items()}
-    target = target_step(steps, survivors)
+    steps = {r: i.committed_step for r, i in m.members().items()}
+    target = target_step(steps, survivors & set(steps))
     return [
         UpdateRound(
             "rebuilt",
@@ -329,14 +351,14 @@ def _rebuilding(m: JobModel, now: float) -> list[Action]:
 
 def _plan(m: JobModel, now: float, target: int, attempt: int, bad: frozenset[int]) -> list[Action]:
     rnd = _round(m)
-    steps = {r: i.committed_step for r, i in m.ranks.items()}
-    shards = {r: i.shard for r, i in m.ranks.items()}
+    steps = {r: i.committed_step for r, i in m.members().items()}
+    shards = {r: i.shard for r, i in m.members().items()}
     try:
         plan = plan_repair(steps, shards, set(rnd.replace_ranks | rnd.corrupt_ranks), target, bad)
     except RepairError as exc:
         return escalate(m, now, f"repair impossible: {exc}")
     actions: list[Action] = []
-    for rank in sorted(m.ranks):
+    for rank in steps:
         msg = Repair(target, attempt, plan.send_to(rank), plan.recv_from.get(rank, -1))
         actions.append(SendRanks(f"repair plan attempt {attempt}", (rank,), msg))
     reason = f"repair to step {target}: {plan.recv_from or 'nothing to copy'}"
@@ -365,7 +387,7 @@ def _repairing(m: JobModel, now: float) -> list[Action]:
             ),
             UpdateRound(note, {"repair_attempt": attempt, "bad_sources": bad}),
         ] + _plan(m, now, rnd.target_step, attempt, bad)
-    if any(i.acked.get(key) != m.epoch for i in m.ranks.values()):
+    if any(i.acked.get(key) != m.epoch for i in m.members().values()):
         return _phase_timeout(m, now, "repair")
     step = rnd.target_step + 1
     reason = f"every rank at step {rnd.target_step}; resume at {step}"
@@ -373,7 +395,7 @@ def _repairing(m: JobModel, now: float) -> list[Action]:
         UpdateRound(
             reason, {"phases": {**rnd.phases, "repair": now - rnd.phase_start}, "phase_start": now}
         ),
-        SendRanks("resume", tuple(sorted(m.ranks)), Resume(step)),
+        SendRanks("resume", tuple(m.members()), Resume(step)),
         Transition(reason, JobState.RESUMING),
     ]
 
@@ -381,9 +403,9 @@ def _repairing(m: JobModel, now: float) -> list[Action]:
 def _resuming(m: JobModel, now: float) -> list[Action]:
     rnd = _round(m)
     step = rnd.target_step + 1
-    if not all(i.done or i.committed_step >= step for i in m.ranks.values()):
+    if not all(i.done or i.committed_step >= step for i in m.members().values()):
         if now - rnd.phase_start > m.config.hang_timeout_s:
-            slow = [r for r, i in m.ranks.items() if i.committed_step < step and not i.done]
+            slow = [r for r, i in m.members().items() if i.committed_step < step and not i.done]
             return escalate(m, now, f"ranks {slow} did not commit step {step}", slow)
         return []
     reason = f"every rank committed step {step}"
@@ -435,7 +457,10 @@ def _dumping(m: JobModel, now: float) -> list[Action]:
 
 
 def _running(m: JobModel, now: float) -> list[Action]:
-    if not all(i.done for i in m.ranks.values()):
+    joiners = frozenset(r for r, i in m.ranks.items() if i.alive and r not in m.active)
+    if joiners and Strategy.ELASTIC_TRAINING in m.config.strategies:
+        return _grow(m, now, joiners)
+    if not all(i.done for i in m.members().values()):
         return []
     reason = "every rank finished training"
     actions: list[Action] = [
@@ -449,12 +474,39 @@ def _running(m: JobModel, now: float) -> list[Action]:
     ]
 
 
+def _grow(m: JobModel, now: float, joiners: frozenset[int]) -> list[Action]:
+    """Elastic training: replacements registered; stop, rebuild with them, repair, resume."""
+    world = m.active | joiners
+    reason = f"elastic-training: ranks {sorted(joiners)} are back; grow to ranks {sorted(world)}"
+    rnd = Round(
+        epoch=m.epoch + 1,
+        strategy=Strategy.ELASTIC_TRAINING,
+        faults=[],
+        replace_ranks=frozenset(),
+        reschedule_nodes=frozenset(),
+        started=now,
+        incident_start=now,
+        detect_s=0.0,
+        peak_step=max(i.committed_step for i in m.ranks.values()),
+        phase_start=now,
+        excluded_ranks=frozenset(r for r, i in m.ranks.items() if not i.alive),
+        new_active=world,
+    )
+    return [
+        Emit(reason, "decision", {"strategy": "elastic-training", "reason": reason,
+                                  "replace": [], "nodes": []}),
+        StartRound(reason, rnd),
+        SendRanks("stop to grow", tuple(sorted(world)), Stop(reason)),
+        Transition(reason, JobState.STOPPING),
+    ]
+
+
 def _phase_timeout(m: JobModel, now: float, phase: str) -> list[Action]:
     rnd = _round(m)
     if now - rnd.phase_start <= m.config.phase_timeout_s:
         return []
     key = "rebuild" if phase == "rebuild" else f"repair{rnd.repair_attempt}"
-    late = sorted(r for r, i in m.ranks.items() if i.acked.get(key) != m.epoch)
+    late = sorted(r for r, i in m.members().items() if i.acked.get(key) != m.epoch)
     return escalate(m, now, f"{phase} not finished within {m.config.phase_timeout_s:g}s", late)
 
 

@@ -12,19 +12,23 @@ from ms_recover.config import JobConfig
 from ms_recover.manager.model import Fault, JobModel
 from ms_recover.strategy import Strategy
 
-NOT_YET = {
-    Strategy.ELASTIC_TRAINING: "elastic training is not implemented yet",
-}
+NOT_YET: dict[Strategy, str] = {}
 #: Fault kinds a rank survives and reports itself: the only ones ``retry`` handles.
 SURVIVABLE = frozenset({"worker_error"})
 
 
 def choose_strategy(
-    m: JobModel, faults: list[Fault], hit: set[int], lost_nodes: set[int]
+    m: JobModel, faults: list[Fault], hit: set[int], lost_nodes: set[int], exhausted: str = ""
 ) -> tuple[Strategy | None, str]:
-    """The first feasible strategy in priority order, with the reasons others were skipped."""
+    """The first feasible strategy in priority order, with the reasons others were skipped.
+
+    ``exhausted`` names a strategy that just failed for good (its replacement never came).
+    """
     skipped: list[str] = []
     for strategy in m.config.strategies:
+        if strategy.value == exhausted:
+            skipped.append(f"{exhausted}: given up on in this incident")
+            continue
         ok, why = feasible(m, strategy, faults, hit, lost_nodes)
         if ok:
             note = f" (skipped: {'; '.join(skipped)})" if skipped else ""
@@ -47,6 +51,8 @@ def feasible(
         return _retry(m, faults, hit)
     if s is Strategy.DUMP:
         return _dump(m, hit)
+    if s is Strategy.ELASTIC_TRAINING:
+        return _elastic(m, hit)
     nodes = {cfg.node_of(r) for r in hit} | lost_nodes
     replaced = set(hit)
     if s is Strategy.RECOVER_IN_PLACE:
@@ -80,6 +86,15 @@ def _retry(m: JobModel, faults: list[Fault], hit: set[int]) -> tuple[bool, str]:
     return True, f"rebuild in place and redo the step (ranks {sorted(hit)} survived)"
 
 
+def _elastic(m: JobModel, hit: set[int]) -> tuple[bool, str]:
+    if len({i.shard for i in m.ranks.values()}) > 1:
+        return False, "needs pure data parallelism (every rank a replica of the others)"
+    left = sorted(r for r in m.active if r not in hit and m.ranks[r].alive)
+    if not left:
+        return False, "no healthy rank left to continue with"
+    return True, f"continue with ranks {left} (global batch kept) until replacements return"
+
+
 def _dump(m: JobModel, hit: set[int]) -> tuple[bool, str]:
     orphan = orphan_shard(m, hit | {r for r, i in m.ranks.items() if not i.alive})
     if orphan is not None:
@@ -106,6 +121,8 @@ def config_problems(cfg: JobConfig) -> list[str]:
     for s in cfg.strategies:
         if s in NOT_YET:
             problems.append(f"{s.value}: {NOT_YET[s]}; it will be skipped")
+        elif s is Strategy.ELASTIC_TRAINING and cfg.world_size < 2:
+            problems.append("elastic-training: a one-rank job has no data-parallel rank to drop")
         elif s is not Strategy.EXIT and s is not Strategy.RETRY and cfg.world_size < 2:
             problems.append(f"{s.value}: a one-rank job has no replica to repair from")
         elif s is Strategy.RECOVER and cfg.node_nums < 2:

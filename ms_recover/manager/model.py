@@ -134,7 +134,8 @@ class Round:
     repair_attempt: int = 0
     bad_sources: frozenset[int] = frozenset()
     corrupt_ranks: frozenset[int] = frozenset()  # alive, but state must be repaired (retry)
-    excluded_ranks: frozenset[int] = frozenset()  # neither stopped nor used (dump)
+    excluded_ranks: frozenset[int] = frozenset()  # neither stopped nor used (dump, elastic)
+    new_active: frozenset[int] = frozenset()  # elastic: the world after this round
     dump_ranks: tuple[int, ...] = ()
     phase_start: float = 0.0
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -158,11 +159,14 @@ class JobModel:
     recoveries: int = 0
     last_recovery: dict[str, object] | None = None
     exit_code: int | None = None
+    #: Ranks in the data plane. All of them, except while elastic training runs shrunk.
+    active: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         cfg = self.config
         for rank in range(cfg.world_size):
             self.ranks.setdefault(rank, RankInfo(rank=rank, node_rank=cfg.node_of(rank)))
+        self.active = self.active or frozenset(self.ranks)
         for node in range(cfg.node_nums):
             self.agents.setdefault(node, AgentInfo(node_rank=node))
 
@@ -177,6 +181,10 @@ class JobModel:
                 f"job state {self.state.value} -> {to.value} is not allowed (allowed: {allowed})"
             )
         self.state = to
+
+    def members(self) -> dict[int, RankInfo]:
+        """The active ranks (the data-plane world), by rank id."""
+        return {r: i for r, i in sorted(self.ranks.items()) if r in self.active}
 
     def live_ranks(self) -> list[int]:
         return [r for r, info in self.ranks.items() if info.alive]

@@ -403,6 +403,11 @@ class ManagerServer:
                 m.exit_code = exitcodes.JOB_EXIT
         elif isinstance(action, A.FinishRound):
             self._finish_round(action.ok, action.reason)
+        elif isinstance(action, A.SetActive):
+            m.active = action.ranks
+            self.events.write("world", epoch=m.epoch, active=sorted(action.ranks))
+        elif isinstance(action, A.Exhaust):
+            m.tries[action.strategy] = self.config.max_tries
         elif isinstance(action, A.WriteManifest):
             self._write_manifest()
         elif isinstance(action, A.Emit):

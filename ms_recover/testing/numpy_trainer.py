@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 import ms_recover
 from ms_recover.errors import RepairError
 from ms_recover.worker.repair import sha256_of
-from ms_recover.worker.sampler import make_dataset, shard_indices
+from ms_recover.worker.sampler import make_dataset, split_indices
 
 IN_DIM, CLASSES, SAMPLES, GLOBAL_BATCH, SEED = 64, 8, 4096, 64, 7
 
@@ -58,20 +58,28 @@ class NumpyModel:
         for name, value in arrays.items():
             self.arrays[name][...] = value
 
-    def grads(self, x: NDArray[Any], y: NDArray[Any]) -> NDArray[Any]:
-        """Mean cross-entropy gradient of the local batch, flattened [w, b]."""
+    def grads(self, x: NDArray[Any], y: NDArray[Any], global_batch: int) -> NDArray[Any]:
+        """This rank's share of the global-batch gradient, flattened ``[w, b, loss]``.
+
+        Each rank contributes sum-over-its-samples / global_batch, so an allreduce SUM gives
+        the global mean whatever the number of ranks: the math survives elastic resizing.
+        """
         logits = x @ self.arrays["w"] + self.arrays["b"]
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(axis=1, keepdims=True)
+        loss = -np.log(p[np.arange(len(y)), y] + np.float32(1e-12)).sum()
         p[np.arange(len(y)), y] -= 1.0
-        p /= np.float32(len(y))
-        flat: NDArray[Any] = np.concatenate([(x.T @ p).reshape(-1), p.sum(axis=0)])
+        scale = np.float32(global_batch)
+        flat: NDArray[Any] = np.concatenate(
+            [(x.T @ p).reshape(-1) / scale, p.sum(axis=0) / scale, [loss / scale]]
+        )
         return flat.astype(np.float32)
 
     def apply(self, flat: NDArray[Any]) -> None:
         split = IN_DIM * CLASSES
-        for name, grad in (("w", flat[:split].reshape(IN_DIM, CLASSES)), ("b", flat[split:])):
+        bias = flat[split : split + CLASSES]
+        for name, grad in (("w", flat[:split].reshape(IN_DIM, CLASSES)), ("b", bias)):
             buf = self.arrays["m." + name]
             buf *= self.momentum
             buf += grad
@@ -93,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         session.comm.create_group("parity0", [r for r in range(world) if r % 2 == 0])
         session.comm.create_group("parity1", [r for r in range(world) if r % 2 == 1])
 
+    losses: dict[int, float] = {}
+
     def step_fn(step: int) -> None:
-        idx = shard_indices(step, rank, world, GLOBAL_BATCH, SAMPLES, SEED)
-        grad = session.allreduce(model.grads(x_all[idx], y_all[idx]), "mean")
+        where = (session.data_rank, session.data_world)
+        idx = split_indices(step, *where, GLOBAL_BATCH, SAMPLES, SEED)
+        grad = session.allreduce(model.grads(x_all[idx], y_all[idx], GLOBAL_BATCH), "sum")
+        losses[step] = float(grad[-1])
         if args.subgroup:
             session.comm.allreduce(np.ones(4, np.float32), "sum", group=f"parity{rank % 2}")
         model.apply(grad)
@@ -114,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 "committed": session.committed,
                 "recoveries": session.recoveries,
                 "incarnation": session.incarnation,
+                "losses": {str(k): v for k, v in sorted(losses.items())},
             },
             fh,
         )

@@ -108,3 +108,20 @@ def make_dataset(
     y = rng.integers(0, classes, size=n)
     x = centres[y] + rng.standard_normal((n, in_dim))
     return x.astype(np.float32), y.astype(np.int32)
+
+
+def split_indices(
+    step: int, index: int, world: int, global_batch: int, num_samples: int, seed: int
+) -> np.ndarray:
+    """Like :func:`shard_indices`, but ``global_batch`` need not be a multiple of ``world``.
+
+    The step's global batch is cut into ``world`` contiguous slices whose sizes differ by at
+    most one (the first ones larger), so a job that shrinks under elastic training still
+    reads exactly the same global batch per step. Equals :func:`shard_indices` when
+    ``world`` divides ``global_batch``.
+    """
+    _check_positive("world", world)
+    if not 0 <= index < world:
+        raise ConfigError(f"index {index} is outside [0, {world})")
+    whole = shard_indices(step, 0, 1, global_batch, num_samples, seed)
+    return np.array_split(whole, world)[index].copy()

@@ -69,6 +69,7 @@ class Session:
         self.recoveries = 0
         self._interrupted = False
         self._await_manager = False
+        self.members: list[int] = list(range(backend.world_size))
         self.link: ManagerLink | None = None
         if not standalone:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
@@ -78,6 +79,16 @@ class Session:
     @property
     def world_size(self) -> int:
         return self.comm.world_size
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's position in the current data-parallel world (elastic training)."""
+        return self.members.index(self.rank)
+
+    @property
+    def data_world(self) -> int:
+        """Ranks in the current data-parallel world: ``world_size`` unless running shrunk."""
+        return len(self.members)
 
     # ------------------------------------------------------------------ lifecycle
     def connect(self, timeout_s: float = 60.0) -> None:
@@ -246,6 +257,7 @@ class Session:
             self.link.send(M.Stopped(self.rank, self.committed, self._digest()), epoch)
         elif isinstance(msg, M.Rebuild):
             self.comm.rebuild(epoch, dict(msg.members), GroupLog.from_wire(msg.group_log))
+            self.members = sorted(msg.members)
             self.link.send(M.Rebuilt(self.rank), epoch)
         elif isinstance(msg, M.Repair):
             self._repair(epoch, msg)

@@ -6,6 +6,8 @@ uninterrupted run, and no committed step is lost.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -170,3 +172,32 @@ def test_dump_saves_the_last_committed_state_then_exits(tmp_path):
         assert sha256_of(load_npz(path)) == results(ref_out)[rank]["sha256"]
     assert np.all(np.isfinite(load_npz(locate(dump_dir, 0)[0])["w"]))
     assert job.find("dump")[0]["step"] == 10
+
+
+def test_elastic_training_shrinks_then_grows_back(tmp_path):
+    """4 ranks lose one for good (its pod comes back only after the wait timeout): training
+    goes on with 3 ranks and the same global batch, then grows back to 4 when it returns."""
+    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "run")
+    slow = ("--step-time", "0.05")
+    shape = dict(node_nums=4, proc_per_node=1, wait_reschedule_timeout_s=1.5)
+    with trainer_job(ref_out, steps=160, extra=slow, **shape) as job:
+        run_to_end(job)
+    with trainer_job(out, Faults().node(rank=3, step=20), "recover,elastic-training,exit",
+                     steps=160, extra=slow, reschedule_delay_s=6.0, **shape) as job:
+        run_to_end(job, timeout_s=120)
+    assert job.exit_code == 0
+    worlds = [e["active"] for e in job.find("world")]
+    assert worlds == [[0, 1, 2], [0, 1, 2, 3]]
+    decisions = [e["strategy"] for e in job.find("decision")]
+    assert decisions == ["recover", "elastic-training", "elastic-training"]
+    ok = job.find("recovery", ok=True)
+    assert [r["strategy"] for r in ok] == ["elastic-training", "elastic-training"]
+    assert all(r["lost_steps"] == 0 for r in ok)
+    ref, run = results(ref_out), results(out)
+    ref_loss = np.array(list(ref[0]["losses"].values()))
+    run_loss = np.array(list(run[0]["losses"].values()))
+    assert len(run_loss) == len(ref_loss) == 160
+    np.testing.assert_allclose(run_loss, ref_loss, rtol=1e-5)  # same math, other sum order
+    assert len({r["sha256"] for r in run}) == 1  # the replicas agree with each other
+    weights = [np.load(os.path.join(d, "rank_0.npz"))["w"] for d in (ref_out, out)]
+    np.testing.assert_allclose(weights[1], weights[0], rtol=1e-4, atol=1e-6)

@@ -1,0 +1,101 @@
+"""``ms-recover bench``: the commands run end to end and report what they measured.
+
+These check behaviour (the JSON has its fields, the values are sane, nothing is left running),
+never speed: the targets are the benchmarks' business, not the tests'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _bench(*args: str, timeout: float = 100.0) -> tuple[subprocess.CompletedProcess[str], int]:
+    proc = subprocess.Popen([sys.executable, "-m", "ms_recover.cli", "bench", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"bench {args} did not finish in {timeout}s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), proc.pid
+
+
+def _measures(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in report["measures"]}
+
+
+def _running_with(needle: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if needle in cmdline:
+            found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+def test_detect_reports_rank_and_node_detection(tmp_path):
+    path = tmp_path / "detect.json"
+    out, pid = _bench("detect", "--repeats", "1", "--workdir", str(tmp_path / "work"),
+                      "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "dead process" in out.stdout and ("PASS" in out.stdout or "MISS" in out.stdout)
+    report = json.loads(path.read_text())
+    assert report["bench"] == "detect"
+    samples = report["samples"]
+    assert len(samples["rank_kill_to_fault_ms"]) == 1 and len(samples["node_kill_to_fault_s"]) == 1
+    rank_ms = samples["rank_kill_to_fault_ms"][0]
+    node_s = samples["node_kill_to_fault_s"][0]
+    assert 0 < rank_ms < 10_000
+    silence, heartbeat = report["settings"]["silence_s"], report["settings"]["heartbeat_s"]
+    # Loss is declared by silence: never before (silence - one heartbeat) after the kill.
+    assert silence - heartbeat - 0.1 <= node_s < 30
+    m = _measures(report)
+    dead = m["dead process, median of 1"]
+    assert dead["unit"] == "ms" and dead["limit"] == 200 and dead["pass"] in (True, False)
+    assert m["lost node, median of 1"]["limit"] == 3
+    assert _running_with(f"bench-detect-{pid}") == [], "the benchmark left processes behind"
+
+
+def test_controlplane_small_scale_reports_stop_all(tmp_path):
+    path = tmp_path / "cp.json"
+    out, _ = _bench("controlplane", "--ranks", "256", "--repeats", "2", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(path.read_text())
+    assert report["bench"] == "controlplane"
+    (scale,) = report["samples"]["scales"]
+    assert scale["ranks"] == 256 and scale["agents"] == 32
+    repeats = scale["repeats"]
+    assert [r["from_state"] for r in repeats] == ["running", "stopping"]
+    assert [r["survivors"] for r in repeats] == [255, 254]
+    for r in repeats:
+        assert 0 < r["fault_event_s"] <= r["stop_all_s"] < 30
+        assert r["manager_cpu_s"] > 0
+    assert scale["final_round"]["ok"] is True
+    assert len(scale["final_round"]["replaced"]) == 2
+    m = _measures(report)
+    stop = m["stop-all, 256 ranks / 32 agents, median of 2"]
+    assert stop["pass"] is None, "the 1 s target applies at 16,384 ranks only"
+    extrapolated = m["stop-all at 16384 ranks, extrapolated"]
+    assert extrapolated["value"] is None  # one scale: no trend to extrapolate
+
+
+def test_bench_help_lists_every_benchmark():
+    out = subprocess.run([sys.executable, "-m", "ms_recover.cli", "bench", "--help"],
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode == 0, out.stderr
+    for name in ("detect", "recovery", "overhead", "controlplane", "allreduce"):
+        assert name in out.stdout
