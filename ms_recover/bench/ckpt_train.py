@@ -31,8 +31,11 @@ STEP_KEY = "bench_step"
 def save(mindspore: Any, arrays: dict[str, Any], step: int, ckpt_dir: str) -> None:
     """Write the checkpoint atomically: a reader sees the previous one or this one."""
     tmp = os.path.join(ckpt_dir, f"saving.{os.getpid()}.ckpt")
-    mindspore.save_checkpoint([{"name": n, "data": mindspore.Tensor(a)} for n, a in arrays.items()],
-                              tmp, append_dict={STEP_KEY: step})
+    mindspore.save_checkpoint(
+        [{"name": n, "data": mindspore.Tensor(a)} for n, a in arrays.items()],
+        tmp,
+        append_dict={STEP_KEY: step},
+    )
     os.replace(tmp, os.path.join(ckpt_dir, CKPT_NAME))
 
 
@@ -59,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     times["imported"] = time.time()
     import ms_recover
-    from ms_recover.mindspore.demo_train import (CLASSES, GLOBAL_BATCH, IN_DIM, SAMPLES, SEED,
-                                                 build)
+    from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SAMPLES, SEED, build
     from ms_recover.mindspore.state import MindSporeState
     from ms_recover.mindspore.step import DataParallelStep
     from ms_recover.worker.sampler import make_dataset, shard_indices
@@ -77,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     if loaded >= 0:
         session.commit(loaded)  # continue at the step after the checkpoint
     times["joined"] = time.time()
-    step = DataParallelStep(net, loss_fn, optimizer,
-                            reduce_fn=lambda flat: session.allreduce(flat, "mean"))
+    step = DataParallelStep(
+        net, loss_fn, optimizer, reduce_fn=lambda flat: session.allreduce(flat, "mean")
+    )
     x_all, y_all = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
     rank, world = session.rank, session.world_size
     os.makedirs(args.out, exist_ok=True)
@@ -91,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             if first:
                 first = False
                 times["first_step"] = time.time()
-                _write(args.out, rank, {"rank": rank, "loaded_step": loaded, "first_step": s,
-                                        "times": times})
+                _write(
+                    args.out,
+                    rank,
+                    {"rank": rank, "loaded_step": loaded, "first_step": s, "times": times},
+                )
     session.finish()
     return 0
 

@@ -59,14 +59,27 @@ FD_SPARE = 512
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, FULL_RANKS],
-                   help="simulated ranks, one run per value (default: 1024 4096 16384)")
+    p.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=[1024, 4096, FULL_RANKS],
+        help="simulated ranks, one run per value (default: 1024 4096 16384)",
+    )
     p.add_argument("--ranks-per-agent", type=int, default=8, help="ranks per simulated node")
     p.add_argument("--repeats", type=int, default=3, help="faults per scale (default 3)")
-    p.add_argument("--heartbeat", type=float, default=15.0,
-                   help="heartbeat interval of the simulated members in s (default 15)")
-    p.add_argument("--fakes", type=int, default=0,
-                   help="fake processes (default: as few as the open-file limit allows, >= 2)")
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=15.0,
+        help="heartbeat interval of the simulated members in s (default 15)",
+    )
+    p.add_argument(
+        "--fakes",
+        type=int,
+        default=0,
+        help="fake processes (default: as few as the open-file limit allows, >= 2)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="per-wait deadline in s")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
@@ -74,9 +87,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     bad = [n for n in args.ranks if n < 2 * args.ranks_per_agent or n % args.ranks_per_agent]
     if bad or args.repeats < 1:
-        print(f"ms-recover bench controlplane: --ranks must be multiples of --ranks-per-agent "
-              f"({args.ranks_per_agent}) with at least 2 agents, --repeats >= 1; bad: {bad}",
-              file=sys.stderr)
+        print(
+            f"ms-recover bench controlplane: --ranks must be multiples of --ranks-per-agent "
+            f"({args.ranks_per_agent}) with at least 2 agents, --repeats >= 1; bad: {bad}",
+            file=sys.stderr,
+        )
         return 2
     limit = _raise_fd_limit()
     scales, skipped = [], []
@@ -110,10 +125,17 @@ class _Scale:
         self.nodes = ranks // self.per
         self.timeout = args.timeout
         self.config = JobConfig(
-            job_id=f"bench-cp-{os.getpid()}-{ranks}", node_nums=self.nodes, proc_per_node=self.per,
-            heartbeat_s=args.heartbeat, hang_timeout_s=3600.0, phase_timeout_s=900.0,
-            wait_reschedule_timeout_s=900.0, max_tries=1_000_000, manager_port=0,
-            strategies=parse_strategies("recover-in-place,exit"))
+            job_id=f"bench-cp-{os.getpid()}-{ranks}",
+            node_nums=self.nodes,
+            proc_per_node=self.per,
+            heartbeat_s=args.heartbeat,
+            hang_timeout_s=3600.0,
+            phase_timeout_s=900.0,
+            wait_reschedule_timeout_s=900.0,
+            max_tries=1_000_000,
+            manager_port=0,
+            strategies=parse_strategies("recover-in-place,exit"),
+        )
         self.events = EventLog()
         self.server = ManagerServer(self.config, events=self.events, bind="127.0.0.1")
         sockets = ranks + self.nodes
@@ -132,13 +154,23 @@ class _Scale:
         cfg = self.config
         endpoint = f"tcp://127.0.0.1:{self.server.port}"
         for i in range(self.n_fakes):
-            nodes = tuple(range(i * self.nodes // self.n_fakes, (i + 1) * self.nodes // self.n_fakes))
+            nodes = tuple(
+                range(i * self.nodes // self.n_fakes, (i + 1) * self.nodes // self.n_fakes)
+            )
             self.owner.update({n: i for n in nodes})
-            spec = FakeSpec(endpoint, cfg.job_id, cfg.effective_secret(), nodes, self.per,
-                            cfg.heartbeat_s, cfg.max_frame_bytes)
+            spec = FakeSpec(
+                endpoint,
+                cfg.job_id,
+                cfg.effective_secret(),
+                nodes,
+                self.per,
+                cfg.heartbeat_s,
+                cfg.max_frame_bytes,
+            )
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=fake_main, args=(spec, child), daemon=True,
-                               name=f"ms-recover-fake-{i}")
+            proc = ctx.Process(
+                target=fake_main, args=(spec, child), daemon=True, name=f"ms-recover-fake-{i}"
+            )
             proc.start()
             child.close()
             self.procs.append(proc)
@@ -176,8 +208,14 @@ class _Scale:
         cpu = _thread_cpu(thread) - cpu0
         fault = next(e for e in reversed(self.events.recent("fault")) if e["rank"] == rank)
         survivors = sum(1 for r, i in m.ranks.items() if r not in rnd.replace_ranks and not i.done)
-        return {"rank": rank, "from_state": state0, "stop_all_s": rnd.stop_done - t0,
-                "fault_event_s": fault["ts"] - t0, "manager_cpu_s": cpu, "survivors": survivors}
+        return {
+            "rank": rank,
+            "from_state": state0,
+            "stop_all_s": rnd.stop_done - t0,
+            "fault_event_s": fault["ts"] - t0,
+            "manager_cpu_s": cpu,
+            "survivors": survivors,
+        }
 
     def finish_round(self) -> dict[str, Any]:
         """Release the held restarts and let the recovery finish; its recovery event."""
@@ -186,8 +224,10 @@ class _Scale:
             conn.send(("release", None))
         for conn in self.conns:
             self._reply(conn, "release")
-        self._wait(lambda: self.events.recent("recovery") and m.state is JobState.RUNNING,
-                   "the recovery to finish")
+        self._wait(
+            lambda: self.events.recent("recovery") and m.state is JobState.RUNNING,
+            "the recovery to finish",
+        )
         return dict(self.events.recent("recovery")[-1])
 
     def close(self) -> None:
@@ -211,8 +251,10 @@ class _Scale:
 
 def _run_scale(ranks: int, args: argparse.Namespace, fd_limit: int) -> dict[str, Any]:
     scale = _Scale(ranks, args, fd_limit)
-    print(f"controlplane: {ranks} ranks on {scale.nodes} agents ({scale.n_fakes} fake "
-          "processes) ...", flush=True)
+    print(
+        f"controlplane: {ranks} ranks on {scale.nodes} agents ({scale.n_fakes} fake processes) ...",
+        flush=True,
+    )
     try:
         formation = scale.start()
         samples = []
@@ -222,13 +264,21 @@ def _run_scale(ranks: int, args: argparse.Namespace, fd_limit: int) -> dict[str,
         final = scale.finish_round()
     finally:
         scale.close()
-    return {"ranks": ranks, "agents": scale.nodes, "fake_processes": scale.n_fakes,
-            "formation_s": formation, "repeats": samples,
-            "stop_all": summary(s["stop_all_s"] for s in samples),
-            "manager_cpu": summary(s["manager_cpu_s"] for s in samples),
-            "fault_event": summary(s["fault_event_s"] for s in samples),
-            "final_round": {"ok": final["ok"], "phases": final["phases"],
-                            "replaced": final["replaced"]}}
+    return {
+        "ranks": ranks,
+        "agents": scale.nodes,
+        "fake_processes": scale.n_fakes,
+        "formation_s": formation,
+        "repeats": samples,
+        "stop_all": summary(s["stop_all_s"] for s in samples),
+        "manager_cpu": summary(s["manager_cpu_s"] for s in samples),
+        "fault_event": summary(s["fault_event_s"] for s in samples),
+        "final_round": {
+            "ok": final["ok"],
+            "phases": final["phases"],
+            "replaced": final["replaced"],
+        },
+    }
 
 
 def _extrapolate(scales: list[dict[str, Any]]) -> float | None:
@@ -239,35 +289,57 @@ def _extrapolate(scales: list[dict[str, Any]]) -> float | None:
     n = len(pts)
     mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
     slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-    return my + slope * (FULL_RANKS - mx)
+    return float(my + slope * (FULL_RANKS - mx))
 
 
-def _report(args: argparse.Namespace, scales: list[dict[str, Any]], skipped: list[int],
-            fd_limit: int) -> Report:
-    rep = Report("controlplane", "ms-recover bench controlplane: fault -> every survivor's "
-                 "STOPPED recorded by the manager (real ManagerServer, simulated peers over "
-                 "ZeroMQ/TCP)")
+def _report(
+    args: argparse.Namespace, scales: list[dict[str, Any]], skipped: list[int], fd_limit: int
+) -> Report:
+    rep = Report(
+        "controlplane",
+        "ms-recover bench controlplane: fault -> every survivor's "
+        "STOPPED recorded by the manager (real ManagerServer, simulated peers over "
+        "ZeroMQ/TCP)",
+    )
     for s in scales:
         full = s["ranks"] >= FULL_RANKS
         label = f"{s['ranks']} ranks / {s['agents']} agents"
-        rep.add(Measure(f"stop-all, {label}, median of {s['stop_all']['n']}",
-                        s["stop_all"]["median"], "s", "<=" if full else "",
-                        TARGET_S if full else None,
-                        "" if full else f"target applies at {FULL_RANKS} ranks"),
-                Measure(f"stop-all, {label}, max", s["stop_all"]["max"], "s"),
-                Measure("  manager thread CPU in that window", s["manager_cpu"]["median"], "s"),
-                Measure("  rebuild phase of the final round", s["final_round"]["phases"]["rebuild"],
-                        "s"),
-                Measure("  job formation (connect -> running)", s["formation_s"], "s"))
+        rep.add(
+            Measure(
+                f"stop-all, {label}, median of {s['stop_all']['n']}",
+                s["stop_all"]["median"],
+                "s",
+                "<=" if full else "",
+                TARGET_S if full else None,
+                "" if full else f"target applies at {FULL_RANKS} ranks",
+            ),
+            Measure(f"stop-all, {label}, max", s["stop_all"]["max"], "s"),
+            Measure("  manager thread CPU in that window", s["manager_cpu"]["median"], "s"),
+            Measure(
+                "  rebuild phase of the final round", s["final_round"]["phases"]["rebuild"], "s"
+            ),
+            Measure("  job formation (connect -> running)", s["formation_s"], "s"),
+        )
     if not any(s["ranks"] >= FULL_RANKS for s in scales):
         guess = _extrapolate(scales)
-        rep.add(Measure(f"stop-all at {FULL_RANKS} ranks, extrapolated", guess, "s",
-                        note="not measured: a straight line through the medians above"))
-    rep.settings = {"ranks": [s["ranks"] for s in scales], "skipped_ranks": skipped,
-                    "ranks_per_agent": args.ranks_per_agent, "repeats": args.repeats,
-                    "heartbeat_s": args.heartbeat, "fd_limit": fd_limit,
-                    "transport": "one ZeroMQ DEALER socket + TCP connection per simulated agent "
-                                 "and rank, on 127.0.0.1"}
+        rep.add(
+            Measure(
+                f"stop-all at {FULL_RANKS} ranks, extrapolated",
+                guess,
+                "s",
+                note="not measured: a straight line through the medians above",
+            )
+        )
+    rep.settings = {
+        "ranks": [s["ranks"] for s in scales],
+        "skipped_ranks": skipped,
+        "ranks_per_agent": args.ranks_per_agent,
+        "repeats": args.repeats,
+        "heartbeat_s": args.heartbeat,
+        "fd_limit": fd_limit,
+        "transport": "one ZeroMQ DEALER socket + TCP connection per simulated agent "
+        "and rank, on 127.0.0.1",
+    }
     rep.samples = {"scales": scales}
     rep.notes = [
         "Simulated agents and ranks run in a few local processes and answer at once; they share "
@@ -280,6 +352,8 @@ def _report(args: argparse.Namespace, scales: list[dict[str, Any]], skipped: lis
         "which lists every rank's endpoint, once per rank.",
     ]
     if skipped:
-        rep.notes.append(f"Skipped {skipped}: more sockets than the open-file limit ({fd_limit}) "
-                         "allows in one manager process.")
+        rep.notes.append(
+            f"Skipped {skipped}: more sockets than the open-file limit ({fd_limit}) "
+            "allows in one manager process."
+        )
     return rep

@@ -36,42 +36,73 @@ LONG_RUN_STEPS = 10**9
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="rank kills (default 5)")
-    p.add_argument("--node-repeats", type=int, default=None,
-                   help=f"node kills (default: --repeats, at most {MAX_NODE_KILLS})")
-    p.add_argument("--heartbeat", type=float, default=JobConfig.heartbeat_s,
-                   help="heartbeat interval in s; 4 missed = lost (default %(default)s)")
-    p.add_argument("--reschedule-delay", type=float, default=4.0,
-                   help="seconds before a killed pod is recreated (default %(default)s)")
+    p.add_argument(
+        "--node-repeats",
+        type=int,
+        default=None,
+        help=f"node kills (default: --repeats, at most {MAX_NODE_KILLS})",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=JobConfig.heartbeat_s,
+        help="heartbeat interval in s; 4 missed = lost (default %(default)s)",
+    )
+    p.add_argument(
+        "--reschedule-delay",
+        type=float,
+        default=4.0,
+        help="seconds before a killed pod is recreated (default %(default)s)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="per-wait deadline in s")
     p.add_argument("--workdir", help="rank logs go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    node_repeats = min(MAX_NODE_KILLS, args.repeats if args.node_repeats is None
-                       else args.node_repeats)
+    node_repeats = min(
+        MAX_NODE_KILLS, args.repeats if args.node_repeats is None else args.node_repeats
+    )
     if args.repeats < 1 or node_repeats < 0:
         print("ms-recover bench detect: --repeats must be >= 1", file=sys.stderr)
         return 2
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-detect-")
-    config = JobConfig(job_id=f"bench-detect-{os.getpid()}", node_nums=2, proc_per_node=2,
-                       heartbeat_s=args.heartbeat, phase_timeout_s=60.0,
-                       wait_reschedule_timeout_s=60.0,
-                       strategies=parse_strategies("recover-in-place,recover,exit"))
+    config = JobConfig(
+        job_id=f"bench-detect-{os.getpid()}",
+        node_nums=2,
+        proc_per_node=2,
+        heartbeat_s=args.heartbeat,
+        phase_timeout_s=60.0,
+        wait_reschedule_timeout_s=60.0,
+        strategies=parse_strategies("recover-in-place,recover,exit"),
+    )
     if args.reschedule_delay <= config.silence_s:
-        print(f"ms-recover bench detect: --reschedule-delay must exceed the loss timeout "
-              f"({config.silence_s:g}s) so the loss is detected before the pod returns",
-              file=sys.stderr)
+        print(
+            f"ms-recover bench detect: --reschedule-delay must exceed the loss timeout "
+            f"({config.silence_s:g}s) so the loss is detected before the pod returns",
+            file=sys.stderr,
+        )
         return 2
-    command = [sys.executable, "-m", "ms_recover.testing.numpy_trainer",
-               "--steps", str(LONG_RUN_STEPS), "--out", os.path.join(workdir, "out")]
-    job = LocalJob(config, command, {"OPENBLAS_NUM_THREADS": "1"},
-                   log_dir=os.path.join(workdir, "logs"), reschedule_delay_s=args.reschedule_delay)
+    command = [
+        sys.executable,
+        "-m",
+        "ms_recover.testing.numpy_trainer",
+        "--steps",
+        str(LONG_RUN_STEPS),
+        "--out",
+        os.path.join(workdir, "out"),
+    ]
+    job = LocalJob(
+        config,
+        command,
+        {"OPENBLAS_NUM_THREADS": "1"},
+        log_dir=os.path.join(workdir, "logs"),
+        reschedule_delay_s=args.reschedule_delay,
+    )
     with job:
         bench = _Bench(job, args.timeout)
         bench.until_running(min_step=3)
-        rank_ms = [bench.kill_rank_latency((1, 2, 3, 0)[i % 4]) * 1e3
-                   for i in range(args.repeats)]
+        rank_ms = [bench.kill_rank_latency((1, 2, 3, 0)[i % 4]) * 1e3 for i in range(args.repeats)]
         node_s = [bench.kill_node_latency(1) for _ in range(node_repeats)]
     return _report(config, args, rank_ms, node_s, workdir).emit(args.json)
 
@@ -103,31 +134,72 @@ class _Bench(JobDriver):
         return float(fault["ts"]) - t_kill
 
 
-def _report(config: JobConfig, args: argparse.Namespace, rank_ms: list[float],
-            node_s: list[float], workdir: str) -> Report:
+def _report(
+    config: JobConfig,
+    args: argparse.Namespace,
+    rank_ms: list[float],
+    node_s: list[float],
+    workdir: str,
+) -> Report:
     r, n = summary(rank_ms), summary(node_s)
-    rep = Report("detect", "ms-recover bench detect: kill -9 to the manager's fault event "
-                 f"(numpy trainer, 2 nodes x 2 ranks, heartbeat {config.heartbeat_s:g}s x "
-                 f"{config.liveness})")
-    rep.add(Measure(f"dead process, median of {r['n']}", r["median"], "ms", "<=", RANK_TARGET_MS,
-                    "SIGKILL of one rank -> 'fault' event (kind rank_exit)"),
-            Measure("dead process, max", r["max"], "ms", "<=", RANK_TARGET_MS))
+    rep = Report(
+        "detect",
+        "ms-recover bench detect: kill -9 to the manager's fault event "
+        f"(numpy trainer, 2 nodes x 2 ranks, heartbeat {config.heartbeat_s:g}s x "
+        f"{config.liveness})",
+    )
+    rep.add(
+        Measure(
+            f"dead process, median of {r['n']}",
+            r["median"],
+            "ms",
+            "<=",
+            RANK_TARGET_MS,
+            "SIGKILL of one rank -> 'fault' event (kind rank_exit)",
+        ),
+        Measure("dead process, max", r["max"], "ms", "<=", RANK_TARGET_MS),
+    )
     if node_s:
-        rep.add(Measure(f"lost node, median of {n['n']}", n["median"], "s", "<=", NODE_TARGET_S,
-                        "SIGKILL of node 1's process group -> 'fault' event (kind node_lost)"),
-                Measure("lost node, max", n["max"], "s", "<=", NODE_TARGET_S),
-                Measure("lost node, configured silence", config.silence_s, "s",
-                        note="heartbeat_s * liveness; a loss is declared that long after the "
-                        "node's last heartbeat, so between silence - heartbeat and silence after "
-                        "the kill (plus a 20 ms tick)"))
-    rep.settings = {"nodes": 2, "proc_per_node": 2, "heartbeat_s": config.heartbeat_s,
-                    "liveness": config.liveness, "silence_s": config.silence_s,
-                    "reschedule_delay_s": args.reschedule_delay, "repeats": args.repeats,
-                    "node_repeats": len(node_s), "workdir": workdir}
-    rep.samples = {"rank_kill_to_fault_ms": rank_ms, "node_kill_to_fault_s": node_s,
-                   "rank": r, "node": n}
-    rep.notes = ["Times are wall clock on one host: the 'fault' event's ts (manager) minus the "
-                 "time just before kill(); each kill waits for the previous recovery to finish.",
-                 "The trainer runs flat out on every core, so the agent and manager are "
-                 "scheduled under full load, as in training."]
+        rep.add(
+            Measure(
+                f"lost node, median of {n['n']}",
+                n["median"],
+                "s",
+                "<=",
+                NODE_TARGET_S,
+                "SIGKILL of node 1's process group -> 'fault' event (kind node_lost)",
+            ),
+            Measure("lost node, max", n["max"], "s", "<=", NODE_TARGET_S),
+            Measure(
+                "lost node, configured silence",
+                config.silence_s,
+                "s",
+                note="heartbeat_s * liveness; a loss is declared that long after the "
+                "node's last heartbeat, so between silence - heartbeat and silence after "
+                "the kill (plus a 20 ms tick)",
+            ),
+        )
+    rep.settings = {
+        "nodes": 2,
+        "proc_per_node": 2,
+        "heartbeat_s": config.heartbeat_s,
+        "liveness": config.liveness,
+        "silence_s": config.silence_s,
+        "reschedule_delay_s": args.reschedule_delay,
+        "repeats": args.repeats,
+        "node_repeats": len(node_s),
+        "workdir": workdir,
+    }
+    rep.samples = {
+        "rank_kill_to_fault_ms": rank_ms,
+        "node_kill_to_fault_s": node_s,
+        "rank": r,
+        "node": n,
+    }
+    rep.notes = [
+        "Times are wall clock on one host: the 'fault' event's ts (manager) minus the "
+        "time just before kill(); each kill waits for the previous recovery to finish.",
+        "The trainer runs flat out on every core, so the agent and manager are "
+        "scheduled under full load, as in training.",
+    ]
     return rep

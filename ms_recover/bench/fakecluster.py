@@ -57,8 +57,17 @@ class FakeSpec:
 class _Member:
     """One simulated process: an agent (rank == -1) or a rank."""
 
-    __slots__ = ("node", "rank", "sock", "epoch", "committed", "incarnation", "alive", "welcomed",
-                 "seq")
+    __slots__ = (
+        "node",
+        "rank",
+        "sock",
+        "epoch",
+        "committed",
+        "incarnation",
+        "alive",
+        "welcomed",
+        "seq",
+    )
 
     def __init__(self, node: int, rank: int) -> None:
         self.node, self.rank = node, rank
@@ -132,7 +141,7 @@ class FakeCluster:
         except zmq.Again:
             pass  # a full pipe: the manager is not reading; the heartbeat will say it again
         # A send may consume the descriptor's wake-up for a message that arrived meanwhile.
-        if m.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if int(m.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self.ready.add(m)
 
     def hello(self, m: _Member) -> None:
@@ -140,8 +149,9 @@ class FakeCluster:
             ranks = [r for r, x in self.ranks.items() if x.node == m.node]
             self.send(m, M.AgentHello(m.node, "127.0.0.1", ranks, m.pid, m.node == 0), 0)
         else:
-            self.send(m, M.WorkerHello(m.rank, m.node, m.pid, m.incarnation, ENDPOINT,
-                                       m.committed, 0), 0)
+            self.send(
+                m, M.WorkerHello(m.rank, m.node, m.pid, m.incarnation, ENDPOINT, m.committed, 0), 0
+            )
 
     def beat(self, m: _Member) -> None:
         if not (m.alive and m.welcomed):
@@ -163,7 +173,7 @@ class FakeCluster:
             sock.setsockopt(zmq.ROUTING_ID, f"{tag}{max(m.rank, m.node)}.fake".encode())
             sock.connect(self.spec.endpoint)
             m.sock = sock
-            fd = sock.getsockopt(zmq.FD)
+            fd = int(sock.getsockopt(zmq.FD))
             self.by_fd[fd] = m
             self.epoll.register(fd, select.EPOLLIN)
             self._unwelcomed += 1
@@ -280,4 +290,4 @@ def _command(cluster: FakeCluster, conn: Any) -> bool:
         conn.send(("release", cluster.release()))
     elif what == "stats":
         conn.send(("stats", {"handled": cluster.handled}))
-    return what == "quit"
+    return bool(what == "quit")

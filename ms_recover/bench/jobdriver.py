@@ -39,16 +39,19 @@ class JobDriver:
 
         def ready() -> bool:
             st = self.job.status()
-            return st["state"] == "running" and all(r["alive"] and r["step"] >= floor
-                                                     for r in st["ranks"])
+            return st["state"] == "running" and all(
+                r["alive"] and r["step"] >= floor for r in st["ranks"]
+            )
 
         self.wait(ready, f"every rank running past step {floor}")
 
     def step_time(self, window_s: float) -> float:
         """Seconds per step over a window of steady training (slowest rank)."""
         s0, t0 = min(self.steps()), time.monotonic()
-        self.wait(lambda: time.monotonic() - t0 >= window_s and min(self.steps()) > s0,
-                  "training progress")
+        self.wait(
+            lambda: time.monotonic() - t0 >= window_s and min(self.steps()) > s0,
+            "training progress",
+        )
         return (time.monotonic() - t0) / (min(self.steps()) - s0)
 
     def new_event(self, event: str, seen: int, **match: Any) -> dict[str, Any]:

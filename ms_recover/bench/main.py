@@ -5,7 +5,7 @@ Each benchmark prints a table of measured values next to their targets with PASS
 The host is shared, so every number is a median over repeats.
 
   detect        kill -9 of a rank / a node -> the manager's fault event (<= 200 ms / <= 3 s)
-  recovery      recover-in-place MTTR of a MindSpore job vs a job restart from a checkpoint (<= 25 %)
+  recovery      recover-in-place MTTR vs a job restart from a disk checkpoint (<= 25 %)
   overhead      per-step cost of ms_recover on a MindSpore training step (<= 1 %)
   controlplane  stop-all acknowledged, 16,384 simulated ranks on 2,048 agents (<= 1 s)
   allreduce     host allreduce bus bandwidth vs a raw loopback socket copy
@@ -25,11 +25,17 @@ from ms_recover.errors import ConfigError
 # (name, module, one-line help); each module exposes configure(parser) and run(args) -> int.
 BENCHES: list[tuple[str, str, str]] = [
     ("detect", "ms_recover.bench.detect", "kill -9 to fault event, for a rank and for a node"),
-    ("recovery", "ms_recover.bench.recovery",
-     "recover-in-place MTTR vs a job-level restart from a disk checkpoint"),
+    (
+        "recovery",
+        "ms_recover.bench.recovery",
+        "recover-in-place MTTR vs a job-level restart from a disk checkpoint",
+    ),
     ("overhead", "ms_recover.bench.overhead", "per-step overhead of ms_recover on a training step"),
-    ("controlplane", "ms_recover.bench.controlplane",
-     "manager stop-all with thousands of simulated ranks"),
+    (
+        "controlplane",
+        "ms_recover.bench.controlplane",
+        "manager stop-all with thousands of simulated ranks",
+    ),
 ]
 ALLREDUCE = "ms_recover.bench.allreduce"
 
@@ -44,8 +50,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
             child = sub.add_parser(name, help=f"{help_text} (unavailable)")
             child.set_defaults(_bench=_unavailable(module_name, exc))
             continue
-        child = sub.add_parser(name, help=help_text, description=module.__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        child = sub.add_parser(
+            name,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.configure(child)
         child.set_defaults(_bench=module.run)
     _configure_allreduce(sub)
@@ -71,8 +81,12 @@ def _configure_allreduce(sub: Any) -> None:
         child = sub.add_parser("allreduce", help=help_text + " (unavailable)")
         child.set_defaults(_bench=_unavailable(ALLREDUCE, exc))
         return
-    child = sub.add_parser("allreduce", help=help_text, description=module.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    child = sub.add_parser(
+        "allreduce",
+        help=help_text,
+        description=module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     if hasattr(module, "configure") and hasattr(module, "run_cli"):
         module.configure(child)
         child.set_defaults(_bench=module.run_cli)
@@ -84,8 +98,10 @@ def _configure_allreduce(sub: Any) -> None:
 
 
 def _allreduce_missing(args: argparse.Namespace) -> int:
-    raise ConfigError(f"the allreduce benchmark ({ALLREDUCE}) is not available in this "
-                      "installation: it needs configure(parser) and run_cli(args), or main(argv)")
+    raise ConfigError(
+        f"the allreduce benchmark ({ALLREDUCE}) is not available in this "
+        "installation: it needs configure(parser) and run_cli(args), or main(argv)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

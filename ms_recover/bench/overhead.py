@@ -35,7 +35,7 @@ import sys
 import tempfile
 from typing import Any
 
-from ms_recover.bench.table import Measure, Report, median
+from ms_recover.bench.table import Measure, Report
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
 from ms_recover.strategy import parse_strategies
@@ -47,11 +47,19 @@ PROGRAM = [sys.executable, "-m", "ms_recover.bench.overhead_train"]
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=4000, help="timed steps per run (default 4000)")
-    p.add_argument("--repeats", type=int, default=0,
-                   help="also run (a) and (b) as separate processes, this many pairs, for "
-                   "reference (default 0: off; on a shared host their noise exceeds the target)")
-    p.add_argument("--world2", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure the allreduce share at 2 ranks (default on)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=0,
+        help="also run (a) and (b) as separate processes, this many pairs, for "
+        "reference (default 0: off; on a shared host their noise exceeds the target)",
+    )
+    p.add_argument(
+        "--world2",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the allreduce share at 2 ranks (default on)",
+    )
     p.add_argument("--timeout", type=float, default=240.0, help="per-run deadline in s")
     p.add_argument("--workdir", help="outputs and logs go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
@@ -69,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.repeats):
         print(f"overhead: separate processes, pair {i + 1}/{args.repeats} ...", flush=True)
         order = ("plain", "session") if i % 2 == 0 else ("session", "plain")
-        got = {kind: runner.plain() if kind == "plain" else runner.job("session", 1)[0]
-               for kind in order}
+        got = {
+            kind: runner.plain() if kind == "plain" else runner.job("session", 1)[0]
+            for kind in order
+        }
         pairs.append({k: statistics.median(v["step_times"]) for k, v in got.items()})
     world2 = None
     if args.world2:
@@ -97,8 +107,9 @@ class _Runner:
         os.makedirs(out, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k != "MS_ROLE"}  # no agent: no ms_recover
         with open(os.path.join(out, "log.txt"), "wb") as log:
-            code = subprocess.run(self._argv("plain", out), env=env, stdout=log, stderr=log,
-                                  timeout=self.args.timeout).returncode
+            code = subprocess.run(
+                self._argv("plain", out), env=env, stdout=log, stderr=log, timeout=self.args.timeout
+            ).returncode
         if code != 0:
             raise MsRecoverError(f"plain run failed with exit code {code}; log in {out}")
         return _load(out, "plain", 1)[0]
@@ -106,8 +117,12 @@ class _Runner:
     def job(self, mode: str, procs: int) -> list[dict[str, Any]]:
         out = self._out(mode)
         # No recovery is exercised here; "exit" keeps a one-rank job from warning about replicas.
-        config = JobConfig(job_id=f"bench-ovh-{os.getpid()}-{self.n}", node_nums=1,
-                           proc_per_node=procs, strategies=parse_strategies("exit"))
+        config = JobConfig(
+            job_id=f"bench-ovh-{os.getpid()}-{self.n}",
+            node_nums=1,
+            proc_per_node=procs,
+            strategies=parse_strategies("exit"),
+        )
         with LocalJob(config, self._argv(mode, out), {}, log_dir=os.path.join(out, "logs")) as job:
             if not job.wait(self.args.timeout) or job.exit_code != 0:
                 raise MsRecoverError(f"{mode} run did not finish cleanly; logs in {out}/logs")
@@ -130,67 +145,131 @@ def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
     def paired(lo: int, hi: int) -> float:
         # Adjacent (a, b) steps ran within a few ms of each other: their difference cancels
         # whatever else the host was doing at the time.
-        return statistics.median(y - x for x, y in zip(a[lo:hi], b[lo:hi], strict=True)) / plain * 100
+        diffs = [y - x for x, y in zip(a[lo:hi], b[lo:hi], strict=True)]
+        return float(statistics.median(diffs) / plain * 100)
 
     link = inter["link_cpu_s"] / len(b)
     calls = inter["calls"]
     measured = paired(0, len(a))
     # The resolution: the same statistic for (a) against (a), one ABBA pair apart.
-    null = statistics.median(y - x for x, y in zip(a[0::2], a[1::2])) / plain * 100
-    return {"steps": len(b), "plain_step_s": plain, "session_step_s": statistics.median(b),
-            "measured_pct": measured, "halves_pct": [paired(0, half), paired(half, len(a))],
-            "null_pct": null,
-            "link_cpu_per_step_s": link, "link_pct": link / plain * 100,
-            "upper_bound_pct": measured + link / plain * 100,
-            "calls_s": calls, "direct_pct": (calls["allreduce_s"] + calls["loop_s"]) / plain * 100}
+    evens, odds = a[0::2], a[1::2]
+    null = statistics.median(y - x for x, y in zip(evens[: len(odds)], odds, strict=True))
+    null = null / plain * 100
+    return {
+        "steps": len(b),
+        "plain_step_s": plain,
+        "session_step_s": statistics.median(b),
+        "measured_pct": measured,
+        "halves_pct": [paired(0, half), paired(half, len(a))],
+        "null_pct": null,
+        "link_cpu_per_step_s": link,
+        "link_pct": link / plain * 100,
+        "upper_bound_pct": measured + link / plain * 100,
+        "calls_s": calls,
+        "direct_pct": (calls["allreduce_s"] + calls["loop_s"]) / plain * 100,
+    }
 
 
-def _report(args: argparse.Namespace, inter: dict[str, Any], pairs: list[dict[str, float]],
-            world2: list[dict[str, Any]] | None, workdir: str) -> Report:
+def _report(
+    args: argparse.Namespace,
+    inter: dict[str, Any],
+    pairs: list[dict[str, float]],
+    world2: list[dict[str, Any]] | None,
+    workdir: str,
+) -> Report:
     il = _interleaved(inter)
-    rep = Report("overhead", "ms-recover bench overhead: demo MLP DataParallelStep on MindSpore "
-                 "CPU, (a) plain loop vs (b) under ms_recover")
+    rep = Report(
+        "overhead",
+        "ms-recover bench overhead: demo MLP DataParallelStep on MindSpore "
+        "CPU, (a) plain loop vs (b) under ms_recover",
+    )
     calls = il["calls_s"]
-    rep.add(Measure(f"step time (a), median of {il['steps']}", il["plain_step_s"] * 1e3, "ms"),
-            Measure(f"step time (b), median of {il['steps']}", il["session_step_s"] * 1e3, "ms"),
-            Measure("  (b) - (a), adjacent steps, median", il["measured_pct"], "%",
-                    note="step-by-step ABBA in one process; halves of the run: "
-                    + " / ".join(f"{h:+.2f} %" for h in il["halves_pct"])),
-            Measure("  (a) - (a), the same statistic (resolution)", il["null_pct"], "%"),
-            Measure("  ms_recover calls per step, isolated", il["direct_pct"], "%",
-                    note=f"steps()/guard()/commit {calls['loop_s'] * 1e6:.1f} us + "
-                    f"session.allreduce {calls['allreduce_s'] * 1e6:.1f} us (one rank: a copy)"),
-            Measure("  heartbeat thread CPU per step", il["link_pct"], "%",
-                    note=f"{il['link_cpu_per_step_s'] * 1e6:.1f} us of the link thread's CPU per "
-                    "(b) step, relative to an (a) step"),
-            Measure("overhead, calls + heartbeat thread CPU", il["direct_pct"] + il["link_pct"],
-                    "%", note="noise-free estimate: the thread counted as if it always held the "
-                    "GIL"),
-            Measure("overhead, measured + heartbeat thread CPU", il["upper_bound_pct"], "%",
-                    "<=", TARGET_PCT, "upper bound: the thread's CPU is added to the measured "
-                    "difference in full"))
+    rep.add(
+        Measure(f"step time (a), median of {il['steps']}", il["plain_step_s"] * 1e3, "ms"),
+        Measure(f"step time (b), median of {il['steps']}", il["session_step_s"] * 1e3, "ms"),
+        Measure(
+            "  (b) - (a), adjacent steps, median",
+            il["measured_pct"],
+            "%",
+            note="step-by-step ABBA in one process; halves of the run: "
+            + " / ".join(f"{h:+.2f} %" for h in il["halves_pct"]),
+        ),
+        Measure("  (a) - (a), the same statistic (resolution)", il["null_pct"], "%"),
+        Measure(
+            "  ms_recover calls per step, isolated",
+            il["direct_pct"],
+            "%",
+            note=f"steps()/guard()/commit {calls['loop_s'] * 1e6:.1f} us + "
+            f"session.allreduce {calls['allreduce_s'] * 1e6:.1f} us (one rank: a copy)",
+        ),
+        Measure(
+            "  heartbeat thread CPU per step",
+            il["link_pct"],
+            "%",
+            note=f"{il['link_cpu_per_step_s'] * 1e6:.1f} us of the link thread's CPU per "
+            "(b) step, relative to an (a) step",
+        ),
+        Measure(
+            "overhead, calls + heartbeat thread CPU",
+            il["direct_pct"] + il["link_pct"],
+            "%",
+            note="noise-free estimate: the thread counted as if it always held the GIL",
+        ),
+        Measure(
+            "overhead, measured + heartbeat thread CPU",
+            il["upper_bound_pct"],
+            "%",
+            "<=",
+            TARGET_PCT,
+            "upper bound: the thread's CPU is added to the measured difference in full",
+        ),
+    )
     if pairs:
         ab = [p["session"] / p["plain"] * 100 - 100 for p in pairs]
-        rep.add(Measure(f"(b) vs (a), separate processes, median of {len(ab)} (reference)",
-                        statistics.median(ab), "%",
-                        note="each run's median step time; pairs in ABBA order; spread "
-                        f"{min(ab):+.1f} .. {max(ab):+.1f} %; no verdict: host noise"))
+        rep.add(
+            Measure(
+                f"(b) vs (a), separate processes, median of {len(ab)} (reference)",
+                statistics.median(ab),
+                "%",
+                note="each run's median step time; pairs in ABBA order; spread "
+                f"{min(ab):+.1f} .. {max(ab):+.1f} %; no verdict: host noise",
+            )
+        )
     w2 = None
     if world2:
-        w2 = [{"rank": r["rank"], "step_s": statistics.median(r["step_times"]),
-               "allreduce_s": statistics.median(r["allreduce_times"])} for r in world2]
-        rep.add(Measure("2 ranks: step time", median([x["step_s"] for x in w2]) * 1e3, "ms"),
-                Measure("2 ranks: host allreduce", median([x["allreduce_s"] for x in w2]) * 1e3,
-                        "ms"),
-                Measure("2 ranks: allreduce share of the step",
-                        median([x["allreduce_s"] / x["step_s"] for x in w2]) * 100, "%",
-                        note="median per-call allreduce / median step, per rank, then median"))
-    rep.settings = {"steps": args.steps, "repeats": args.repeats,
-                    "model": "demo_train MLP 64-128-8, Adam, global batch 64, jit",
-                    "workdir": workdir}
+        w2 = [
+            {
+                "rank": r["rank"],
+                "step_s": statistics.median(r["step_times"]),
+                "allreduce_s": statistics.median(r["allreduce_times"]),
+            }
+            for r in world2
+        ]
+        rep.add(
+            Measure("2 ranks: step time", statistics.median(x["step_s"] for x in w2) * 1e3, "ms"),
+            Measure(
+                "2 ranks: host allreduce",
+                statistics.median(x["allreduce_s"] for x in w2) * 1e3,
+                "ms",
+            ),
+            Measure(
+                "2 ranks: allreduce share of the step",
+                statistics.median(x["allreduce_s"] / x["step_s"] for x in w2) * 100,
+                "%",
+                note="median per-call allreduce / median step, per rank, then median",
+            ),
+        )
+    rep.settings = {
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "model": "demo_train MLP 64-128-8, Adam, global batch 64, jit",
+        "workdir": workdir,
+    }
     rep.samples = {"interleaved": il, "separate_process_pairs": pairs, "world2": w2}
-    rep.notes = ["One rank's step is about a millisecond: a per-step cost of ms_recover is at "
-                 "its most visible here.",
-                 "The host is shared with other work: the separate-process comparison moves by "
-                 "far more than 1 % between runs; the step-by-step one is the steadier."]
+    rep.notes = [
+        "One rank's step is about a millisecond: a per-step cost of ms_recover is at "
+        "its most visible here.",
+        "The host is shared with other work: the separate-process comparison moves by "
+        "far more than 1 % between runs; the step-by-step one is the steadier.",
+    ]
     return rep

@@ -1,4 +1,4 @@
-"""Rank program of the overhead benchmark: the demo's MindSpore step, timed with and without ms_recover.
+"""Rank program of the overhead benchmark: the demo's MindSpore step, with and without ms_recover.
 
 Modes (all time whole loop iterations, so the loop's own bookkeeping is inside the numbers):
 
@@ -28,6 +28,7 @@ from typing import Any
 
 import mindspore
 import numpy as np
+from numpy.typing import NDArray
 
 from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SAMPLES, SEED, build
 from ms_recover.mindspore.state import MindSporeState
@@ -35,6 +36,7 @@ from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.worker.sampler import make_dataset, shard_indices
 
 MODES = ("plain", "session", "interleaved")
+Flat = NDArray[np.float32]
 
 
 class _Data:
@@ -81,8 +83,8 @@ def _link_cpu(rank: int) -> Callable[[], float]:
     return lambda: time.clock_gettime(clock)
 
 
-def _timed(fn: Callable[[np.ndarray], np.ndarray], into: list[float]) -> Callable[..., Any]:
-    def reduce(flat: np.ndarray) -> np.ndarray:
+def _timed(fn: Callable[[Flat], Flat], into: list[float]) -> Callable[[Flat], Flat]:
+    def reduce(flat: Flat) -> Flat:
         t = time.perf_counter()
         out = fn(flat)
         into.append(time.perf_counter() - t)
@@ -112,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         session = ms_recover.init(state=MindSporeState(net, optimizer))
         data = _Data(session.rank, session.world_size)
         reduce_times: list[float] = []
-        step = DataParallelStep(net, loss_fn, optimizer,
-                                reduce_fn=_timed(lambda f: session.allreduce(f, "mean"),
-                                                 reduce_times))
+        step = DataParallelStep(
+            net,
+            loss_fn,
+            optimizer,
+            reduce_fn=_timed(lambda f: session.allreduce(f, "mean"), reduce_times),
+        )
         result.update(rank=session.rank, world=session.world_size)
         if args.mode == "session":
             _session_block(session, step, data, args.warmup)
@@ -136,8 +141,9 @@ def _write(out: str, result: dict[str, Any]) -> None:
         json.dump(result, fh)
 
 
-def _interleave(session: Any, step: DataParallelStep, data: _Data,
-                args: argparse.Namespace) -> dict[str, Any]:
+def _interleave(
+    session: Any, step: DataParallelStep, data: _Data, args: argparse.Namespace
+) -> dict[str, Any]:
     """Alternate single steps of (a) and (b), ABBA, on one DataParallelStep (one set of graphs).
 
     (a) is the step with the identity reduce, called directly; (b) is one iteration of
@@ -170,11 +176,17 @@ def _interleave(session: Any, step: DataParallelStep, data: _Data,
     # iteration of steps()/guard() (commit and safe point included) and one allreduce call on
     # a buffer of the gradient's size. These commit empty steps, so they come last.
     flat = np.ones(step.num_elements, np.float32)
-    calls = {"allreduce_s": _median_call(lambda: session.allreduce(flat, "mean")),
-             "loop_s": _median_call(lambda: _empty_iteration(session, steps))}
+    calls = {
+        "allreduce_s": _median_call(lambda: session.allreduce(flat, "mean")),
+        "loop_s": _median_call(lambda: _empty_iteration(session, steps)),
+    }
     steps.close()
-    return {"plain_times": times["plain"], "session_times": times["session"],
-            "link_cpu_s": link_s, "calls": calls}
+    return {
+        "plain_times": times["plain"],
+        "session_times": times["session"],
+        "link_cpu_s": link_s,
+        "calls": calls,
+    }
 
 
 def _empty_iteration(session: Any, steps: Any) -> None:
@@ -193,7 +205,7 @@ def _median_call(fn: Callable[[], Any], n: int = 2000) -> float:
     return times[n // 2]
 
 
-def _identity(flat: np.ndarray) -> np.ndarray:
+def _identity(flat: Flat) -> Flat:
     return flat
 
 

@@ -28,6 +28,7 @@ MTTR includes detection. DESIGN.md §8: MTTR <= 25 % of the baseline.
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -46,12 +47,14 @@ from ms_recover.testing.localjob import LocalJob
 TARGET_RATIO = 0.25
 LONG_RUN_STEPS = 10**7
 PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
-RESTART_PARTS = (("launch", "kill -> interpreter up", None, "start"),
-                 ("import", "import mindspore", "start", "imported"),
-                 ("build", "build net and optimizer", "imported", "built"),
-                 ("load", "load_checkpoint into the state", "built", "loaded"),
-                 ("join", "rendezvous (every rank registered)", "loaded", "joined"),
-                 ("first step", "first step (jit compile)", "joined", "first_step"))
+RESTART_PARTS = (
+    ("launch", "kill -> interpreter up", None, "start"),
+    ("import", "import mindspore", "start", "imported"),
+    ("build", "build net and optimizer", "imported", "built"),
+    ("load", "load_checkpoint into the state", "built", "loaded"),
+    ("join", "rendezvous (every rank registered)", "loaded", "joined"),
+    ("first step", "first step (jit compile)", "joined", "first_step"),
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -59,8 +62,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--procs-per-node", type=int, default=2, help="ranks per node (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="kills on each side (default 3)")
     p.add_argument("--warm-steps", type=int, default=30, help="steps before the first kill")
-    p.add_argument("--ckpt-every", type=int, default=100,
-                   help="baseline checkpoint interval in steps (default %(default)s)")
+    p.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=100,
+        help="baseline checkpoint interval in steps (default %(default)s)",
+    )
     p.add_argument("--timeout", type=float, default=240.0, help="per-wait deadline in s")
     p.add_argument("--workdir", help="logs and checkpoints go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
@@ -69,26 +76,44 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     world = args.nodes * args.procs_per_node
     if world < 2 or args.repeats < 1 or args.ckpt_every < 1:
-        print("ms-recover bench recovery: needs at least 2 ranks, --repeats >= 1 and "
-              "--ckpt-every >= 1", file=sys.stderr)
+        print(
+            "ms-recover bench recovery: needs at least 2 ranks, --repeats >= 1 and "
+            "--ckpt-every >= 1",
+            file=sys.stderr,
+        )
         return 2
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-recovery-")
-    config = JobConfig(job_id=f"bench-rec-{os.getpid()}", node_nums=args.nodes,
-                       proc_per_node=args.procs_per_node, phase_timeout_s=120.0,
-                       hang_timeout_s=300.0, strategies=parse_strategies("recover-in-place,exit"))
-    print(f"recovery: recover-in-place on a {args.nodes}x{args.procs_per_node} MindSpore job ...",
-          flush=True)
+    config = JobConfig(
+        job_id=f"bench-rec-{os.getpid()}",
+        node_nums=args.nodes,
+        proc_per_node=args.procs_per_node,
+        phase_timeout_s=120.0,
+        hang_timeout_s=300.0,
+        strategies=parse_strategies("recover-in-place,exit"),
+    )
+    print(
+        f"recovery: recover-in-place on a {args.nodes}x{args.procs_per_node} MindSpore job ...",
+        flush=True,
+    )
     inplace = _recover_in_place(config, args, os.path.join(workdir, "in-place"))
     print("recovery: baseline, job-level restarts from a checkpoint ...", flush=True)
-    baseline = _restart_from_checkpoint(config.replace(job_id=config.job_id + "-ckpt"), args,
-                                        os.path.join(workdir, "restart"))
+    baseline = _restart_from_checkpoint(
+        config.replace(job_id=config.job_id + "-ckpt"), args, os.path.join(workdir, "restart")
+    )
     return _report(args, inplace, baseline, workdir).emit(args.json)
 
 
 # ----------------------------------------------------------------------------- recover-in-place
 def _recover_in_place(config: JobConfig, args: argparse.Namespace, out: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "ms_recover.mindspore.demo_train",
-               "--steps", str(LONG_RUN_STEPS), "--out", out]
+    command = [
+        sys.executable,
+        "-m",
+        "ms_recover.mindspore.demo_train",
+        "--steps",
+        str(LONG_RUN_STEPS),
+        "--out",
+        out,
+    ]
     samples = []
     with LocalJob(config, command, {}, log_dir=os.path.join(out, "logs")) as job:
         d = JobDriver(job, args.timeout)
@@ -101,26 +126,48 @@ def _recover_in_place(config: JobConfig, args: argparse.Namespace, out: str) -> 
             rec = d.new_event("recovery", seen)
             if not rec["ok"]:
                 raise RuntimeError(f"recover-in-place failed: {rec['reason']}; logs in {out}")
-            samples.append({"rank": rank, "mttr_s": rec["mttr_s"], "phases": rec["phases"],
-                            "kill_to_event_s": rec["ts"] - t_kill,
-                            "lost_steps": rec["lost_steps"], "target_step": rec["target_step"]})
+            samples.append(
+                {
+                    "rank": rank,
+                    "mttr_s": rec["mttr_s"],
+                    "phases": rec["phases"],
+                    "kill_to_event_s": rec["ts"] - t_kill,
+                    "lost_steps": rec["lost_steps"],
+                    "target_step": rec["target_step"],
+                }
+            )
             d.until_running(3)
     return {"step_s": step_s, "samples": samples}
 
 
 # ----------------------------------------------------------------------------- baseline
-def _restart_from_checkpoint(config: JobConfig, args: argparse.Namespace,
-                             out: str) -> dict[str, Any]:
+def _restart_from_checkpoint(
+    config: JobConfig, args: argparse.Namespace, out: str
+) -> dict[str, Any]:
     ckpt_dir = os.path.join(out, "ckpt")
     os.makedirs(ckpt_dir, exist_ok=True)
 
     def start(tag: int) -> tuple[LocalJob, str]:
         run_out = os.path.join(out, f"run{tag}")
-        command = [sys.executable, "-m", "ms_recover.bench.ckpt_train", "--steps",
-                   str(LONG_RUN_STEPS), "--out", run_out, "--ckpt-dir", ckpt_dir,
-                   "--ckpt-every", str(args.ckpt_every)]
-        job = LocalJob(config.replace(job_id=f"{config.job_id}-{tag}"), command, {},
-                       log_dir=os.path.join(run_out, "logs"))
+        command = [
+            sys.executable,
+            "-m",
+            "ms_recover.bench.ckpt_train",
+            "--steps",
+            str(LONG_RUN_STEPS),
+            "--out",
+            run_out,
+            "--ckpt-dir",
+            ckpt_dir,
+            "--ckpt-every",
+            str(args.ckpt_every),
+        ]
+        job = LocalJob(
+            config.replace(job_id=f"{config.job_id}-{tag}"),
+            command,
+            {},
+            log_dir=os.path.join(run_out, "logs"),
+        )
         return job.start(), run_out
 
     job, _ = start(0)
@@ -136,8 +183,10 @@ def _restart_from_checkpoint(config: JobConfig, args: argparse.Namespace,
             job.close()  # SIGKILL every pod's process group, reap them, stop the manager
             job, run_out = start(i + 1)
             d = JobDriver(job, args.timeout)
-            timings = d.wait(lambda ro=run_out: _timings(ro, config.world_size),
-                             "every rank's first step after the restart")
+            timings = d.wait(
+                functools.partial(_timings, run_out, config.world_size),
+                "every rank's first step after the restart",
+            )
             samples.append(_restart_sample(timings, t_kill, killed_at))
             d.until_running(3)
     finally:
@@ -157,16 +206,22 @@ def _restart_sample(timings: list[dict[str, Any]], t_kill: float, killed_at: int
     parts: dict[str, float] = {}
     for name, _, begin, end in RESTART_PARTS:
         parts[name] = statistics.median(
-            t["times"][end] - (t_kill if begin is None else t["times"][begin]) for t in timings)
+            t["times"][end] - (t_kill if begin is None else t["times"][begin]) for t in timings
+        )
     loaded = timings[0]["loaded_step"]
-    return {"restart_s": max(t["times"]["first_step"] for t in timings) - t_kill,
-            "parts_median_over_ranks": parts, "killed_at_step": killed_at,
-            "loaded_step": loaded, "lost_steps_this_time": killed_at - loaded}
+    return {
+        "restart_s": max(t["times"]["first_step"] for t in timings) - t_kill,
+        "parts_median_over_ranks": parts,
+        "killed_at_step": killed_at,
+        "loaded_step": loaded,
+        "lost_steps_this_time": killed_at - loaded,
+    }
 
 
 # ----------------------------------------------------------------------------- report
-def _report(args: argparse.Namespace, inplace: dict[str, Any], baseline: dict[str, Any],
-            workdir: str) -> Report:
+def _report(
+    args: argparse.Namespace, inplace: dict[str, Any], baseline: dict[str, Any], workdir: str
+) -> Report:
     ins, base = inplace["samples"], baseline["samples"]
     mttr = summary(s["mttr_s"] for s in ins)
     restart = summary(s["restart_s"] for s in base)
@@ -174,37 +229,73 @@ def _report(args: argparse.Namespace, inplace: dict[str, Any], baseline: dict[st
     lost_s = args.ckpt_every / 2 * step_s
     total = (restart["median"] or 0.0) + lost_s
     ratio = (mttr["median"] or 0.0) / total
-    rep = Report("recovery", f"ms-recover bench recovery: MindSpore demo job, {args.nodes} nodes "
-                 f"x {args.procs_per_node} ranks, kill -9 of one rank")
-    rep.add(Measure(f"recover-in-place MTTR, median of {mttr['n']}", mttr["median"], "s",
-                    note="the recovery event's mttr_s: process seen dead -> every rank "
-                    "committed the first step after recovery"),
-            Measure("recover-in-place MTTR, max", mttr["max"], "s"))
+    rep = Report(
+        "recovery",
+        f"ms-recover bench recovery: MindSpore demo job, {args.nodes} nodes "
+        f"x {args.procs_per_node} ranks, kill -9 of one rank",
+    )
+    rep.add(
+        Measure(
+            f"recover-in-place MTTR, median of {mttr['n']}",
+            mttr["median"],
+            "s",
+            note="the recovery event's mttr_s: process seen dead -> every rank "
+            "committed the first step after recovery",
+        ),
+        Measure("recover-in-place MTTR, max", mttr["max"], "s"),
+    )
     for phase in PHASES:
         rep.add(Measure(f"  phase {phase}", median([s["phases"][phase] for s in ins]), "s"))
-    rep.add(Measure("committed steps lost (max)", max(s["lost_steps"] for s in ins), "steps",
-                    "<=", 0))
-    rep.add(Measure(f"job restart from checkpoint, median of {restart['n']}", restart["median"],
-                    "s", note="kill of every process -> every rank committed its first step "
-                    "after load_checkpoint"))
+    rep.add(
+        Measure("committed steps lost (max)", max(s["lost_steps"] for s in ins), "steps", "<=", 0)
+    )
+    rep.add(
+        Measure(
+            f"job restart from checkpoint, median of {restart['n']}",
+            restart["median"],
+            "s",
+            note="kill of every process -> every rank committed its first step "
+            "after load_checkpoint",
+        )
+    )
     for name, label, _, _ in RESTART_PARTS:
-        rep.add(Measure(f"  {label}", median([s["parts_median_over_ranks"][name] for s in base]),
-                        "s"))
-    rep.add(Measure("steady step time (baseline job)", step_s * 1e3, "ms"),
-            Measure("steady step time (in-place job)", inplace["step_s"] * 1e3, "ms"),
-            Measure(f"expected lost work, {args.ckpt_every}/2 steps", lost_s, "s",
-                    note=f"checkpoint every {args.ckpt_every} steps; a fault at a random time "
-                    "loses half an interval on average"),
-            Measure("baseline = restart + expected lost work", total, "s"),
-            Measure("MTTR / baseline", ratio * 100, "%", "<=", TARGET_RATIO * 100),
-            Measure("MTTR / restart alone (fault right after a checkpoint)",
-                    (mttr["median"] or 0.0) / (restart["median"] or 1.0) * 100, "%"))
-    rep.settings = {"nodes": args.nodes, "procs_per_node": args.procs_per_node,
-                    "repeats": args.repeats, "warm_steps": args.warm_steps,
-                    "ckpt_every": args.ckpt_every, "workdir": workdir,
-                    "baseline_definition": "restart (kill -> every rank's first step after "
-                    "load_checkpoint) + ckpt_every/2 * steady step time; detection not added"}
-    rep.samples = {"in_place": inplace, "restart": baseline, "mttr": mttr, "restart_summary": restart}
+        rep.add(
+            Measure(f"  {label}", median([s["parts_median_over_ranks"][name] for s in base]), "s")
+        )
+    rep.add(
+        Measure("steady step time (baseline job)", step_s * 1e3, "ms"),
+        Measure("steady step time (in-place job)", inplace["step_s"] * 1e3, "ms"),
+        Measure(
+            f"expected lost work, {args.ckpt_every}/2 steps",
+            lost_s,
+            "s",
+            note=f"checkpoint every {args.ckpt_every} steps; a fault at a random time "
+            "loses half an interval on average",
+        ),
+        Measure("baseline = restart + expected lost work", total, "s"),
+        Measure("MTTR / baseline", ratio * 100, "%", "<=", TARGET_RATIO * 100),
+        Measure(
+            "MTTR / restart alone (fault right after a checkpoint)",
+            (mttr["median"] or 0.0) / (restart["median"] or 1.0) * 100,
+            "%",
+        ),
+    )
+    rep.settings = {
+        "nodes": args.nodes,
+        "procs_per_node": args.procs_per_node,
+        "repeats": args.repeats,
+        "warm_steps": args.warm_steps,
+        "ckpt_every": args.ckpt_every,
+        "workdir": workdir,
+        "baseline_definition": "restart (kill -> every rank's first step after "
+        "load_checkpoint) + ckpt_every/2 * steady step time; detection not added",
+    }
+    rep.samples = {
+        "in_place": inplace,
+        "restart": baseline,
+        "mttr": mttr,
+        "restart_summary": restart,
+    }
     rep.notes = [
         "Baseline: every process killed, a fresh job started on the same checkpoint directory; "
         "detection of the fault is not added to it, MTTR includes it.",

@@ -45,9 +45,16 @@ class Measure:
         return {True: "PASS", False: "MISS", None: "-"}[self.passed]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "unit": self.unit, "target": self.target,
-                "op": self.op or None, "limit": self.limit, "pass": self.passed,
-                "note": self.note}
+        return {
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "target": self.target,
+            "op": self.op or None,
+            "limit": self.limit,
+            "pass": self.passed,
+            "note": self.note,
+        }
 
 
 @dataclasses.dataclass
@@ -70,19 +77,31 @@ class Report:
         return all(m.passed is not False for m in self.measures)
 
     def to_json(self) -> dict[str, Any]:
-        return {"bench": self.bench, "title": self.title, "ok": self.ok,
-                "settings": self.settings, "measures": [m.to_json() for m in self.measures],
-                "samples": self.samples, "notes": self.notes}
+        return {
+            "bench": self.bench,
+            "title": self.title,
+            "ok": self.ok,
+            "settings": self.settings,
+            "measures": [m.to_json() for m in self.measures],
+            "samples": self.samples,
+            "notes": self.notes,
+        }
 
     def format(self) -> str:
         rows = [("measure", "value", "target", "result")]
-        rows += [(m.name, f"{_num(m.value)} {m.unit}".strip(), m.target, m.verdict)
-                 for m in self.measures]
+        rows += [
+            (m.name, f"{_num(m.value)} {m.unit}".strip(), m.target, m.verdict)
+            for m in self.measures
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [self.title, ""]
         for i, row in enumerate(rows):
-            lines.append("  ".join(cell.ljust(w) if c == 0 else cell.rjust(w)
-                                   for c, (cell, w) in enumerate(zip(row, widths, strict=True))))
+            lines.append(
+                "  ".join(
+                    cell.ljust(w) if c == 0 else cell.rjust(w)
+                    for c, (cell, w) in enumerate(zip(row, widths, strict=True))
+                )
+            )
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths))
         notes = [f"  {m.name}: {m.note}" for m in self.measures if m.note]
@@ -93,7 +112,7 @@ class Report:
         return "\n".join(lines)
 
     def emit(self, json_path: str | None) -> int:
-        """Print the table, write the JSON if asked; exit status 0 (a MISS is a result, not an error)."""
+        """Print the table and write the JSON if asked; exit status 0 (a MISS is a result)."""
         print(self.format(), flush=True)
         if json_path:
             write_json(json_path, self.to_json())

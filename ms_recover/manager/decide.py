@@ -457,10 +457,11 @@ def _dumping(m: JobModel, now: float) -> list[Action]:
 
 
 def _running(m: JobModel, now: float) -> list[Action]:
+    members = m.members().values()
     joiners = frozenset(r for r, i in m.ranks.items() if i.alive and r not in m.active)
-    if joiners and Strategy.ELASTIC_TRAINING in m.config.strategies:
+    if joiners and not any(i.done for i in members):
         return _grow(m, now, joiners)
-    if not all(i.done for i in m.members().values()):
+    if not all(i.done for i in members):
         return []
     reason = "every rank finished training"
     actions: list[Action] = [

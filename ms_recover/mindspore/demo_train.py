@@ -1,8 +1,9 @@
 """The demo's training program: a small MLP trained data-parallel with real MindSpore.
 
 Each rank computes forward, backward and the Adam update in MindSpore (jit-compiled); the
-gradients are averaged by ms_recover's host allreduce; samples are chosen by
-(step, rank, world). At the end each rank writes ``OUT/rank_R.json`` with the SHA-256 of its
+gradients are averaged over the global batch by ms_recover's host allreduce; samples are
+chosen by (step, position in the data-parallel world, its size), so the math survives an
+elastic shrink. At the end each rank writes ``OUT/rank_R.json`` with the SHA-256 of its
 whole state (weights and optimizer moments), so runs can be compared bit for bit.
 
     python -m ms_recover.mindspore.demo_train --steps 40 --out /tmp/run
@@ -16,13 +17,14 @@ import os
 import time
 
 import mindspore
+import numpy as np
 from mindspore import nn
 
 import ms_recover
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.worker.repair import sha256_of
-from ms_recover.worker.sampler import make_dataset, shard_indices
+from ms_recover.worker.sampler import make_dataset, split_indices
 
 IN_DIM, HIDDEN, CLASSES, SAMPLES, GLOBAL_BATCH, SEED = 64, 128, 8, 8192, 64, 1234
 
@@ -45,14 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     net, loss_fn, optimizer = build()
     session = ms_recover.init(state=MindSporeState(net, optimizer))
-    step = DataParallelStep(net, loss_fn, optimizer,
-                            reduce_fn=lambda flat: session.allreduce(flat, "mean"))
+    share = {"n": 0}  # this rank's samples in the current step
+
+    def reduce(flat: np.ndarray) -> np.ndarray:
+        # Each rank's mean gradient weighted by its share of the global batch, then summed:
+        # the global-batch mean, whatever the (elastic) number of ranks.
+        return session.allreduce(flat * np.float32(share["n"] / GLOBAL_BATCH), "sum")
+
+    step = DataParallelStep(net, loss_fn, optimizer, reduce_fn=reduce)
     x_all, y_all = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
-    rank, world = session.rank, session.world_size
+    rank = session.rank
     losses: dict[int, float] = {}
     for s in session.steps(args.steps):
         with session.guard():
-            idx = shard_indices(s, rank, world, GLOBAL_BATCH, SAMPLES, SEED)
+            where = (session.data_rank, session.data_world)
+            idx = split_indices(s, *where, GLOBAL_BATCH, SAMPLES, SEED)
+            share["n"] = len(idx)
             losses[s] = step(x_all[idx], y_all[idx])
             if args.step_time:
                 time.sleep(args.step_time)

@@ -19,8 +19,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _bench(*args: str, timeout: float = 100.0) -> tuple[subprocess.CompletedProcess[str], int]:
-    proc = subprocess.Popen([sys.executable, "-m", "ms_recover.cli", "bench", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ms_recover.cli", "bench", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -46,10 +50,11 @@ def _running_with(needle: str) -> list[str]:
     return found
 
 
-def test_detect_reports_rank_and_node_detection(tmp_path):
+def test_detect_reports_rank_and_node_detection(tmp_path: Path) -> None:
     path = tmp_path / "detect.json"
-    out, pid = _bench("detect", "--repeats", "1", "--workdir", str(tmp_path / "work"),
-                      "--json", str(path))
+    out, pid = _bench(
+        "detect", "--repeats", "1", "--workdir", str(tmp_path / "work"), "--json", str(path)
+    )
     assert out.returncode == 0, out.stderr
     assert "dead process" in out.stdout and ("PASS" in out.stdout or "MISS" in out.stdout)
     report = json.loads(path.read_text())
@@ -69,7 +74,7 @@ def test_detect_reports_rank_and_node_detection(tmp_path):
     assert _running_with(f"bench-detect-{pid}") == [], "the benchmark left processes behind"
 
 
-def test_controlplane_small_scale_reports_stop_all(tmp_path):
+def test_controlplane_small_scale_reports_stop_all(tmp_path: Path) -> None:
     path = tmp_path / "cp.json"
     out, _ = _bench("controlplane", "--ranks", "256", "--repeats", "2", "--json", str(path))
     assert out.returncode == 0, out.stderr
@@ -92,10 +97,14 @@ def test_controlplane_small_scale_reports_stop_all(tmp_path):
     assert extrapolated["value"] is None  # one scale: no trend to extrapolate
 
 
-def test_bench_help_lists_every_benchmark():
-    out = subprocess.run([sys.executable, "-m", "ms_recover.cli", "bench", "--help"],
-                         capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+def test_bench_help_lists_every_benchmark() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "bench", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert out.returncode == 0, out.stderr
     for name in ("detect", "recovery", "overhead", "controlplane", "allreduce"):
         assert name in out.stdout
