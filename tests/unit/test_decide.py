@@ -942,3 +942,19 @@ def test_orphaned_shard_makes_recovery_infeasible(make_job: Callable[..., Job]) 
     job.tick()
     assert job.model.state is JobState.EXITING
     assert "no healthy replica left for shard 1 (ranks [1, 3])" in job.decision()["reason"]
+
+
+def test_impossible_strategies_are_reported_when_the_manager_starts() -> None:
+    from ms_recover.config import JobConfig
+    from ms_recover.manager.server import ManagerServer
+
+    config = JobConfig(
+        job_id="one", manager_port=0, strategies=parse_strategies("recover,elastic-training,exit")
+    )
+    server = ManagerServer(config)
+    try:
+        problems = [e["problem"] for e in server.events.recent("config_warning")]
+    finally:
+        server.close()
+    assert any(p.startswith("recover: a one-rank job") for p in problems)
+    assert any(p.startswith("elastic-training: a one-rank job") for p in problems)
