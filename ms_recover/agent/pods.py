@@ -8,6 +8,7 @@ or dies from a signal, the pod is recreated: a new agent with the same node rank
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ class LocalPods:
         self.exit_codes: dict[int, int] = {}
         self.restarts: dict[int, int] = {}
         self._due: dict[int, float] = {}
+        self._groups: set[int] = set()  # every pod's process group, for close()
         self.history: list[tuple[float, int, str]] = []  # (time, node, what)
 
     def agent_argv(self, node: int) -> list[str]:
@@ -83,6 +85,7 @@ class LocalPods:
         finally:
             if out is not None:
                 out.close()
+        self._groups.add(self.procs[node].pid)
         self.history.append((time.time(), node, f"pod started (agent pid {self.procs[node].pid})"))
 
     def poll(self) -> None:
@@ -126,14 +129,12 @@ class LocalPods:
             os.killpg(proc.pid, signal.SIGKILL)
 
     def close(self) -> None:
-        """Kill every pod's process group (by the agent pid we started) and reap it."""
+        """Kill every process group we ever started (a dead pod's orphans too) and reap."""
         self._due.clear()
+        for pgid in self._groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
         for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             proc.wait()
         self.procs.clear()
 

@@ -7,6 +7,8 @@ rank), ``DEVICE_ID`` (local rank), ``RANK_SIZE``/``MS_WORKER_NUM`` (world), ``MS
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import os
 import signal
@@ -17,6 +19,8 @@ from typing import IO
 from ms_recover import env as E
 from ms_recover.config import JobConfig
 from ms_recover.strategy import format_strategies
+
+PR_SET_PDEATHSIG = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +75,9 @@ class RankSet:
         self.incarnations[rank] = inc
         child_env = {**os.environ, **rank_env(self.config, rank, inc)}
         out = self._log_file(rank)
-        proc = subprocess.Popen(self.command, env=child_env, stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            self.command, env=child_env, stdout=out, stderr=out, preexec_fn=_die_with_parent
+        )
         self.procs[rank] = proc
         return proc.pid
 
@@ -128,6 +134,16 @@ class RankSet:
         for fh in self._logs.values():
             fh.close()
         self._logs.clear()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL this rank if its agent dies (Linux).
+
+    A rank must never outlive its agent: nobody would report its exit or stop it, and it
+    would hold its data-plane sockets open forever.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:

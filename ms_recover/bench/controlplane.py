@@ -28,7 +28,7 @@ machines, so these times are an upper bound; the manager thread's own CPU time i
 is reported next to them. The simulated members heartbeat every 15 s (silence limit 60 s):
 the job default of 0.5 s would mean 37,000 heartbeats a second at full scale, and the manager
 reads no heartbeat while it sends REBUILD to every rank (one message of every rank's endpoint
-per rank, about 25 s at 16,384 ranks here), so a shorter limit declares ranks silent during
+per rank, about 20 s at 16,384 ranks here), so a shorter limit declares ranks silent during
 formation.
 """
 

@@ -154,12 +154,17 @@ class ManagerServer:
                     self.drops.drop(f"unusable {env.msg.KIND.decode()}: {exc}", env.sender)
 
     def _send(self, identity: bytes, msg: M.Message) -> None:
+        self._send_to([identity], msg)
+
+    def _send_to(self, identities: list[bytes], msg: M.Message) -> None:
+        """Encode once (one seq for the whole broadcast), send to every identity."""
         self._seq += 1
         frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
-        try:
-            self._sock.send_multipart([identity, *frames], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.warning("send %s to %r failed: %s", msg.KIND.decode(), identity, exc)
+        for identity in identities:
+            try:
+                self._sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.warning("send %s to %r failed: %s", msg.KIND.decode(), identity, exc)
 
     # ------------------------------------------------------------------ agent handlers
     def _on_agent_hello(self, ident: bytes, env: Envelope, msg: M.AgentHello) -> None:
@@ -381,9 +386,8 @@ class ManagerServer:
     def _apply(self, action: A.Action) -> None:
         m = self.model
         if isinstance(action, A.SendRanks):
-            for rank in action.ranks:
-                if m.ranks[rank].identity:
-                    self._send(m.ranks[rank].identity, action.msg)
+            idents = [m.ranks[r].identity for r in action.ranks if m.ranks[r].identity]
+            self._send_to(idents, action.msg)
         elif isinstance(action, A.SendAgent):
             ident = self._agent_ids.get(action.node_rank)
             if ident is not None:

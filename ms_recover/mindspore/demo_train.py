@@ -19,6 +19,7 @@ import time
 import mindspore
 import numpy as np
 from mindspore import nn
+from numpy.typing import NDArray
 
 import ms_recover
 from ms_recover.mindspore.state import MindSporeState
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     session = ms_recover.init(state=MindSporeState(net, optimizer))
     share = {"n": 0}  # this rank's samples in the current step
 
-    def reduce(flat: np.ndarray) -> np.ndarray:
+    def reduce(flat: NDArray[np.float32]) -> NDArray[np.float32]:
         # Each rank's mean gradient weighted by its share of the global batch, then summed:
         # the global-batch mean, whatever the (elastic) number of ranks.
         return session.allreduce(flat * np.float32(share["n"] / GLOBAL_BATCH), "sum")

@@ -10,7 +10,9 @@ peer returns and the training thread reaches its safe point.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -46,8 +48,12 @@ class ManagerLink:
         self._stop = threading.Event()
         self.epoch = 0
         self.committed = -1
-        self._sent_step = -2
         self.last_heard = time.monotonic()
+        # The thread sleeps in poll() until the manager writes, a message is queued (a byte on
+        # this pipe) or the next heartbeat is due: no busy ticking on the training's CPU.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(
             target=self._loop, name=f"ms-recover-link-{rank}", daemon=True
         )
@@ -56,8 +62,15 @@ class ManagerLink:
         self._thread.start()
 
     def send(self, msg: M.Message, epoch: int | None = None) -> None:
-        """Queue a message (an ack carries the epoch of its command); sent within one tick."""
+        """Queue a message (an ack carries the epoch of its command); the thread sends it now."""
         self._out.put((msg, epoch))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:  # the pipe is full: the thread is awake anyway
+            pass
 
     def next_command(self, timeout_s: float) -> Envelope | None:
         """The oldest latched command, waiting up to ``timeout_s``."""
@@ -72,14 +85,19 @@ class ManagerLink:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         self._chan.close()
         self._ctx.term()
 
     def _loop(self) -> None:
         next_beat = 0.0
-        hb = self.config.heartbeat_s
+        poller = zmq.Poller()
+        poller.register(self._chan.sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
             while True:
                 try:
@@ -88,11 +106,14 @@ class ManagerLink:
                     break
                 self._chan.send(msg, self.epoch if epoch is None else epoch)
             now = time.monotonic()
-            if now >= next_beat or self.committed != self._sent_step:
-                self._sent_step = self.committed
-                self._chan.send(M.WorkerHeartbeat(self.rank, self._sent_step), self.epoch)
-                next_beat = now + hb
-            env = self._chan.recv(10)
+            if now >= next_beat:
+                self._chan.send(M.WorkerHeartbeat(self.rank, self.committed), self.epoch)
+                next_beat = now + self.config.heartbeat_s
+            ready = dict(poller.poll(max(1, int((next_beat - time.monotonic()) * 1000))))
+            if self._wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            env = self._chan.recv_ready() if self._chan.sock in ready else None
             while env is not None:
                 self._latch(env)
                 env = self._chan.recv_ready()

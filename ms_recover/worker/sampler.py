@@ -112,7 +112,7 @@ def make_dataset(
 
 def split_indices(
     step: int, index: int, world: int, global_batch: int, num_samples: int, seed: int
-) -> np.ndarray:
+) -> NDArray[np.int64]:
     """Like :func:`shard_indices`, but ``global_batch`` need not be a multiple of ``world``.
 
     The step's global batch is cut into ``world`` contiguous slices whose sizes differ by at

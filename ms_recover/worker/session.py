@@ -69,6 +69,7 @@ class Session:
         self.recoveries = 0
         self._interrupted = False
         self._await_manager = False
+        self._report_next_commit = False
         self.members: list[int] = list(range(backend.world_size))
         self.link: ManagerLink | None = None
         if not standalone:
@@ -147,6 +148,9 @@ class Session:
         self.next_step = step + 1
         if self.link is not None:
             self.link.committed = step
+            if self._report_next_commit:  # the manager waits for it to close a recovery
+                self._report_next_commit = False
+                self.link.send(M.WorkerHeartbeat(self.rank, step))
         self.comm.on_step_end()
         self.faults.after_commit(step)
 
@@ -263,6 +267,7 @@ class Session:
             self._repair(epoch, msg)
         elif isinstance(msg, M.Resume):
             self.next_step = msg.step
+            self._report_next_commit = True
             if msg.step > 0:
                 self.recoveries += 1
             log.info("rank %d resumes at step %d (epoch %d)", self.rank, msg.step, epoch)

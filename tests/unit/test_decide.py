@@ -60,13 +60,13 @@ class Job:
         self.model = self.server.model
         self.sent: list[tuple[str, M.Message]] = []
         self.actions: list[A.Action] = []
-        real_send = self.server._send
+        real_send = self.server._send_to
 
-        def record(identity: bytes, msg: M.Message) -> None:
-            self.sent.append((identity.decode(), msg))
-            real_send(identity, msg)
+        def record(identities: list[bytes], msg: M.Message) -> None:
+            self.sent.extend((identity.decode(), msg) for identity in identities)
+            real_send(identities, msg)
 
-        self.server._send = record  # type: ignore[method-assign]
+        self.server._send_to = record  # type: ignore[method-assign]
         self._pid = 100
 
     # ------------------------------------------------------------ facts
