@@ -257,17 +257,7 @@ def _forming(m: JobModel, now: float) -> list[Action]:
     if not all(i.alive for i in m.ranks.values()):
         return []
     reason = f"all {len(m.ranks)} ranks registered"
-    rnd = Round(
-        epoch=m.epoch + 1,
-        strategy=None,
-        faults=[],
-        replace_ranks=frozenset(),
-        reschedule_nodes=frozenset(),
-        started=now,
-        incident_start=now,
-        detect_s=0.0,
-        phase_start=now,
-    )
+    rnd = Round(epoch=m.epoch + 1, strategy=None, started=now, incident_start=now, phase_start=now)
     return [StartRound(reason, rnd), _rebuild(m), Transition(reason, JobState.REBUILDING)]
 
 
@@ -482,12 +472,8 @@ def _grow(m: JobModel, now: float, joiners: frozenset[int]) -> list[Action]:
     rnd = Round(
         epoch=m.epoch + 1,
         strategy=Strategy.ELASTIC_TRAINING,
-        faults=[],
-        replace_ranks=frozenset(),
-        reschedule_nodes=frozenset(),
         started=now,
         incident_start=now,
-        detect_s=0.0,
         peak_step=max(i.committed_step for i in m.ranks.values()),
         phase_start=now,
         excluded_ranks=frozenset(r for r, i in m.ranks.items() if not i.alive),

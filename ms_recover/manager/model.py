@@ -123,12 +123,12 @@ class Round:
 
     epoch: int
     strategy: Strategy | None
-    faults: list[Fault]
-    replace_ranks: frozenset[int]
-    reschedule_nodes: frozenset[int]
     started: float
     incident_start: float
-    detect_s: float
+    faults: list[Fault] = dataclasses.field(default_factory=list)
+    replace_ranks: frozenset[int] = frozenset()
+    reschedule_nodes: frozenset[int] = frozenset()
+    detect_s: float = 0.0
     target_step: int = -1
     peak_step: int = -1
     repair_attempt: int = 0
