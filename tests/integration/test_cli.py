@@ -179,3 +179,31 @@ def test_manager_serves_prometheus_metrics(tmp_path):
     assert "ms_recover_world_size 2.0" in text
     assert "ms_recover_live_ranks 0.0" in text
     assert "ms_recover_epoch 0.0" in text
+
+
+def test_agent_sigterm_reaps_its_ranks(tmp_path):
+    port = _free_port()  # no manager: the agent still launches its ranks
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "ms_recover.cli", "agent", "--node-rank", "0", "--node-nums", "1",
+         "--proc-per-node", "2", "--port", str(port), "--",
+         sys.executable, "-c", "import time; time.sleep(120)"],
+        stderr=subprocess.PIPE, text=True)
+    children_file = Path(f"/proc/{agent.pid}/task/{agent.pid}/children")
+
+    def children() -> list[int]:
+        try:
+            return [int(p) for p in children_file.read_text().split()]
+        except OSError:
+            return []
+
+    try:
+        ranks = wait_for(lambda: len(children()) == 2 and children(), 20, "two rank processes")
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    for pid in ranks:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    assert "Traceback" not in agent.stderr.read()
