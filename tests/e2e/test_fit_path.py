@@ -53,6 +53,10 @@ class FakeLink:
 
     def __init__(self, session: Session, latch_after: set[int]) -> None:
         self.session, self.latch_after, self.committed = session, set(latch_after), -1
+        self.sent: list[M.Message] = []
+
+    def send(self, msg: M.Message, epoch: int | None = None) -> None:
+        self.sent.append(msg)
 
     def has_command(self) -> bool:
         return self.committed in self.latch_after
