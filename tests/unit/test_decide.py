@@ -18,8 +18,9 @@ from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.manager import actions as A
 from ms_recover.manager.decide import decide
+from ms_recover.manager.executor import PHASES
 from ms_recover.manager.model import TRANSITIONS, Fault, IllegalTransition, JobState
-from ms_recover.manager.server import PHASES, ManagerServer
+from ms_recover.manager.server import ManagerServer
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
 
