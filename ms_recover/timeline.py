@@ -32,7 +32,7 @@ def describe(e: Event) -> str:
     if kind == "job_start":
         return f"all ranks registered, communicators built: training starts (epoch {e['epoch']})"
     if kind == "fault":
-        return f"FAULT    {e['detail']}, last committed step {e.get('step', '?')}"
+        return f"FAULT    {e['detail']}"
     if kind == "decision":
         return f"DECIDE   {e['reason']}"
     if kind == "member" and e.get("reboot"):

@@ -53,7 +53,7 @@ def on_faults(
                     "node_rank": f.node_rank,
                     "detail": f.detail,
                     "detect_s": round(f.detect_s, 4),
-                    "step": max(steps),
+                    "reported_step": max(steps),
                 },
             )
         )
