@@ -348,8 +348,8 @@ def _report(
         "encode, send), independent of how fast the simulated peers are.",
         "Repeat 1 stops a running job; later repeats are a new fault right after the previous "
         "stop-all (a new epoch, STOP to every survivor again), without a rebuild in between.",
-        "The rebuild phase grows with the square of the job: the manager encodes REBUILD, "
-        "which lists every rank's endpoint, once per rank.",
+        "The rebuild phase grows with the square of the job: REBUILD lists every rank's "
+        "endpoint and goes to every rank (encoded once, sent N times).",
     ]
     if skipped:
         rep.notes.append(
