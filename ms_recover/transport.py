@@ -79,5 +79,6 @@ class DealerChannel:
             self.drops.drop(str(exc), self.endpoint)
             return None
 
-    def close(self) -> None:
-        self.sock.close(0)
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket; ``linger_ms`` lets frames already queued leave first."""
+        self.sock.close(linger_ms)

@@ -83,14 +83,16 @@ class ManagerLink:
         with self._cond:
             return bool(self._inbox)
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 0.0) -> None:
+        """Stop the thread; with ``flush_s`` > 0, queued messages are sent and given that long
+        to leave (a last WorkerDone), else they are dropped."""
         self._stop.set()
         self._wake()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         os.close(self._wake_r)
         os.close(self._wake_w)
-        self._chan.close()
+        self._chan.close(int(flush_s * 1000))
         self._ctx.term()
 
     def _loop(self) -> None:
@@ -98,13 +100,15 @@ class ManagerLink:
         poller = zmq.Poller()
         poller.register(self._chan.sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        while not self._stop.is_set():
-            while True:
+        while True:
+            while True:  # send what is queued, also on the way out
                 try:
                     msg, epoch = self._out.get_nowait()
                 except queue.Empty:
                     break
                 self._chan.send(msg, self.epoch if epoch is None else epoch)
+            if self._stop.is_set():
+                return
             now = time.monotonic()
             if now >= next_beat:
                 self._chan.send(M.WorkerHeartbeat(self.rank, self.committed), self.epoch)

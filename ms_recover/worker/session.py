@@ -134,11 +134,7 @@ class Session:
         """Tell the manager this rank is done, then release sockets."""
         if self.link is not None:
             self.link.send(M.WorkerDone(self.rank, self.committed))
-            deadline = time.monotonic() + 2.0
-            while not self.link._out.empty() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(2 * 0.01)  # one link tick to hand the frame to zmq
-            self.link.close()
+            self.link.close(flush_s=2.0)
         self.comm.close()
 
     # ------------------------------------------------------------------ the step loop
