@@ -34,6 +34,23 @@ def _listening(port: int) -> bool:
         return False
 
 
+def _listen_then_sigterm(
+    argv: list[str], port: int, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run a manager until its port listens, SIGTERM it; (exit code, stderr). Always reaped."""
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _listening(port), 20, f"port {port} of {argv[-1]}")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    return proc.returncode, proc.stderr.read()
+
+
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ms_recover.cli", *args],
@@ -76,7 +93,7 @@ def test_every_command_has_complete_help(command, capsys):
 def test_manager_listens_and_stops_cleanly_on_sigterm(tmp_path):
     port = _free_port()
     events = tmp_path / "events.jsonl"
-    proc = subprocess.Popen(
+    code, stderr = _listen_then_sigterm(
         [
             sys.executable,
             "-m",
@@ -93,19 +110,10 @@ def test_manager_listens_and_stops_cleanly_on_sigterm(tmp_path):
             "--events",
             str(events),
         ],
-        stderr=subprocess.PIPE,
-        text=True,
+        port,
     )
-    try:
-        wait_for(lambda: _listening(port), 20, "the manager port")
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1  # stopped before the job ever finished
-    assert "Traceback" not in proc.stderr.read()
+    assert code == 1  # stopped before the job ever finished
+    assert "Traceback" not in stderr
     assert '"event": "manager_start"' in events.read_text()
 
 
@@ -129,21 +137,10 @@ def test_documented_manager_script_runs_with_our_api(tmp_path):
         "MS_RECOVER_PORT": str(port),
         "MS_RECOVER_EVENTS": str(tmp_path / "ev.jsonl"),
     }
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "samples" / "manager.py")],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
+    _, stderr = _listen_then_sigterm(
+        [sys.executable, str(ROOT / "samples" / "manager.py")], port, env
     )
-    try:
-        wait_for(lambda: _listening(port), 20, "the sample manager's port")
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "Traceback" not in proc.stderr.read()
+    assert "Traceback" not in stderr
     assert "sample-job" in (tmp_path / "ev.jsonl").read_text()
 
 
@@ -184,10 +181,27 @@ def test_manager_serves_prometheus_metrics(tmp_path):
 def test_agent_sigterm_reaps_its_ranks(tmp_path):
     port = _free_port()  # no manager: the agent still launches its ranks
     agent = subprocess.Popen(
-        [sys.executable, "-m", "ms_recover.cli", "agent", "--node-rank", "0", "--node-nums", "1",
-         "--proc-per-node", "2", "--port", str(port), "--",
-         sys.executable, "-c", "import time; time.sleep(120)"],
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ms_recover.cli",
+            "agent",
+            "--node-rank",
+            "0",
+            "--node-nums",
+            "1",
+            "--proc-per-node",
+            "2",
+            "--port",
+            str(port),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(120)",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     children_file = Path(f"/proc/{agent.pid}/task/{agent.pid}/children")
 
     def children() -> list[int]:
