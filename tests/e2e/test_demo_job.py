@@ -138,3 +138,46 @@ def test_dump_writes_mindspore_checkpoints_a_restart_can_load(tmp_path):
     assert load_dump(dump_dir, state, rank=3) == 9
     with open(os.path.join(ref_out, "rank_3.json")) as fh:
         assert sha256_of(state.state_dict()) == json.load(fh)["sha256"]
+
+
+def test_elastic_training_on_mindspore_shrinks_and_grows_back(tmp_path):
+    """A pod that is not back within wait-reschedule-timeout: MindSpore training goes on
+    with 3 ranks and the same global batch, then grows back to 4 when the pod returns."""
+    ref_out, out = str(tmp_path / "ref"), str(tmp_path / "run")
+    base = JobConfig(
+        job_id="e2e-el",
+        node_nums=4,
+        proc_per_node=1,
+        wait_reschedule_timeout_s=1.5,
+        strategies=parse_strategies("recover,elastic-training,exit"),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "ms_recover.mindspore.demo_train",
+        "--steps",
+        "120",
+        "--step-time",
+        "0.05",
+        "--out",
+    ]
+    with LocalJob(
+        base.replace(job_id="e2e-el-ref"), command + [ref_out], {}, log_dir=ref_out
+    ) as job:
+        assert job.wait(240)
+    with LocalJob(
+        base,
+        command + [out],
+        Faults().node(rank=3, step=15).to_env(),
+        log_dir=out,
+        reschedule_delay_s=6.0,
+    ) as job:
+        assert job.wait(240), job.status()
+    assert job.exit_code == 0
+    assert [e["active"] for e in job.find("world")] == [[0, 1, 2], [0, 1, 2, 3]]
+    runs = []
+    for d in (ref_out, out):
+        with open(os.path.join(d, "rank_0.json")) as fh:
+            runs.append(json.load(fh)["losses"])
+    assert [runs[1][str(s)] for s in range(15)] == [runs[0][str(s)] for s in range(15)]
+    assert abs(runs[1]["119"] - runs[0]["119"]) <= 1e-4 * abs(runs[0]["119"]) + 1e-6
