@@ -63,6 +63,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="also run the job uninterrupted and compare final weights (SHA-256)",
     )
     p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="pre-warmed spare processes per node (MindSpore already imported) that replace "
+        "a failed rank without a cold start (default 0)",
+    )
     p.add_argument("--workdir", help="where rank logs and outputs go (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
 
@@ -76,6 +83,8 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     world = args.nodes * args.procs_per_node
     if world < 2:
         raise ConfigError("recovery needs a healthy replica: use at least 2 ranks in total")
+    if args.spares < 0:
+        raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
     if not 0 <= args.kill_step < args.steps - 1:
         raise ConfigError(f"--kill-step must be in 0..{args.steps - 2} (before the last step)")
     fault = args.fault or ("node" if args.kill_node is not None else "kill")
@@ -110,6 +119,7 @@ def _run_job(
     faults: Faults | None,
     timeout: float,
     on_event: Any = None,
+    spares: int = 0,
 ) -> tuple[LocalJob, list[dict[str, Any]]]:
     command = [
         sys.executable,
@@ -126,6 +136,7 @@ def _run_job(
         faults.to_env() if faults else {},
         os.path.join(out, "logs"),
         on_event=on_event,
+        spares=spares,
     )
     with job:
         if not job.wait(timeout):
@@ -181,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         faults,
         args.timeout,
         timeline.on_event,
+        args.spares,
     )
     result.update(_summarise(job.find("recovery"), final, world, job.exit_code))
     if args.verify:

@@ -34,12 +34,17 @@ log = logging.getLogger("ms_recover.agent")
 
 class Agent:
     def __init__(
-        self, config: JobConfig, command: list[str], log_dir: str = "", poll_s: float = 0.02
+        self,
+        config: JobConfig,
+        command: list[str],
+        log_dir: str = "",
+        poll_s: float = 0.02,
+        spares: int = 0,
     ) -> None:
         if not command:
             raise ValueError("agent needs a rank command, e.g. -- python train.py")
         self.config = config
-        self.ranks = RankSet(config, command, log_dir)
+        self.ranks = RankSet(config, command, log_dir, spares)
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._epoch = 0
@@ -67,6 +72,7 @@ class Agent:
         )
         for rank in cfg.ranks_of(cfg.node_rank):
             self.ranks.start(rank)
+        self.ranks.spares.fill()
         log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
         next_beat = 0.0
         last_heard = time.monotonic()

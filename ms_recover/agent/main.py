@@ -34,6 +34,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", help="recover-strategy comma list (env MS_RECOVER_STRATEGY)")
     p.add_argument("--log-dir", default="", help="write each rank's output to DIR/rank_N.log")
     p.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="keep N pre-warmed spare processes (script run up to ms_recover.init) "
+        "to replace failed ranks without a cold start (default 0)",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="the rank command after --, e.g. -- python train.py",
@@ -58,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError("missing the rank command: ms-recover agent [options] -- python train.py")
-    agent = Agent(config_from_args(args), command, log_dir=args.log_dir)
+    if args.spares < 0:
+        raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
+    agent = Agent(config_from_args(args), command, log_dir=args.log_dir, spares=args.spares)
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
         agent.stop()

@@ -29,9 +29,11 @@ class LocalPods:
         log_dir: str = "",
         reschedule_delay_s: float = 0.0,
         max_restarts: int = 5,
+        spares: int = 0,
     ):
         self.config = config
         self.command = command
+        self.spares = spares
         self.env = {**os.environ, **(env or {})}
         self.log_dir = log_dir
         self.delay = reschedule_delay_s
@@ -67,6 +69,8 @@ class LocalPods:
         ]
         if self.log_dir:
             argv += ["--log-dir", self.log_dir]
+        if self.spares:
+            argv += ["--spares", str(self.spares)]
         return argv + ["--", *self.command]
 
     def start(self) -> None:

@@ -17,6 +17,7 @@ import time
 from typing import IO
 
 from ms_recover import env as E
+from ms_recover.agent.spares import SparePool
 from ms_recover.config import JobConfig
 from ms_recover.strategy import format_strategies
 
@@ -60,24 +61,37 @@ def rank_env(config: JobConfig, rank: int, incarnation: int) -> dict[str, str]:
 class RankSet:
     """The rank processes of one node, by global rank id."""
 
-    def __init__(self, config: JobConfig, command: list[str], log_dir: str = "") -> None:
+    def __init__(
+        self, config: JobConfig, command: list[str], log_dir: str = "", spares: int = 0
+    ) -> None:
         self.config = config
         self.command = command
         self.log_dir = log_dir
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.incarnations: dict[int, int] = {}
         self._logs: dict[int, IO[bytes]] = {}
+        self.spares = SparePool(
+            command, dict(os.environ), spares, self._log_file(-1), _die_with_parent
+        )
 
     def start(self, rank: int) -> int:
         """Start (or restart) ``rank``; returns its pid. A still-running old process is killed."""
         self.kill([rank])
         inc = self.incarnations.get(rank, -1) + 1
         self.incarnations[rank] = inc
-        child_env = {**os.environ, **rank_env(self.config, rank, inc)}
-        out = self._log_file(rank)
-        proc = subprocess.Popen(
-            self.command, env=child_env, stdout=out, stderr=out, preexec_fn=_die_with_parent
-        )
+        env = rank_env(self.config, rank, inc)
+        proc = self.spares.activate(env)  # a pre-warmed spare, if one is ready
+        if proc is not None:
+            self.spares.fill()  # warm the next one while this one rejoins
+        else:
+            out = self._log_file(rank)
+            proc = subprocess.Popen(
+                self.command,
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=out,
+                preexec_fn=_die_with_parent,
+            )
         self.procs[rank] = proc
         return proc.pid
 
@@ -86,7 +100,8 @@ class RankSet:
             return None
         os.makedirs(self.log_dir, exist_ok=True)
         if rank not in self._logs:
-            path = os.path.join(self.log_dir, f"rank_{rank}.log")
+            name = f"rank_{rank}.log" if rank >= 0 else "spares.log"
+            path = os.path.join(self.log_dir, name)
             self._logs[rank] = open(path, "ab")  # noqa: SIM115 - closed in close()
         return self._logs[rank]
 
@@ -130,6 +145,7 @@ class RankSet:
         return {rank: proc.pid for rank, proc in self.procs.items()}
 
     def close(self, sig: int = signal.SIGTERM) -> None:
+        self.spares.close()
         self.kill(list(self.procs), sig)
         for fh in self._logs.values():
             fh.close()

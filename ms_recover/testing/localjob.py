@@ -26,6 +26,7 @@ class LocalJob:
         log_dir: str = "",
         reschedule_delay_s: float = 0.0,
         on_event: Callable[[Event], None] | None = None,
+        spares: int = 0,
     ) -> None:
         self.events = EventLog(config.events_path)
         if on_event is not None:
@@ -36,7 +37,7 @@ class LocalJob:
         self.config = config.replace(
             manager_port=self.server.port, manager_host="127.0.0.1", pod_ip="127.0.0.1"
         )
-        self.pods = LocalPods(self.config, command, env, log_dir, reschedule_delay_s)
+        self.pods = LocalPods(self.config, command, env, log_dir, reschedule_delay_s, spares=spares)
         self._thread: threading.Thread | None = None
         self.exit_code: int | None = None
 

@@ -7,6 +7,7 @@ import os
 import warnings
 
 from ms_recover import env as E
+from ms_recover.agent.spares import await_assignment
 from ms_recover.comm.base import CommBackend
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
@@ -51,6 +52,8 @@ def init(
     ``session.next_step`` set to the step to run. Without ``MS_ROLE`` (no agent), or when no
     manager answers in a one-rank job, it warns once and runs as a plain single job.
     """
+    if not await_assignment():  # a pre-warmed spare the agent released unused
+        raise SystemExit(0)
     if not os.environ.get(E.ROLE):
         return _standalone(state, f"{E.ROLE} is unset (not started by ms-recover agent)")
     config = JobConfig.from_env()

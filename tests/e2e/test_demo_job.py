@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 STEPS = 24
 
 
-def _job(out: str, faults: Faults | None, strategy: str, delay: float = 0.0) -> LocalJob:
+def _job(
+    out: str, faults: Faults | None, strategy: str, delay: float = 0.0, spares: int = 0
+) -> LocalJob:
     config = JobConfig(
         job_id="e2e",
         node_nums=2,
@@ -44,6 +46,7 @@ def _job(out: str, faults: Faults | None, strategy: str, delay: float = 0.0) -> 
         faults.to_env() if faults else {},
         log_dir=os.path.join(out, "logs"),
         reschedule_delay_s=delay,
+        spares=spares,
     )
 
 
@@ -81,6 +84,14 @@ def test_recover_in_place_after_kill_9_is_bit_identical(tmp_path, reference):
     with _job(out, Faults().kill(rank=1, step=9), "recover-in-place,exit") as job:
         recovery = _check(job, out, reference, "recover-in-place")
     assert recovery["replaced"] == [1] and recovery["target_step"] == 9
+
+
+def test_a_prewarmed_spare_takes_over_bit_identically(tmp_path, reference):
+    out = str(tmp_path)
+    with _job(out, Faults().kill(rank=2, step=9), "recover-in-place,exit", spares=1) as job:
+        recovery = _check(job, out, reference, "recover-in-place")
+    assert recovery["replaced"] == [2]
+    assert os.path.exists(os.path.join(out, "logs", "spares.log"))
 
 
 def test_recover_after_losing_a_node_is_bit_identical(tmp_path, reference):

@@ -37,6 +37,7 @@ def trainer_job(
     extra: tuple[str, ...] = (),
     steps: int = STEPS,
     reschedule_delay_s: float = 0.0,
+    spares: int = 0,
     **changes: Any,
 ) -> LocalJob:
     command = [
@@ -56,6 +57,7 @@ def trainer_job(
         env,
         log_dir=os.path.join(out, "logs"),
         reschedule_delay_s=reschedule_delay_s,
+        spares=spares,
     )
 
 

@@ -263,8 +263,9 @@ def test_subgroups_have_their_own_rings(make: Any) -> None:
 
     def body(b: HostBackend) -> Any:
         name = "even" if b.rank % 2 == 0 else "odd"
-        return b.allreduce(xs[b.rank], group=name), b.broadcast(xs[b.rank], 3, "odd") \
-            if name == "odd" else None
+        return b.allreduce(xs[b.rank], group=name), b.broadcast(
+            xs[b.rank], 3, "odd"
+        ) if name == "odd" else None
 
     out = run_all(backends, body)
     np.testing.assert_allclose(out[0][0], xs[0] + xs[2])
@@ -286,8 +287,11 @@ def test_subgroups_have_their_own_rings(make: Any) -> None:
 @pytest.mark.parametrize("call", ["allreduce", "recv", "barrier"])
 def test_abort_unblocks_a_rank_whose_peer_never_joins(make: Any, call: str) -> None:
     b0, _ = make(2)
-    ops = {"allreduce": lambda: b0.allreduce(np.ones(10)), "recv": lambda: b0.recv(1),
-           "barrier": b0.barrier}
+    ops = {
+        "allreduce": lambda: b0.allreduce(np.ones(10)),
+        "recv": lambda: b0.recv(1),
+        "barrier": b0.barrier,
+    }
     outcome: list[BaseException] = []
 
     def body() -> None:
@@ -416,9 +420,14 @@ def test_stale_epoch_frames_are_dropped_and_newer_ones_kept(make: Any, raw: Any)
 def test_garbage_frames_do_not_crash_the_receiver(make: Any, raw: Any) -> None:
     _, b1 = make(2)
     sock = raw(b1.endpoint)
-    garbage = [[b"junk"], [b"\xc1", b""], [b"\x93\x01\x02\x03", b""], [b"a", b"b", b"c"],
-               [Header(1, 0, P2P, "t", "p2p", 0, "manifest").encode()[:-3], b""],
-               [b"\x98\x09\x01\x00\xa0\xa1t\xa3p2p\x00\xa8manifest", b""]]  # wrong version
+    garbage = [
+        [b"junk"],
+        [b"\xc1", b""],
+        [b"\x93\x01\x02\x03", b""],
+        [b"a", b"b", b"c"],
+        [Header(1, 0, P2P, "t", "p2p", 0, "manifest").encode()[:-3], b""],
+        [b"\x98\x09\x01\x00\xa0\xa1t\xa3p2p\x00\xa8manifest", b""],
+    ]  # wrong version
     for msg in garbage:
         sock.send_multipart(msg)
     for msg in _raw_messages(1, "t", np.array([7.0])):

@@ -6,12 +6,15 @@ uninterrupted run, and no committed step is lost.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ms_recover.testing.faults import Faults
+from ms_recover.testing.wait import wait_for
 from ms_recover.worker.dump import load_npz, locate, read_manifest
 from ms_recover.worker.repair import sha256_of
 
@@ -182,8 +185,15 @@ def test_elastic_training_shrinks_then_grows_back(tmp_path):
     shape = dict(node_nums=4, proc_per_node=1, wait_reschedule_timeout_s=1.5)
     with trainer_job(ref_out, steps=160, extra=slow, **shape) as job:
         run_to_end(job)
-    with trainer_job(out, Faults().node(rank=3, step=20), "recover,elastic-training,exit",
-                     steps=160, extra=slow, reschedule_delay_s=6.0, **shape) as job:
+    with trainer_job(
+        out,
+        Faults().node(rank=3, step=20),
+        "recover,elastic-training,exit",
+        steps=160,
+        extra=slow,
+        reschedule_delay_s=6.0,
+        **shape,
+    ) as job:
         run_to_end(job, timeout_s=120)
     assert job.exit_code == 0
     worlds = [e["active"] for e in job.find("world")]
@@ -201,3 +211,25 @@ def test_elastic_training_shrinks_then_grows_back(tmp_path):
     assert len({r["sha256"] for r in run}) == 1  # the replicas agree with each other
     weights = [np.load(os.path.join(d, "rank_0.npz"))["w"] for d in (ref_out, out)]
     np.testing.assert_allclose(weights[1], weights[0], rtol=1e-4, atol=1e-6)
+
+
+def test_a_prewarmed_spare_replaces_the_killed_rank(tmp_path):
+    out = str(tmp_path)
+    with trainer_job(
+        out, Faults().kill(rank=1, step=25), steps=60, extra=("--step-time", "0.02"), spares=1
+    ) as job:
+        agent = job.pods.procs[0].pid
+        children = Path(f"/proc/{agent}/task/{agent}/children")
+        warm = wait_for(
+            lambda: len(children.read_text().split()) == 3 and children.read_text(),
+            20,
+            "two ranks and one spare on node 0",
+        )
+        run_to_end(job)
+        assert job.exit_code == 0, job.find("decision")
+    rejoined = [e for e in job.find("member") if e.get("rank") == 1 and e.get("reboot")]
+    assert len(rejoined) == 1
+    assert str(rejoined[0]["pid"]) in warm.split()  # the process that was waiting took over
+    assert os.path.exists(os.path.join(out, "logs", "spares.log"))
+    with open(os.path.join(out, "rank_1.json")) as fh:
+        assert json.load(fh)["committed"] == 59
