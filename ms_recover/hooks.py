@@ -163,8 +163,12 @@ def _locked(files: RunFiles) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def launch(environ: Mapping[str, str]) -> tuple[int, bool]:
-    """(pid, started): the running manager's pid, spawning it first if none runs."""
+def launch(environ: Mapping[str, str], settle_s: float = 0.0) -> tuple[int, bool]:
+    """(pid, started): the running manager's pid, spawning it first if none runs.
+
+    With ``settle_s``, a new manager is given that long, still under the lock, to listen
+    (or to die): a concurrent starter then finds a settled manager, never a half-started one.
+    """
     files = run_files(environ)
     with _locked(files):
         pid = read_pid(files)
@@ -174,6 +178,8 @@ def launch(environ: Mapping[str, str]) -> tuple[int, bool]:
         tmp = files.pid.with_suffix(".tmp")
         tmp.write_text(f"{pid}\n")
         os.replace(tmp, files.pid)
+        if settle_s > 0:
+            wait_ready(pid, environ, settle_s)
         return pid, True
 
 
@@ -251,7 +257,7 @@ def cmd_start(environ: Mapping[str, str], timeout: float) -> int:
             say(f"not the scheduler pod ({where.reason}): nothing to start")
         return 0
     files = run_files(environ)
-    pid, started = launch(environ)
+    pid, started = launch(environ, settle_s=timeout)
     say(
         f"{'started' if started else 'reusing'} manager pid {pid} ({where.reason}); log {files.log}"
     )

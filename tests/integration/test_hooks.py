@@ -132,7 +132,7 @@ def test_concurrent_starts_share_one_manager(env: dict[str, str], procs: list[in
     procs.append(manager_pid(env))
     assert [run.returncode for run in runs] == [0, 0]
     pids = {int(m) for out in outputs for m in re.findall(r"manager pid (\d+)", out)}
-    assert pids == {manager_pid(env)}
+    assert pids == {manager_pid(env)}, hooks.run_files(env).log.read_text()[-3000:]
     assert sum("started manager" in out for out in outputs) == 1
 
 
