@@ -14,12 +14,11 @@ Settings not given in the dict come from the environment (DESIGN.md §6), then t
 from __future__ import annotations
 
 import logging
-import signal
-import types
 from typing import Any
 
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
+from ms_recover.manager.main import serve_in_foreground
 from ms_recover.manager.server import ManagerServer
 
 log = logging.getLogger("ms_recover.api")
@@ -64,10 +63,4 @@ def start_taskd_manager() -> int:
     """Run the manager in the foreground until the job ends; returns its exit code."""
     if _config is None:
         raise ConfigError("call init_taskd_manager(config) before start_taskd_manager()")
-    server = ManagerServer(_config, bind=_config.pod_ip)
-
-    def on_term(signum: int, frame: types.FrameType | None) -> None:
-        server.stop()
-
-    signal.signal(signal.SIGTERM, on_term)
-    return server.serve()
+    return serve_in_foreground(ManagerServer(_config, bind=_config.pod_ip))

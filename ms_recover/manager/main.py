@@ -69,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     if metrics_port:
         serve_metrics(metrics_port, server.status, server.events)
         log.info("Prometheus metrics on port %d", metrics_port)
+    return serve_in_foreground(server)
+
+
+def serve_in_foreground(server: ManagerServer) -> int:
+    """Serve until the job ends or SIGTERM arrives; the exit code of the job."""
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
         server.stop()
