@@ -27,8 +27,9 @@ optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-3)
 
 # Join the job. A restarted rank returns from here with its state repaired from a replica.
 session = ms_recover.init(state=MindSporeState(net, optimizer))
-train_step = DataParallelStep(net, loss_fn, optimizer,
-                              reduce_fn=lambda grads: session.allreduce(grads, "mean"))
+train_step = DataParallelStep(
+    net, loss_fn, optimizer, reduce_fn=lambda grads: session.allreduce(grads, "mean")
+)
 x, y = make_dataset(4096, 32, 4, seed=0)
 
 for step in session.steps(args.steps):  # recovery happens between steps

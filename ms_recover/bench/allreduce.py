@@ -27,12 +27,22 @@ GB = 1e9
 CHILD_TIMEOUT_S = 600.0
 
 
-def _rank_main(rank: int, world: int, sizes_mb: list[float], repeats: int, chunk_bytes: int,
-               io_threads: int, up: Any, down: Any, results: Any) -> None:
+def _rank_main(
+    rank: int,
+    world: int,
+    sizes_mb: list[float],
+    repeats: int,
+    chunk_bytes: int,
+    io_threads: int,
+    up: Any,
+    down: Any,
+    results: Any,
+) -> None:
     from ms_recover.comm.host import HostBackend  # in the child: keep the parent light
 
-    backend = HostBackend(rank, world, chunk_bytes=chunk_bytes, timeout=CHILD_TIMEOUT_S,
-                          io_threads=io_threads)
+    backend = HostBackend(
+        rank, world, chunk_bytes=chunk_bytes, timeout=CHILD_TIMEOUT_S, io_threads=io_threads
+    )
     try:
         up.put((rank, backend.endpoint))
         backend.init(1, down.get(timeout=CHILD_TIMEOUT_S))
@@ -55,15 +65,20 @@ def _rank_main(rank: int, world: int, sizes_mb: list[float], repeats: int, chunk
         backend.close()
 
 
-def _allreduce_times(sizes_mb: list[float], world: int, repeats: int, chunk_bytes: int,
-                     io_threads: int) -> dict[float, float]:
+def _allreduce_times(
+    sizes_mb: list[float], world: int, repeats: int, chunk_bytes: int, io_threads: int
+) -> dict[float, float]:
     ctx = mp.get_context("spawn")
     up, results = ctx.Queue(), ctx.Queue()
     downs = [ctx.Queue() for _ in range(world)]
-    procs = [ctx.Process(target=_rank_main, daemon=True,
-                         args=(r, world, sizes_mb, repeats, chunk_bytes, io_threads, up,
-                               downs[r], results))
-             for r in range(world)]
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            daemon=True,
+            args=(r, world, sizes_mb, repeats, chunk_bytes, io_threads, up, downs[r], results),
+        )
+        for r in range(world)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -83,8 +98,10 @@ def _allreduce_times(sizes_mb: list[float], world: int, repeats: int, chunk_byte
                 proc.kill()
                 proc.join()
     # One repetition takes as long as its slowest rank.
-    return {size: statistics.median(max(ts) for ts in zip(*runs, strict=True))
-            for size, runs in per_size.items()}
+    return {
+        size: statistics.median(max(ts) for ts in zip(*runs, strict=True))
+        for size, runs in per_size.items()
+    }
 
 
 def _copy_receiver(sizes: list[int], repeats: int, port_q: Any) -> None:
@@ -129,12 +146,15 @@ def _socket_copy_times(sizes: list[int], repeats: int) -> dict[int, float]:
     return out
 
 
-def run(sizes_mb: list[float], world: int, repeats: int, chunk_bytes: int = 1 << 20,
-        io_threads: int = 2) -> list[dict[str, Any]]:
+def run(
+    sizes_mb: list[float], world: int, repeats: int, chunk_bytes: int = 1 << 20, io_threads: int = 2
+) -> list[dict[str, Any]]:
     """Measure every size; one row per size (times in seconds, bandwidths in GB/s)."""
     if world < 2 or repeats < 1 or not sizes_mb or min(sizes_mb) <= 0:
-        raise MsRecoverError(f"bench needs world >= 2, repeats >= 1 and sizes > 0; got world="
-                             f"{world}, repeats={repeats}, sizes={sizes_mb}")
+        raise MsRecoverError(
+            f"bench needs world >= 2, repeats >= 1 and sizes > 0; got world="
+            f"{world}, repeats={repeats}, sizes={sizes_mb}"
+        )
     reduce_times = _allreduce_times(sizes_mb, world, repeats, chunk_bytes, io_threads)
     nbytes = {size: max(1, int(size * MB) // 4) * 4 for size in sizes_mb}
     copy_times = _socket_copy_times(sorted(set(nbytes.values())), repeats)
@@ -142,25 +162,43 @@ def run(sizes_mb: list[float], world: int, repeats: int, chunk_bytes: int = 1 <<
     for size in sizes_mb:
         seconds, copy_bw = reduce_times[size], nbytes[size] / copy_times[nbytes[size]] / GB
         busbw = 2 * (world - 1) / world * nbytes[size] / seconds / GB
-        rows.append({"size_mb": size, "world": world, "seconds": seconds,
-                     "algbw_gbps": nbytes[size] / seconds / GB, "busbw_gbps": busbw,
-                     "socket_copy_gbps": copy_bw, "busbw_vs_copy": busbw / copy_bw})
+        rows.append(
+            {
+                "size_mb": size,
+                "world": world,
+                "seconds": seconds,
+                "algbw_gbps": nbytes[size] / seconds / GB,
+                "busbw_gbps": busbw,
+                "socket_copy_gbps": copy_bw,
+                "busbw_vs_copy": busbw / copy_bw,
+            }
+        )
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'size MB':>8} {'world':>5} {'time ms':>9} {'algbw GB/s':>10} {'busbw GB/s':>10} "
-             f"{'socket GB/s':>11} {'busbw/socket':>12}"]
+    lines = [
+        f"{'size MB':>8} {'world':>5} {'time ms':>9} {'algbw GB/s':>10} {'busbw GB/s':>10} "
+        f"{'socket GB/s':>11} {'busbw/socket':>12}"
+    ]
     for r in rows:
-        lines.append(f"{r['size_mb']:>8g} {r['world']:>5} {r['seconds'] * 1e3:>9.2f} "
-                     f"{r['algbw_gbps']:>10.2f} {r['busbw_gbps']:>10.2f} "
-                     f"{r['socket_copy_gbps']:>11.2f} {r['busbw_vs_copy']:>11.0%}")
+        lines.append(
+            f"{r['size_mb']:>8g} {r['world']:>5} {r['seconds'] * 1e3:>9.2f} "
+            f"{r['algbw_gbps']:>10.2f} {r['busbw_gbps']:>10.2f} "
+            f"{r['socket_copy_gbps']:>11.2f} {r['busbw_vs_copy']:>11.0%}"
+        )
     return "\n".join(lines)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1.0, 16.0, 64.0],
-                        metavar="MB", help="tensor sizes in MiB of float32 (default: 1 16 64)")
+    parser.add_argument(
+        "--sizes",
+        type=float,
+        nargs="+",
+        default=[1.0, 16.0, 64.0],
+        metavar="MB",
+        help="tensor sizes in MiB of float32 (default: 1 16 64)",
+    )
     parser.add_argument("--world", type=int, default=2, help="ranks, one process each")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per size")
     parser.add_argument("--chunk-kb", type=int, default=1024, help="host backend chunk size")
@@ -168,8 +206,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    rows = run(args.sizes, args.world, args.repeats, chunk_bytes=args.chunk_kb * 1024,
-               io_threads=args.io_threads)
+    rows = run(
+        args.sizes,
+        args.world,
+        args.repeats,
+        chunk_bytes=args.chunk_kb * 1024,
+        io_threads=args.io_threads,
+    )
     print(format_table(rows))
     return 0
 

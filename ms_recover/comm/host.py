@@ -71,9 +71,16 @@ class _Call:
 class HostBackend(CommBackend):
     """Host (CPU) communicator of one rank. All calls but :meth:`abort` belong to one thread."""
 
-    def __init__(self, rank: int, world_size: int, bind_host: str = "127.0.0.1",
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float | None = None,
-                 advertise_host: str | None = None, io_threads: int = 2) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        bind_host: str = "127.0.0.1",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        timeout: float | None = None,
+        advertise_host: str | None = None,
+        io_threads: int = 2,
+    ) -> None:
         """Bind the inbound socket now, so :attr:`endpoint` is known before :meth:`init`.
 
         ``chunk_bytes`` bounds each message; ranks may use different values.
@@ -113,14 +120,18 @@ class HostBackend(CommBackend):
 
     def init(self, epoch: int, members: dict[int, str]) -> None:
         if self._built:
-            raise CommError(f"rank {self.rank}: init() called twice (built at epoch "
-                            f"{self.epoch}); use rebuild()")
+            raise CommError(
+                f"rank {self.rank}: init() called twice (built at epoch "
+                f"{self.epoch}); use rebuild()"
+            )
         self._build(epoch, members, GroupLog())
 
     def rebuild(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
         if self._built and epoch <= self.epoch:
-            raise CommError(f"rank {self.rank}: rebuild epoch {epoch} is not newer than the "
-                            f"current epoch {self.epoch}")
+            raise CommError(
+                f"rank {self.rank}: rebuild epoch {epoch} is not newer than the "
+                f"current epoch {self.epoch}"
+            )
         self._build(epoch, members, group_log)
 
     def _build(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
@@ -138,16 +149,23 @@ class HostBackend(CommBackend):
         for name, ranks in group_log:
             self._make_group(name, ranks)
             self.group_log.add(name, ranks)
-        log.info("host backend built epoch=%d rank=%d world=%s groups=%s endpoint=%s", epoch,
-                 self.rank, list(self._groups[WORLD]), self.group_log.names(), self.endpoint)
+        log.info(
+            "host backend built epoch=%d rank=%d world=%s groups=%s endpoint=%s",
+            epoch,
+            self.rank,
+            list(self._groups[WORLD]),
+            self.group_log.names(),
+            self.endpoint,
+        )
 
     def _make_group(self, name: str, ranks: tuple[int, ...]) -> None:
         if not self._built:
             raise CommError(f"rank {self.rank}: create group {name!r} after init(), not before")
         missing = [r for r in ranks if r not in self._groups[WORLD]]
         if missing:
-            raise CommError(f"group {name!r}: ranks {missing} are not in the world "
-                            f"{list(self._groups[WORLD])}")
+            raise CommError(
+                f"group {name!r}: ranks {missing} are not in the world {list(self._groups[WORLD])}"
+            )
         if not name:
             raise CommError(f"a group name must not be empty (ranks {list(ranks)})")
         self._groups[name] = ranks
@@ -174,8 +192,10 @@ class HostBackend(CommBackend):
         if ranks is None:
             raise CommError(f"{kind} on unknown group {group!r}; known: {', '.join(self._groups)}")
         if self.rank not in ranks:
-            raise CommError(f"rank {self.rank} called {kind} on group {group!r} (ranks "
-                            f"{list(ranks)}) but is not a member")
+            raise CommError(
+                f"rank {self.rank} called {kind} on group {group!r} (ranks "
+                f"{list(ranks)}) but is not a member"
+            )
         if root is not None and root not in ranks:
             raise CommError(f"{kind} root {root} is not in group {group!r} (ranks {list(ranks)})")
         seq = self._seq[group]
@@ -187,15 +207,18 @@ class HostBackend(CommBackend):
         key = (call.epoch, src, call.group, call.seq)
         header, frame = self._link.take(key, f"{call} from rank {src}")
         if header.kind != call.kind or header.meta != call.meta:
-            raise CommError(f"group {call.group!r} op #{call.seq}: rank {src} called "
-                            f"{header.kind}({header.meta}) but rank {self.rank} called "
-                            f"{call.kind}({call.meta})")
+            raise CommError(
+                f"group {call.group!r} op #{call.seq}: rank {src} called "
+                f"{header.kind}({header.meta}) but rank {self.rank} called "
+                f"{call.kind}({call.meta})"
+            )
         if header.offset != offset:
             raise CommError(f"{call}: rank {src} sent offset {header.offset}, expected {offset}")
         return frame
 
-    def _values(self, call: _Call, frame: zmq.Frame, dtype: np.dtype[Any], start: int,
-                end: int) -> NDArray[Any]:
+    def _values(
+        self, call: _Call, frame: zmq.Frame, dtype: np.dtype[Any], start: int, end: int
+    ) -> NDArray[Any]:
         try:
             values = np.frombuffer(frame.buffer, dtype=dtype)
         except ValueError as exc:
@@ -204,8 +227,9 @@ class HostBackend(CommBackend):
             raise CommError(f"{call}: {values.size} elements at {start} overrun segment end {end}")
         return values
 
-    def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM,
-                  group: str = WORLD) -> NDArray[Any]:
+    def allreduce(
+        self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM, group: str = WORLD
+    ) -> NDArray[Any]:
         """Sum (or mean) over the group; identical bits on every member; input untouched."""
         reduce_op = _reduce_op(op)
         src = _contiguous(array)
@@ -224,7 +248,7 @@ class HostBackend(CommBackend):
         # Own segment first. It is read from the caller's array: its final value comes back
         # around the ring only after the right peer has received it, so no tracking is needed.
         for a in range(bounds[call.index], bounds[call.index + 1], step):
-            self._link.send(right, call.header(a), flat[a:min(a + step, bounds[call.index + 1])])
+            self._link.send(right, call.header(a), flat[a : min(a + step, bounds[call.index + 1])])
         trackers: list[zmq.MessageTracker] = []
         last = 2 * n - 3
         for t in range(last + 1):
@@ -256,14 +280,16 @@ class HostBackend(CommBackend):
         src = _contiguous(array)
         call = self._enter(group, "broadcast", _signature(src), root)
         flat = src.reshape(-1)
-        chain = call.ranks[call.ranks.index(root):] + call.ranks[:call.ranks.index(root)]
+        chain = call.ranks[call.ranks.index(root) :] + call.ranks[: call.ranks.index(root)]
         pos = chain.index(self.rank)
         nxt = chain[pos + 1] if pos + 1 < len(chain) else None
         step = max(1, self.chunk_bytes // flat.itemsize)
         if pos == 0:
             if nxt is not None:
-                trackers = [self._link.send(nxt, call.header(a), flat[a:a + step], track=True)
-                            for a in range(0, flat.size, step)]
+                trackers = [
+                    self._link.send(nxt, call.header(a), flat[a : a + step], track=True)
+                    for a in range(0, flat.size, step)
+                ]
                 self._link.wait_sent([t for t in trackers if t is not None], nxt, str(call))
             return flat.copy().reshape(src.shape)
         out = np.empty_like(flat)
@@ -271,7 +297,7 @@ class HostBackend(CommBackend):
         while got < flat.size:
             frame = self._take(call, chain[pos - 1], got)
             values = self._values(call, frame, flat.dtype, got, flat.size)
-            out[got:got + values.size] = values
+            out[got : got + values.size] = values
             if nxt is not None:
                 self._link.send(nxt, call.header(got), frame)
             got += values.size
@@ -292,8 +318,10 @@ class HostBackend(CommBackend):
         if not self._built:
             raise CommError(f"rank {self.rank}: {what} called before init()")
         if peer not in self._groups[WORLD] or not isinstance(tag, str):
-            raise CommError(f"{what}: peer {peer!r} must be one of {list(self._groups[WORLD])}"
-                            f" and tag a str, got {tag!r}")
+            raise CommError(
+                f"{what}: peer {peer!r} must be one of {list(self._groups[WORLD])}"
+                f" and tag a str, got {tag!r}"
+            )
 
     def send(self, arrays: dict[str, NDArray[Any]], dst: int, tag: str = "") -> None:
         """Send named arrays; returns once zmq no longer reads them (they may then change)."""
@@ -302,8 +330,9 @@ class HostBackend(CommBackend):
         self._link.send(dst, self._p2p_header(tag, 0, "manifest"), manifest)
         trackers: list[zmq.MessageTracker] = []
         for offset, payload, borrowed in hoststream.chunks(views, self.chunk_bytes):
-            tracker = self._link.send(dst, self._p2p_header(tag, offset, "data"), payload,
-                                      track=borrowed)
+            tracker = self._link.send(
+                dst, self._p2p_header(tag, offset, "data"), payload, track=borrowed
+            )
             if tracker is not None:
                 trackers.append(tracker)
         self._link.wait_sent(trackers, dst, f"send with tag {tag!r}")
@@ -320,8 +349,10 @@ class HostBackend(CommBackend):
         while scatter.received < scatter.total:
             header, frame = self._link.take(key, what)
             if header.meta != "data" or header.offset != scatter.received:
-                raise CommError(f"{what}: expected data at offset {scatter.received}, got "
-                                f"{header.meta!r} at {header.offset}")
+                raise CommError(
+                    f"{what}: expected data at offset {scatter.received}, got "
+                    f"{header.meta!r} at {header.offset}"
+                )
             scatter.write(frame.buffer)
         return arrays
 
@@ -356,5 +387,6 @@ def _check_reducible(dtype: np.dtype[Any], op: ReduceOp) -> None:
     kinds = "fc" if op is ReduceOp.MEAN else "fciu"
     if dtype.kind not in kinds:
         valid = "float or complex" if op is ReduceOp.MEAN else "float, complex or integer"
-        raise CommError(f"allreduce {op.value} of dtype {dtype} is not supported; "
-                        f"dtype must be {valid}")
+        raise CommError(
+            f"allreduce {op.value} of dtype {dtype} is not supported; dtype must be {valid}"
+        )

@@ -38,8 +38,15 @@ Payload = Any  # bytes, a C-contiguous numpy array, or a received zmq.Frame (for
 class Link:
     """Sockets, wake-up pipe and abort flag of one rank."""
 
-    def __init__(self, rank: int, bind_host: str, advertise_host: str | None,
-                 timeout: float | None, sink: Mailboxes, io_threads: int = 1) -> None:
+    def __init__(
+        self,
+        rank: int,
+        bind_host: str,
+        advertise_host: str | None,
+        timeout: float | None,
+        sink: Mailboxes,
+        io_threads: int = 1,
+    ) -> None:
         self.rank = rank
         self.timeout = timeout
         self.epoch = 0
@@ -52,8 +59,9 @@ class Link:
         except zmq.ZMQError as exc:
             self._router.close(linger=0)
             self._ctx.term()
-            raise CommError(f"rank {rank}: cannot bind the data plane on {bind_host!r}: {exc}"
-                            ) from exc
+            raise CommError(
+                f"rank {rank}: cannot bind the data plane on {bind_host!r}: {exc}"
+            ) from exc
         self.endpoint = f"tcp://{advertise_host or bind_host}:{port}"
         self._dealers: dict[int, zmq.Socket[bytes]] = {}
         self._wake_r, self._wake_w = os.pipe()
@@ -135,12 +143,14 @@ class Link:
         self.check_open()
         if self._aborted.is_set():
             raise Interrupted(
-                f"rank {self.rank} epoch {self.epoch}: communicator aborted, waiting for rebuild")
+                f"rank {self.rank} epoch {self.epoch}: communicator aborted, waiting for rebuild"
+            )
 
     # -- data ------------------------------------------------------------------------------
 
-    def send(self, dst: int, header: Header, payload: Payload,
-             track: bool = False) -> zmq.MessageTracker | None:
+    def send(
+        self, dst: int, header: Header, payload: Payload, track: bool = False
+    ) -> zmq.MessageTracker | None:
         """Queue one message to ``dst``; blocks (abortably) only while its queue is full.
 
         With ``track`` the returned tracker tells when zmq no longer reads ``payload``; small
@@ -148,8 +158,10 @@ class Link:
         """
         sock = self._dealers.get(dst)
         if sock is None:
-            raise CommError(f"rank {self.rank}: rank {dst} is not a member of epoch {self.epoch}"
-                            f" (members: {sorted(self._dealers)})")
+            raise CommError(
+                f"rank {self.rank}: rank {dst} is not a member of epoch {self.epoch}"
+                f" (members: {sorted(self._dealers)})"
+            )
         data = header.encode()
         deadline = self._deadline()
         try:
@@ -179,8 +191,10 @@ class Link:
                 continue
             self._poll(self._poller, deadline)
             if deadline is not None and time.monotonic() > deadline:
-                raise CommError(f"rank {self.rank}: nothing from rank {key[1]} for "
-                                f"{self.timeout}s while waiting for {what} (epoch {key[0]})")
+                raise CommError(
+                    f"rank {self.rank}: nothing from rank {key[1]} for "
+                    f"{self.timeout}s while waiting for {what} (epoch {key[0]})"
+                )
 
     def wait_sent(self, trackers: list[zmq.MessageTracker], dst: int, what: str) -> None:
         """Return once zmq is done reading every tracked payload (so the caller may reuse it)."""
@@ -192,8 +206,10 @@ class Link:
                     tracker.wait(TRACK_SLICE_S)
                 except zmq.NotDone:
                     if deadline is not None and time.monotonic() > deadline:
-                        raise CommError(f"rank {self.rank}: rank {dst} took more than "
-                                        f"{self.timeout}s to take {what}") from None
+                        raise CommError(
+                            f"rank {self.rank}: rank {dst} took more than "
+                            f"{self.timeout}s to take {what}"
+                        ) from None
 
     # -- internals -------------------------------------------------------------------------
 
@@ -232,8 +248,10 @@ class Link:
         self._drain()
         self._poll(poller, deadline)
         if deadline is not None and time.monotonic() > deadline:
-            raise CommError(f"rank {self.rank}: sending to rank {dst} blocked for more than "
-                            f"{self.timeout}s (its queue stays full)")
+            raise CommError(
+                f"rank {self.rank}: sending to rank {dst} blocked for more than "
+                f"{self.timeout}s (its queue stays full)"
+            )
 
     def _drain_wake(self) -> None:
         with self._lock:

@@ -31,8 +31,10 @@ def flatten(arrays: dict[str, NDArray[Any]]) -> tuple[bytes, list[NDArray[Any]]]
     for name, value in arrays.items():
         array = np.asarray(value)
         if not isinstance(name, str) or not _plain(array.dtype):
-            raise CommError(f"cannot send {name!r} of dtype {array.dtype}: names must be str "
-                            "and dtypes plain numbers, bools or strings (no objects/records)")
+            raise CommError(
+                f"cannot send {name!r} of dtype {array.dtype}: names must be str "
+                "and dtypes plain numbers, bools or strings (no objects/records)"
+            )
         entries.append([name, array.dtype.str, list(array.shape)])
         views.append(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
     return msgpack.packb(entries, use_bin_type=True), views
@@ -52,10 +54,10 @@ def chunks(views: list[NDArray[Any]], chunk_bytes: int) -> Iterator[tuple[int, N
         while pos < view.size:
             take = min(chunk_bytes - size, view.size - pos)
             if size == 0 and take == chunk_bytes:
-                yield offset, view[pos:pos + take], True
+                yield offset, view[pos : pos + take], True
                 offset += take
             else:
-                pending.append(view[pos:pos + take])
+                pending.append(view[pos : pos + take])
                 size += take
                 if size == chunk_bytes:
                     yield offset, np.concatenate(pending), False
@@ -101,13 +103,15 @@ class Scatter:
         """Append ``data`` to the stream; raises CommError if it overruns the manifest."""
         src = np.frombuffer(data, dtype=np.uint8)
         if src.size == 0 or self.received + src.size > self.total:
-            raise CommError(f"chunk of {src.size} bytes at offset {self.received} does not fit "
-                            f"a transfer of {self.total} bytes")
+            raise CommError(
+                f"chunk of {src.size} bytes at offset {self.received} does not fit "
+                f"a transfer of {self.total} bytes"
+            )
         done = 0
         while done < src.size:
             view = self._views[self._index]
             take = min(view.size - self._pos, src.size - done)
-            view[self._pos:self._pos + take] = src[done:done + take]
+            view[self._pos : self._pos + take] = src[done : done + take]
             self._pos += take
             done += take
             if self._pos == view.size:

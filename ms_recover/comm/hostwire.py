@@ -50,8 +50,16 @@ class Header:
     meta: str
 
     def encode(self) -> bytes:
-        fields = [VERSION, self.epoch, self.src, self.group, self.tag, self.kind, self.offset,
-                  self.meta]
+        fields = [
+            VERSION,
+            self.epoch,
+            self.src,
+            self.group,
+            self.tag,
+            self.kind,
+            self.offset,
+            self.meta,
+        ]
         return msgpack.packb(fields, use_bin_type=True)  # type: ignore[no-any-return]
 
     @property
@@ -147,5 +155,8 @@ class Mailboxes:
         self.stats.malformed_dropped += 1
         if reason != self._last_warning:  # one line per distinct reason in a row, not a flood
             self._last_warning = reason
-            log.warning("host backend dropped a malformed data frame: %s (%d so far)",
-                        reason, self.stats.malformed_dropped)
+            log.warning(
+                "host backend dropped a malformed data frame: %s (%d so far)",
+                reason,
+                self.stats.malformed_dropped,
+            )

@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--step-time", type=float, default=0.0,
-                    help="extra seconds per step, to stretch a demo run")
+    ap.add_argument(
+        "--step-time", type=float, default=0.0, help="extra seconds per step, to stretch a demo run"
+    )
     args = ap.parse_args(argv)
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     net, loss_fn, optimizer = build()
@@ -70,9 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     state = MindSporeState(net, optimizer).state_dict()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank_{rank}.json"), "w") as fh:
-        json.dump({"rank": rank, "sha256": sha256_of(state), "committed": session.committed,
-                   "recoveries": session.recoveries, "incarnation": session.incarnation,
-                   "losses": {str(k): v for k, v in sorted(losses.items())}}, fh)
+        json.dump(
+            {
+                "rank": rank,
+                "sha256": sha256_of(state),
+                "committed": session.committed,
+                "recoveries": session.recoveries,
+                "incarnation": session.incarnation,
+                "skipped": session.skipped,
+                "losses": {str(k): v for k, v in sorted(losses.items())},
+            },
+            fh,
+        )
     session.finish()
     return 0
 

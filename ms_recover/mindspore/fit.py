@@ -64,7 +64,10 @@ Constraints:
   segment unwound by ``Interrupted`` gets no further hook (only each callback's ``__exit__``;
   note that ``ModelCheckpoint`` with ``exception_save=True`` then writes a breakpoint file, as
   for any exception); the resumed segment begins that epoch again with
-  ``on_train_epoch_begin``. A stop requested by another callback ends ``fit`` on this rank (in
+  ``on_train_epoch_begin``. A rank whose step ``s`` was interrupted while a peer committed it
+  receives step ``s``'s state by repair and resumes at ``s + 1``: its callbacks never see step
+  ``s`` (``session.skipped`` lists it), though its weights are the same bits as everyone's.
+  A stop requested by another callback ends ``fit`` on this rank (in
   data-parallel training every rank must make the same decision). MindSpore's
   ``TrainFaultTolerance`` cannot be combined with ``fit``.
 """
@@ -120,8 +123,14 @@ class DataParallelTrainCell(nn.Cell):  # type: ignore[misc]
     ConfigError, before anything runs) and is stripped.
     """
 
-    def __init__(self, net: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer,
-                 reduce_fn: ReduceFn, jit: bool = True) -> None:
+    def __init__(
+        self,
+        net: nn.Cell,
+        loss_fn: nn.Cell,
+        optimizer: nn.Optimizer,
+        reduce_fn: ReduceFn,
+        jit: bool = True,
+    ) -> None:
         super().__init__(auto_prefix=False)
         self.network = net
         self.optimizer = optimizer
@@ -133,8 +142,9 @@ class DataParallelTrainCell(nn.Cell):  # type: ignore[misc]
         if self.expected_step is not None:
             got, want = int(batch[-1].asnumpy()), self.expected_step()
             if got != want:
-                raise ConfigError(f"data out of position: the dataset gave the batch of step "
-                                  f"{got} to step {want}")
+                raise ConfigError(
+                    f"data out of position: the dataset gave the batch of step {got} to step {want}"
+                )
             batch = batch[:-1]
         return Tensor(self.dp_step(*batch), mindspore.float32)
 
@@ -148,8 +158,15 @@ class _EpochSource:
     the pass after the last one early; that pass is never consumed.
     """
 
-    def __init__(self, arrays: Sequence[NDArray[Any]], first_epoch: int, rank: int, world: int,
-                 global_batch: int, seed: int) -> None:
+    def __init__(
+        self,
+        arrays: Sequence[NDArray[Any]],
+        first_epoch: int,
+        rank: int,
+        world: int,
+        global_batch: int,
+        seed: int,
+    ) -> None:
         self.arrays, self.rank, self.world = arrays, rank, world
         self.global_batch, self.seed = global_batch, seed
         self.num_samples = len(arrays[0])
@@ -162,8 +179,9 @@ class _EpochSource:
     def __iter__(self) -> Iterator[tuple[NDArray[Any], ...]]:
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         for step in range(epoch * self.spe, (epoch + 1) * self.spe):
-            idx = shard_indices(step, self.rank, self.world, self.global_batch,
-                                self.num_samples, self.seed)
+            idx = shard_indices(
+                step, self.rank, self.world, self.global_batch, self.num_samples, self.seed
+            )
             yield (*(a[idx] for a in self.arrays), np.array(step, dtype=np.int64))
 
 
@@ -178,11 +196,18 @@ class ShardedArrays:
     against the step it runs and strips before the network sees the batch.
     """
 
-    def __init__(self, *arrays: NDArray[Any], global_batch: int, seed: int,
-                 names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        *arrays: NDArray[Any],
+        global_batch: int,
+        seed: int,
+        names: Sequence[str] | None = None,
+    ) -> None:
         if not arrays or len({len(a) for a in arrays}) != 1:
-            raise ConfigError(f"ShardedArrays needs one or more arrays of the same length, got "
-                              f"lengths {[len(a) for a in arrays]}")
+            raise ConfigError(
+                f"ShardedArrays needs one or more arrays of the same length, got "
+                f"lengths {[len(a) for a in arrays]}"
+            )
         self.arrays = arrays
         self.global_batch, self.seed = global_batch, seed
         self.names = list(names) if names else [f"column_{i}" for i in range(len(arrays))]
@@ -193,11 +218,22 @@ class ShardedArrays:
 
     def __call__(self, first_epoch: int, rank: int, world: int) -> msds.GeneratorDataset:
         # Fail here, on the caller's thread, rather than inside MindSpore's pipeline thread.
-        shard_indices(first_epoch * self.steps_per_epoch, rank, world, self.global_batch,
-                      len(self.arrays[0]), self.seed)
+        shard_indices(
+            first_epoch * self.steps_per_epoch,
+            rank,
+            world,
+            self.global_batch,
+            len(self.arrays[0]),
+            self.seed,
+        )
         source = _EpochSource(self.arrays, first_epoch, rank, world, self.global_batch, self.seed)
-        return msds.GeneratorDataset(source, column_names=self.names, shuffle=False,
-                                     num_parallel_workers=1, python_multiprocessing=False)
+        return msds.GeneratorDataset(
+            source,
+            column_names=self.names,
+            shuffle=False,
+            num_parallel_workers=1,
+            python_multiprocessing=False,
+        )
 
 
 @dataclasses.dataclass
@@ -247,7 +283,8 @@ class _Commit(Callback):  # type: ignore[misc]
             raise ConfigError(
                 f"the dataset's pass for epoch {epoch - 1} ended at step "
                 f"{self.seg.session.next_step}, expected {epoch * self.seg.spe}: every pass must "
-                f"yield get_dataset_size() = {self.seg.spe} batches")
+                f"yield get_dataset_size() = {self.seg.spe} batches"
+            )
 
 
 def _check_settings(epochs: int, dataset: Any, sink: bool, sink_size: int) -> None:
@@ -256,10 +293,13 @@ def _check_settings(epochs: int, dataset: Any, sink: bool, sink_size: int) -> No
         raise ConfigError(
             f"fit() needs PyNative mode, got mode {mode} (GRAPH_MODE); valid: "
             "mindspore.set_context(mode=mindspore.PYNATIVE_MODE). The step calls the host "
-            "allreduce in Python between two jit-compiled phases, which one graph cannot hold")
+            "allreduce in Python between two jit-compiled phases, which one graph cannot hold"
+        )
     if sink is not False:
-        raise ConfigError(f"dataset_sink_mode must be False, got {sink!r}: a sink runs many steps "
-                          "per call, so gradients could not be reduced and committed per step")
+        raise ConfigError(
+            f"dataset_sink_mode must be False, got {sink!r}: a sink runs many steps "
+            "per call, so gradients could not be reduced and committed per step"
+        )
     if sink_size != -1:
         raise ConfigError(f"sink_size must be -1 (no sinking), got {sink_size!r}")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
@@ -268,11 +308,14 @@ def _check_settings(epochs: int, dataset: Any, sink: bool, sink_size: int) -> No
         raise ConfigError(
             f"dataset must be a function (first_epoch, rank, world) -> mindspore.dataset.Dataset "
             f"such as ShardedArrays(x, y, global_batch=..., seed=...), got "
-            f"{type(dataset).__name__}: a fixed Dataset cannot be re-positioned at the resume step")
+            f"{type(dataset).__name__}: a fixed Dataset cannot be re-positioned at the resume step"
+        )
     parallel = mindspore.get_auto_parallel_context("parallel_mode")
     if parallel != "stand_alone":
-        raise ConfigError(f"parallel_mode must be 'stand_alone', got {parallel!r}: ms_recover "
-                          "reduces the gradients itself")
+        raise ConfigError(
+            f"parallel_mode must be 'stand_alone', got {parallel!r}: ms_recover "
+            "reduces the gradients itself"
+        )
 
 
 def _model_parts(model: Any) -> tuple[nn.Cell, nn.Cell, nn.Optimizer]:
@@ -285,14 +328,18 @@ def _model_parts(model: Any) -> tuple[nn.Cell, nn.Cell, nn.Optimizer]:
         raise ConfigError(
             "model must be built as Model(net, loss_fn=..., optimizer=...) with a trainable net, "
             f"got loss_fn={type(loss_fn).__name__}, optimizer={type(optimizer).__name__}, "
-            f"net={type(net).__name__}")
+            f"net={type(net).__name__}"
+        )
     for name, valid in (("_amp_level", "O0"), ("_boost_level", "O0")):
         if getattr(model, name, valid) != valid:
-            raise ConfigError(f"{name[1:]} must be {valid!r} under fit(), got "
-                              f"{getattr(model, name)!r}")
+            raise ConfigError(
+                f"{name[1:]} must be {valid!r} under fit(), got {getattr(model, name)!r}"
+            )
     if getattr(model, "_loss_scale_manager", None) is not None:
-        raise ConfigError("loss_scale_manager must be None under fit() (loss scaling is not part "
-                          "of ms_recover's train step)")
+        raise ConfigError(
+            "loss_scale_manager must be None under fit() (loss scaling is not part "
+            "of ms_recover's train step)"
+        )
     return net, loss_fn, optimizer
 
 
@@ -301,23 +348,29 @@ def _callback_list(callbacks: Any) -> list[Callback]:
         return []
     listed = [callbacks] if isinstance(callbacks, Callback) else callbacks
     if not isinstance(listed, (list, tuple)) or not all(isinstance(c, Callback) for c in listed):
-        raise ConfigError(f"callbacks must be None, a Callback or a list of Callbacks, got "
-                          f"{callbacks!r}")
+        raise ConfigError(
+            f"callbacks must be None, a Callback or a list of Callbacks, got {callbacks!r}"
+        )
     if any(isinstance(c, TrainFaultTolerance) for c in listed):
-        raise ConfigError("TrainFaultTolerance cannot be combined with fit(): ms_recover "
-                          "does the recovery")
+        raise ConfigError(
+            "TrainFaultTolerance cannot be combined with fit(): ms_recover does the recovery"
+        )
     return list(listed)
 
 
 def _dataset_at(dataset: DatasetFn, epoch: int, session: Session, spe: int | None) -> Any:
     data = dataset(epoch, session.rank, session.world_size)
     if not isinstance(data, msds.Dataset):
-        raise ConfigError(f"dataset({epoch}, {session.rank}, {session.world_size}) must return "
-                          f"a mindspore.dataset.Dataset, got {type(data).__name__}")
+        raise ConfigError(
+            f"dataset({epoch}, {session.rank}, {session.world_size}) must return "
+            f"a mindspore.dataset.Dataset, got {type(data).__name__}"
+        )
     size = data.get_dataset_size()
     if spe is not None and size != spe:
-        raise ConfigError(f"dataset({epoch}, ...) has {size} batches per epoch, but "
-                          f"dataset(0, ...) has {spe}: every epoch must have the same length")
+        raise ConfigError(
+            f"dataset({epoch}, ...) has {size} batches per epoch, but "
+            f"dataset(0, ...) has {spe}: every epoch must have the same length"
+        )
     return data
 
 
@@ -330,9 +383,17 @@ def _step_check(data: Any, session: Session) -> Callable[[], int] | None:
     return lambda: session.next_step
 
 
-def fit(model: Model, epochs: int, dataset: DatasetFn, callbacks: Any = None,
-        session: Session | None = None, *, dataset_sink_mode: bool = False,
-        sink_size: int = -1, jit: bool = True) -> FitResult:
+def fit(
+    model: Model,
+    epochs: int,
+    dataset: DatasetFn,
+    callbacks: Any = None,
+    session: Session | None = None,
+    *,
+    dataset_sink_mode: bool = False,
+    sink_size: int = -1,
+    jit: bool = True,
+) -> FitResult:
     """Train ``model`` for ``epochs`` epochs with ``Model.train``, recovering from faults.
 
     Arguments mirror ``Model.train``, except that ``dataset`` is a function
@@ -350,19 +411,28 @@ def fit(model: Model, epochs: int, dataset: DatasetFn, callbacks: Any = None,
     if session is None:
         session = init(state=MindSporeState(parts[0], parts[2]))
     elif session.state is None:
-        raise ConfigError("session has no state provider; build it with "
-                          "ms_recover.init(state=MindSporeState(net, optimizer))")
+        raise ConfigError(
+            "session has no state provider; build it with "
+            "ms_recover.init(state=MindSporeState(net, optimizer))"
+        )
     result = _run(session, parts, epochs, dataset, user_callbacks, jit)
     if own:
         session.finish()
     return result
 
 
-def _run(session: Session, parts: tuple[nn.Cell, nn.Cell, nn.Optimizer], epochs: int,
-         dataset: DatasetFn, callbacks: list[Callback], jit: bool) -> FitResult:
+def _run(
+    session: Session,
+    parts: tuple[nn.Cell, nn.Cell, nn.Optimizer],
+    epochs: int,
+    dataset: DatasetFn,
+    callbacks: list[Callback],
+    jit: bool,
+) -> FitResult:
     net, loss_fn, optimizer = parts
-    cell = DataParallelTrainCell(net, loss_fn, optimizer,
-                                 lambda flat: session.allreduce(flat, "mean"), jit=jit)
+    cell = DataParallelTrainCell(
+        net, loss_fn, optimizer, lambda flat: session.allreduce(flat, "mean"), jit=jit
+    )
     trainer = Model(cell)
     probe = _dataset_at(dataset, 0, session, None)  # also the first segment's, from step 0
     spe = probe.get_dataset_size()
@@ -373,26 +443,44 @@ def _run(session: Session, parts: tuple[nn.Cell, nn.Cell, nn.Optimizer], epochs:
             return FitResult(session.committed, total, spe, segments, False)
         start = session.next_step
         first_epoch, skip = divmod(start, spe)
-        data = probe if start == 0 and segments == 0 else _dataset_at(
-            dataset, first_epoch, session, spe)
+        data = (
+            probe
+            if start == 0 and segments == 0
+            else _dataset_at(dataset, first_epoch, session, spe)
+        )
         if skip:
             data.set_init_step(skip)  # as mindspore.train.model._calc_cb_initial_step does
         cell.expected_step = _step_check(data, session)
         seg = _Segment(session, start, spe, parts)
         segments += 1
-        log.info("rank=%d step=%d epoch=%d: entering Model.train (segment %d)",
-                 session.rank, start, first_epoch, segments)
+        log.info(
+            "rank=%d step=%d epoch=%d: entering Model.train (segment %d)",
+            session.rank,
+            start,
+            first_epoch,
+            segments,
+        )
         try:
-            trainer.train(epochs, data, callbacks=[_Position(seg), *callbacks, _Commit(seg)],
-                          dataset_sink_mode=False, initial_epoch=first_epoch)
+            trainer.train(
+                epochs,
+                data,
+                callbacks=[_Position(seg), *callbacks, _Commit(seg)],
+                dataset_sink_mode=False,
+                initial_epoch=first_epoch,
+            )
         except Interrupted:
-            log.info("rank=%d step=%d: step interrupted by recovery; it will be redone",
-                     session.rank, session.next_step)
+            log.info(
+                "rank=%d step=%d: step interrupted by recovery; it will be redone",
+                session.rank,
+                session.next_step,
+            )
             continue
         if seg.stopped_by_callback:
             if seg.recover:
                 session.safe_point()  # take part in the pending recovery, then end
             return FitResult(session.committed, total, spe, segments, True)
         if not seg.recover and session.next_step < total:
-            raise ConfigError(f"Model.train ended at step {session.next_step} of {total} "
-                              "without a stop: the dataset yielded too few batches")
+            raise ConfigError(
+                f"Model.train ended at step {session.next_step} of {total} "
+                "without a stop: the dataset yielded too few batches"
+            )

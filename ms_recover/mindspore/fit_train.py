@@ -4,7 +4,8 @@ The same MLP, optimizer and seed as :mod:`ms_recover.mindspore.demo_train`, trai
 ``mindspore.train.Model`` and a user callback instead of a hand-written loop. At the end each rank
 writes ``OUT/rank_R.json`` in demo_train's format (SHA-256 of the whole state, committed step,
 per-step losses), plus ``view``: the (cur_epoch_num, cur_step_num) a user callback saw at each
-step, so a recovered run can be compared with an uninterrupted one bit for bit.
+step, so a recovered run can be compared with an uninterrupted one bit for bit, and ``skipped``:
+the step ranges this rank received by repair instead of running (``Session.skipped``).
 
     python -m ms_recover.mindspore.fit_train --epochs 3 --samples 512 --out /tmp/run
 """
@@ -47,11 +48,16 @@ class StepRecorder(Callback):  # type: ignore[misc]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=512,
-                    help=f"dataset size; steps per epoch = samples // {GLOBAL_BATCH}")
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=512,
+        help=f"dataset size; steps per epoch = samples // {GLOBAL_BATCH}",
+    )
     ap.add_argument("--out", required=True)
-    ap.add_argument("--step-time", type=float, default=0.0,
-                    help="extra seconds per step, to stretch a demo run")
+    ap.add_argument(
+        "--step-time", type=float, default=0.0, help="extra seconds per step, to stretch a demo run"
+    )
     args = ap.parse_args(argv)
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     net, loss_fn, optimizer = build()
@@ -59,16 +65,30 @@ def main(argv: list[str] | None = None) -> int:
     session = ms_recover.init(state=MindSporeState(net, optimizer))
     x, y = make_dataset(args.samples, IN_DIM, CLASSES, SEED)
     recorder = StepRecorder(args.step_time)
-    result = fit(model, args.epochs, ShardedArrays(x, y, global_batch=GLOBAL_BATCH, seed=SEED),
-                 callbacks=[recorder], session=session)
+    result = fit(
+        model,
+        args.epochs,
+        ShardedArrays(x, y, global_batch=GLOBAL_BATCH, seed=SEED),
+        callbacks=[recorder],
+        session=session,
+    )
     state = MindSporeState(net, optimizer).state_dict()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank_{session.rank}.json"), "w") as fh:
-        json.dump({"rank": session.rank, "sha256": sha256_of(state),
-                   "committed": session.committed, "recoveries": session.recoveries,
-                   "incarnation": session.incarnation, "segments": result.segments,
-                   "losses": {str(k): v for k, v in sorted(recorder.losses.items())},
-                   "view": {str(k): v for k, v in sorted(recorder.view.items())}}, fh)
+        json.dump(
+            {
+                "rank": session.rank,
+                "sha256": sha256_of(state),
+                "committed": session.committed,
+                "recoveries": session.recoveries,
+                "incarnation": session.incarnation,
+                "segments": result.segments,
+                "skipped": session.skipped,
+                "losses": {str(k): v for k, v in sorted(recorder.losses.items())},
+                "view": {str(k): v for k, v in sorted(recorder.view.items())},
+            },
+            fh,
+        )
     session.finish()
     return 0
 

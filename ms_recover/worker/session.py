@@ -10,7 +10,9 @@ manager are latched by the link thread and acted on here, at a safe point betwee
 * EXIT: close and leave the process with the manager's code.
 
 A collective interrupted by a STOP raises :class:`Interrupted`; the step is not committed and
-is redone after recovery, so no rank ever goes backwards.
+is redone after recovery, so no rank ever goes backwards. A rank whose step was interrupted
+while a peer committed it is behind the recovery's target: REPAIR gives it that step's state from
+a replica, so it never runs the step itself (:attr:`Session.skipped` records such steps).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class Session:
         self.next_step = 0
         self.reboot = False
         self.recoveries = 0
+        # (first, last) step ranges whose state this rank received by repair instead of running
+        # them: its own step code (and a fit() callback) never saw those steps.
+        self.skipped: list[tuple[int, int]] = []
         self._interrupted = False
         self._await_manager = False
         self._report_next_commit = False
@@ -307,6 +312,8 @@ class Session:
                         f"rank {msg.recv_from} sent step {step}, expected {msg.target_step}"
                     )
                 self._state().load_state_dict(arrays)
+                if step > self.committed:
+                    self.skipped.append((self.committed + 1, step))
                 self.committed = step
                 self.link.committed = step
         except (RepairError, CommError) as exc:

@@ -57,8 +57,14 @@ SAMPLES: dict[bytes, M.Message] = {
         M.WorkerDone(rank=2, committed_step=100),
         M.Dump(step=12, directory="/shared/dump"),
         M.Dumped(
-            rank=0, ok=True, step=12, file="rank_0.ckpt", format="mindspore", sha256="ab" * 32,
-            size=1024, reason="",
+            rank=0,
+            ok=True,
+            step=12,
+            file="rank_0.ckpt",
+            format="mindspore",
+            sha256="ab" * 32,
+            size=1024,
+            reason="",
         ),
         M.Welcome(
             ok=True,

@@ -21,8 +21,13 @@ def _round_trip(arrays: dict[str, np.ndarray], chunk: int) -> dict[str, np.ndarr
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
 def test_round_trip_any_chunk_size(chunk: int) -> None:
-    arrays = {"a": np.arange(100, dtype=np.float32), "e": np.zeros(0), "s": np.array(3),
-              "b": np.ones((3, 2), dtype=bool), "t": np.arange(10)[::2]}
+    arrays = {
+        "a": np.arange(100, dtype=np.float32),
+        "e": np.zeros(0),
+        "s": np.array(3),
+        "b": np.ones((3, 2), dtype=bool),
+        "t": np.arange(10)[::2],
+    }
     out = _round_trip(arrays, chunk)
     assert list(out) == list(arrays)
     for name, value in arrays.items():
@@ -30,8 +35,9 @@ def test_round_trip_any_chunk_size(chunk: int) -> None:
 
 
 def test_large_arrays_are_borrowed_and_small_ones_coalesced() -> None:
-    _, views = hoststream.flatten({"big": np.zeros(256, np.uint8),
-                                   **{f"s{i}": np.zeros(10, np.uint8) for i in range(10)}})
+    _, views = hoststream.flatten(
+        {"big": np.zeros(256, np.uint8), **{f"s{i}": np.zeros(10, np.uint8) for i in range(10)}}
+    )
     parts = list(hoststream.chunks(views, 64))
     assert [borrowed for _, _, borrowed in parts] == [True] * 4 + [False] * 2
     assert [p.size for _, p, _ in parts] == [64] * 5 + [36]

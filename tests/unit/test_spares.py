@@ -7,13 +7,18 @@ import sys
 
 from ms_recover.agent.spares import SparePool
 
-SPARE = [sys.executable, "-c", (
-    "import os, sys\n"
-    "from ms_recover.agent.spares import await_assignment\n"
-    "print('warm', flush=True)\n"
-    "if not await_assignment(): sys.exit(3)\n"
-    "print('rank', os.environ['RANK_ID'], 'fd' if 'MS_RECOVER_SPARE_FD' in os.environ else '')\n"
-)]
+SPARE = [
+    sys.executable,
+    "-c",
+    (
+        "import os, sys\n"
+        "from ms_recover.agent.spares import await_assignment\n"
+        "print('warm', flush=True)\n"
+        "if not await_assignment(): sys.exit(3)\n"
+        "fd = 'fd' if 'MS_RECOVER_SPARE_FD' in os.environ else ''\n"
+        "print('rank', os.environ['RANK_ID'], fd)\n"
+    ),
+]
 
 
 def _pool(count: int) -> SparePool:

@@ -1,0 +1,97 @@
+"""A rank's side of REPAIR: what it loads, what it reports, and which steps it did not run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ms_recover.comm.local import LocalBackend
+from ms_recover.config import JobConfig
+from ms_recover.protocol import messages as M
+from ms_recover.worker import repair
+from ms_recover.worker.session import Session
+
+
+class ArrayState:
+    def __init__(self, value: float) -> None:
+        self.arrays = {"w": np.full(3, value, dtype=np.float32)}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.arrays.items()}
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = {k: v.copy() for k, v in arrays.items()}
+
+
+class PeerBackend(LocalBackend):
+    """A one-rank backend whose peers are scripted: recv returns ``inbox[src]``."""
+
+    def __init__(self, inbox: dict[int, dict[str, np.ndarray]]) -> None:
+        super().__init__()
+        self.inbox, self.sent = inbox, []  # type: ignore[var-annotated]
+
+    def send(self, arrays: dict[str, np.ndarray], dst: int, tag: str = "") -> None:
+        self.sent.append((dst, tag, arrays))
+
+    def recv(self, src: int, tag: str = "") -> dict[str, np.ndarray]:
+        return self.inbox[src]
+
+
+class Link:
+    def __init__(self) -> None:
+        self.sent: list[M.Message] = []
+        self.committed = -1
+
+    def send(self, msg: M.Message, epoch: int | None = None) -> None:
+        self.sent.append(msg)
+
+
+def _session(committed: int, inbox: dict[int, Any]) -> tuple[Session, ArrayState, Link]:
+    state = ArrayState(float(committed))
+    session = Session(JobConfig(), 0, PeerBackend(inbox), state, standalone=True)
+    link = Link()
+    session.link = link  # type: ignore[assignment]
+    session.committed = link.committed = committed
+    return session, state, link
+
+
+@pytest.mark.parametrize(
+    "committed, skipped",
+    [
+        (8, [(9, 9)]),  # a survivor whose step 9 was interrupted while a peer committed it
+        (-1, [(0, 9)]),  # a restarted rank: it ran none of steps 0..9
+        (9, []),  # already at the target: the copy changes no step
+    ],
+    ids=["survivor-behind", "restarted", "at-target"],
+)
+def test_a_received_state_is_loaded_and_the_steps_not_run_are_recorded(committed, skipped):
+    session, state, link = _session(
+        committed, {2: repair.pack({"w": np.full(3, 9.0, np.float32)}, 9)}
+    )
+    assert session._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2)) is False
+    assert state.arrays["w"].tolist() == [9.0, 9.0, 9.0]
+    assert session.committed == link.committed == 9
+    assert session.skipped == skipped
+    assert link.sent == [M.Repaired(0, 0, True, 9, -1, "")]
+
+
+def test_a_source_sends_its_state_and_skips_nothing():
+    session, _, link = _session(9, {})
+    session._handle(4, M.Repair(target_step=9, attempt=1, send_to=[1, 3], recv_from=-1))
+    backend = session.comm
+    assert [(dst, tag) for dst, tag, _ in backend.sent] == [(1, "repair.4.1"), (3, "repair.4.1")]
+    arrays, step = repair.unpack(backend.sent[0][2], src=0)
+    assert step == 9 and arrays["w"].tolist() == [9.0, 9.0, 9.0]
+    assert session.skipped == [] and link.sent == [M.Repaired(0, 1, True, 9, -1, "")]
+
+
+def test_a_state_of_the_wrong_step_is_refused_and_nothing_changes():
+    session, state, link = _session(8, {2: repair.pack({"w": np.zeros(3, np.float32)}, 7)})
+    session._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2))
+    assert state.arrays["w"].tolist() == [8.0, 8.0, 8.0]
+    assert session.committed == 8 and session.skipped == []
+    (reply,) = link.sent
+    assert isinstance(reply, M.Repaired) and not reply.ok and reply.failed_peer == 2
+    assert "sent step 7, expected 9" in reply.reason
