@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ms_recover.agent.spares import SPARE_FD
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.testing.wait import wait_for
 
@@ -71,3 +72,29 @@ class JobDriver:
         t_kill = time.time()
         os.kill(pid, signal.SIGKILL)
         return t_kill
+
+    def warm_spares(self) -> int:
+        """Spares of this job's agents ready to take a rank: blocked reading their still-open
+        assignment pipe, i.e. past MindSpore's import and the model build (Linux ``/proc``)."""
+        agents = {proc.pid for proc in self.job.pods.procs.values()}
+        warm = 0
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and _is_warm_spare(int(entry), agents):
+                warm += 1
+        return warm
+
+
+def _is_warm_spare(pid: int, parents: set[int]) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        if ppid not in parents:
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = dict(v.partition(b"=")[::2] for v in fh.read().split(b"\0") if v)
+        fd = env.get(SPARE_FD.encode())
+        with open(f"/proc/{pid}/wchan") as fh:
+            blocked = "pipe_read" in fh.read()
+        return fd is not None and blocked and os.path.exists(f"/proc/{pid}/fd/{int(fd)}")
+    except (OSError, ValueError, IndexError):
+        return False  # gone meanwhile, or not ours to read

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 from ms_recover.agent.spares import SparePool
+from ms_recover.bench.jobdriver import _is_warm_spare
+from ms_recover.testing.wait import wait_for
 
 SPARE = [
     sys.executable,
@@ -58,3 +61,36 @@ def test_released_spare_exits_without_training():
     (spare,) = pool.spares
     pool.close()
     assert spare.proc.returncode == 3
+
+
+def test_a_spare_is_seen_warm_only_while_it_waits_for_its_rank():
+    pool = _pool(1)
+    pool.fill()
+    (spare,) = pool.spares
+    pid = spare.proc.pid
+    try:
+        wait_for(lambda: _is_warm_spare(pid, {os.getpid()}), 30, "the spare blocked on its pipe")
+        assert not _is_warm_spare(pid, {pid})  # not a child of that parent
+        proc = pool.activate({"RANK_ID": "4"})
+        assert proc is not None and not _is_warm_spare(pid, {os.getpid()})
+        proc.communicate(timeout=30)
+        assert not _is_warm_spare(pid, {os.getpid()})  # gone
+    finally:
+        pool.close()
+
+
+def test_a_process_blocked_on_a_pipe_without_a_spare_fd_is_not_a_spare():
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.read({read}, 1)"], pass_fds=(read,)
+    )
+    try:
+        wait_for(
+            lambda: "pipe_read" in open(f"/proc/{proc.pid}/wchan").read(), 30, "a blocked read"
+        )
+        assert not _is_warm_spare(proc.pid, {os.getpid()})
+    finally:
+        os.write(write, b"x")
+        proc.wait(timeout=30)
+        os.close(read)
+        os.close(write)
