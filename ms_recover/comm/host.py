@@ -80,6 +80,7 @@ class HostBackend(CommBackend):
         timeout: float | None = None,
         advertise_host: str | None = None,
         io_threads: int = 2,
+        password: bytes | None = None,
     ) -> None:
         """Bind the inbound socket now, so :attr:`endpoint` is known before :meth:`init`.
 
@@ -87,6 +88,9 @@ class HostBackend(CommBackend):
         ``timeout`` (seconds) bounds each wait for a peer; None waits until :meth:`abort`.
         ``advertise_host`` is the address peers dial when ``bind_host`` is a wildcard.
         ``io_threads``: ZeroMQ I/O threads (native, not Python); 2 lets both directions run at once.
+        ``password`` (:func:`~ms_recover.comm.hostauth.data_plane_password`): only peers that
+        present it may connect, and this rank presents it. ``ms_recover.init`` always sets it;
+        None (no authentication) is for benchmarks and tests on one host.
         """
         super().__init__(rank, world_size)
         if chunk_bytes < 64:
@@ -97,7 +101,9 @@ class HostBackend(CommBackend):
             raise ConfigError(f"io_threads must be >= 1, got {io_threads}")
         self.chunk_bytes = chunk_bytes
         self._boxes = Mailboxes()
-        self._link = Link(rank, bind_host, advertise_host, timeout, self._boxes, io_threads)
+        self._link = Link(
+            rank, bind_host, advertise_host, timeout, self._boxes, io_threads, password
+        )
         self._link.after_send = self._after_send
         self._groups: dict[str, tuple[int, ...]] = {}
         self._seq: dict[str, int] = {}

@@ -5,6 +5,8 @@
 * One outbound DEALER per member (this rank included, so sending to oneself is not a special
   case), recreated on every build. DEALERs carry no fixed routing id: a restarted peer must
   never collide with the id of its dead predecessor; the sender's rank is in the header.
+* With a password (see :mod:`~ms_recover.comm.hostauth`), the ROUTER accepts only peers that
+  present it, and the DEALERs present it.
 * Every socket has ``linger=0`` and generous high-water marks; only a graceful :meth:`Link.close`
   lets queued outbound data drain for a bounded time (see there).
 
@@ -24,6 +26,7 @@ from typing import Any
 
 import zmq
 
+from ms_recover.comm.hostauth import Gatekeeper, configure_client
 from ms_recover.comm.hostwire import Header, Key, Mailboxes
 from ms_recover.errors import CommError, Interrupted
 
@@ -46,17 +49,25 @@ class Link:
         timeout: float | None,
         sink: Mailboxes,
         io_threads: int = 1,
+        password: bytes | None = None,
     ) -> None:
         self.rank = rank
         self.timeout = timeout
         self.epoch = 0
         self.after_send: Callable[[], None] | None = None  # test hook, see CommBackend.chunk_hook
         self._sink = sink
+        self._password = password
         self._ctx = zmq.Context(io_threads=io_threads)
         self._router = self._socket(zmq.ROUTER)
+        self._gate: Gatekeeper | None = None
+        if password is not None:
+            self._gate = Gatekeeper(self._ctx, password, rank, sink.stats)
+            self._gate.guard(self._router)
         try:
             port = self._router.bind_to_random_port(f"tcp://{bind_host}")
         except zmq.ZMQError as exc:
+            if self._gate is not None:
+                self._gate.close()
             self._router.close(linger=0)
             self._ctx.term()
             raise CommError(
@@ -92,6 +103,8 @@ class Link:
         for rank, endpoint in sorted(members.items()):
             endpoint = self.endpoint if rank == self.rank else endpoint
             sock = self._socket(zmq.DEALER)
+            if self._password is not None:
+                configure_client(sock, self._password)
             try:
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:
@@ -130,6 +143,8 @@ class Link:
         linger = 0 if self._aborted.is_set() else CLOSE_LINGER_MS
         for sock in self._dealers.values():
             sock.close(linger=linger)
+        if self._gate is not None:
+            self._gate.close()
         self._router.close(linger=0)
         self._dealers = {}
         self._ctx.term()  # returns once the dealers' queues are sent or their linger is over

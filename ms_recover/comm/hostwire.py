@@ -101,6 +101,7 @@ class WireStats:
     stale_dropped: int = 0  # epoch older than ours: a leftover of an aborted epoch
     malformed_dropped: int = 0  # not a data frame at all
     future_buffered: int = 0  # epoch newer than ours: kept for after our rebuild
+    refused_connections: int = 0  # peers without the job's credentials (see hostauth)
 
 
 class Mailboxes:

@@ -26,8 +26,10 @@ def make_backend(config: JobConfig, rank: int) -> CommBackend:
 
         return AscendBackend(rank, config.world_size)
     from ms_recover.comm.host import HostBackend
+    from ms_recover.comm.hostauth import data_plane_password
 
-    return HostBackend(rank, config.world_size, bind_host=config.pod_ip)
+    password = data_plane_password(config.effective_secret(), config.job_id)
+    return HostBackend(rank, config.world_size, bind_host=config.pod_ip, password=password)
 
 
 def _standalone(state: StateProvider | None, why: str) -> Session:

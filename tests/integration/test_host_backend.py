@@ -16,6 +16,7 @@ from zmq.utils.garbage import GarbageCollectorThread
 from ms_recover.comm import hoststream
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.comm.host import HostBackend
+from ms_recover.comm.hostauth import USER, configure_client, data_plane_password
 from ms_recover.comm.hostwire import P2P, Header
 from ms_recover.errors import CommError, Interrupted
 
@@ -391,9 +392,14 @@ def raw() -> Iterator[Callable[[str], zmq.Socket[bytes]]]:
     ctx = zmq.Context()
     socks: list[zmq.Socket[bytes]] = []
 
-    def dealer(endpoint: str) -> zmq.Socket[bytes]:
+    def dealer(
+        endpoint: str, password: bytes | None = None, user: bytes = USER
+    ) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         sock.linger = 0
+        if password is not None:
+            configure_client(sock, password)
+            sock.plain_username = user
         sock.connect(endpoint)
         socks.append(sock)
         return sock
@@ -442,3 +448,42 @@ def test_malformed_manifest_is_a_comm_error(make: Any, raw: Any) -> None:
     sock.send_multipart([Header(1, 0, P2P, "t", "p2p", 0, "manifest").encode(), b"\x01\x02"])
     with pytest.raises(CommError, match="malformed transfer manifest"):
         b1.recv(0, tag="t")
+
+
+# -- authentication --------------------------------------------------------------------------
+
+PASSWORD = data_plane_password(b"job secret", "job-a")
+
+
+def test_ranks_with_the_job_password_talk(make: Any) -> None:
+    backends = make(3, password=PASSWORD, chunk_bytes=256)
+    xs = inputs(3, 1000, np.float32)
+    outs = run_all(backends, lambda b: b.allreduce(xs[b.rank]))
+    assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+    assert all(b.stats.refused_connections == 0 for b in backends)
+
+
+def test_peers_without_the_job_password_are_refused_and_logged(
+    make: Any, raw: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, b1 = make(2, password=PASSWORD)
+    intruders = [
+        raw(b1.endpoint),  # no credentials at all
+        raw(b1.endpoint, data_plane_password(b"job secret", "job-b")),  # another job's
+        raw(b1.endpoint, data_plane_password(b"other secret", "job-a")),  # a wrong secret
+        raw(b1.endpoint, PASSWORD, user=b"someone"),  # the password under another user
+    ]
+    for sock in intruders:
+        for msg in _raw_messages(1, "t", np.array([-1.0])):
+            sock.send_multipart(msg)
+    wait_for(lambda: b1.stats.refused_connections >= len(intruders), "four refusals")
+    assert b1.stats.delivered == 0
+    refusals = [r.getMessage() for r in caplog.records if "refused a data-plane" in r.message]
+    assert any("no data-plane credentials" in m for m in refusals)
+    assert any("PLAIN with a wrong password" in m for m in refusals)
+    assert any("PLAIN with unknown credentials" in m for m in refusals)
+    sock = raw(b1.endpoint, PASSWORD)
+    for msg in _raw_messages(1, "t", np.array([7.0])):
+        sock.send_multipart(msg)
+    assert b1.recv(0, tag="t")["v"][0] == 7.0
+    assert b1.stats.delivered == 2  # manifest and one data chunk, from the one good peer

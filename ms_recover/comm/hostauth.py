@@ -1,0 +1,163 @@
+"""Who may connect to a rank's host data plane: ZeroMQ PLAIN credentials checked over ZAP.
+
+Every rank of a job derives the same password from the job secret (``MS_RECOVER_SECRET``, see
+:meth:`~ms_recover.config.JobConfig.effective_secret`) and the job id, with HMAC-SHA256. A rank's
+inbound ROUTER is a PLAIN server; its outbound DEALERs present the password. A
+:class:`Gatekeeper` thread answers libzmq's ZAP requests for the rank's context, so a connection
+is refused during the handshake, before any of its frames reaches the mailboxes, unless it
+presents the password: a peer of another job, a stray client, a port scanner. Refusals are
+counted in :class:`~ms_recover.comm.hostwire.WireStats` and logged, rate limited.
+
+Two ways a connection is refused, both seen here:
+
+* wrong user or password: the ZAP reply is 400 (the peer's address is logged);
+* no credentials at all (a NULL-mechanism client, e.g. a bare ZeroMQ socket): libzmq fails the
+  handshake itself; the ROUTER's monitor socket reports it.
+
+PLAIN sends the password in clear over the wire; it authenticates peers, it does not hide the
+data (the data plane is not encrypted: use a private pod network). The password is derived
+per job, so it reveals nothing about the secret, and the control plane's HMAC is unaffected.
+The cost is one handshake per connection, none per frame.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ms_recover.comm.hostwire import WireStats
+from ms_recover.protocol.codec import DropLog
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP specification (RFC 27)
+USER = b"ms-recover"
+POLL_MS = 100
+_REFUSED_BY_ZMQ = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+
+
+def data_plane_password(secret: bytes, job_id: str) -> bytes:
+    """The PLAIN password every rank of ``job_id`` presents to its peers."""
+    if not secret:
+        raise ValueError("the data-plane password needs a non-empty job secret")
+    mac = hmac.new(secret, b"ms-recover data plane\0" + job_id.encode(), hashlib.sha256)
+    return mac.hexdigest().encode()
+
+
+def configure_client(sock: zmq.Socket[bytes], password: bytes) -> None:
+    """Make an outbound socket present the job's credentials (before ``connect``)."""
+    sock.plain_username = USER
+    sock.plain_password = password
+
+
+class Gatekeeper:
+    """The ZAP handler of one rank's ZeroMQ context, and the log of refused connections.
+
+    Create it before the ROUTER binds (libzmq consults ZAP only if a handler is bound), then
+    :meth:`guard` the ROUTER. :meth:`close` before the context is terminated.
+    """
+
+    def __init__(
+        self, ctx: zmq.Context[zmq.Socket[bytes]], password: bytes, rank: int, stats: WireStats
+    ) -> None:
+        self.password, self.rank, self.stats = password, rank, stats
+        self._drops = DropLog(log)
+        self._ctx = ctx
+        self._zap: zmq.Socket[bytes] = ctx.socket(zmq.REP)
+        self._zap.linger = 0
+        self._zap.bind(ZAP_ENDPOINT)
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._router: zmq.Socket[bytes] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def guard(self, router: zmq.Socket[bytes]) -> None:
+        """Make ``router`` a PLAIN server (before it binds) and start answering."""
+        router.plain_server = True
+        self._router = router
+        self._monitor = router.get_monitor_socket(_REFUSED_BY_ZMQ)
+        self._thread = threading.Thread(
+            target=self._run, name=f"ms-recover-gate-{self.rank}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread and close its sockets. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._router is not None:
+            self._router.disable_monitor()
+            self._router = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+        self._zap.close(linger=0)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._zap, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
+        while not self._stop.is_set():
+            try:
+                ready = dict(poller.poll(POLL_MS))
+                if self._zap in ready:
+                    self._answer(self._zap.recv_multipart())
+                if self._monitor is not None and self._monitor in ready:
+                    event = recv_monitor_message(self._monitor)
+                    self._refused(
+                        "?",
+                        f"handshake failed ({_event_name(event['event'])}): "
+                        "the peer presented no data-plane credentials",
+                    )
+            except zmq.ZMQError as exc:  # the context is going away
+                if not self._stop.is_set():
+                    log.error("rank %d: data-plane gatekeeper stopped: %s", self.rank, exc)
+                return
+
+    def _answer(self, request: list[bytes]) -> None:
+        """Reply to one ZAP request (RFC 27): 200 for the job's credentials, else 400."""
+        if len(request) < 6:  # version, request id, domain, address, identity, mechanism
+            log.error("rank %d: malformed ZAP request of %d frames", self.rank, len(request))
+            self._zap.send_multipart(
+                [
+                    b"1.0",
+                    request[1] if len(request) > 1 else b"",
+                    b"500",
+                    b"malformed request",
+                    b"",
+                    b"",
+                ]
+            )
+            return
+        request_id, address, mechanism, creds = request[1], request[3], request[5], request[6:]
+        ok = (
+            mechanism == b"PLAIN"
+            and len(creds) == 2
+            and creds[0] == USER
+            and hmac.compare_digest(creds[1], self.password)
+        )
+        status = (b"200", b"OK") if ok else (b"400", b"wrong data-plane credentials")
+        self._zap.send_multipart([b"1.0", request_id, *status, b"", b""])
+        if not ok:
+            what = "a wrong password" if creds[:1] == [USER] else "unknown credentials"
+            peer = address.decode(errors="replace")
+            self._refused(peer, f"{mechanism.decode(errors='replace')} with {what}")
+
+    def _refused(self, peer: str, reason: str) -> None:
+        self.stats.refused_connections += 1
+        self._drops.drop(f"rank {self.rank} refused a data-plane connection: {reason}", peer)
+
+
+def _event_name(event: int) -> str:
+    for name in ("HANDSHAKE_FAILED_PROTOCOL", "HANDSHAKE_FAILED_NO_DETAIL"):
+        if event == getattr(zmq, f"EVENT_{name}"):
+            return name.lower()
+    return str(event)
