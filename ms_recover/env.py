@@ -1,7 +1,8 @@
 """Names of the environment variables ms_recover reads or sets (DESIGN.md §6).
 
 The MindCluster / msrun names come first; ours are prefixed ``MS_RECOVER_``. Only
-:func:`ms_recover.config.JobConfig.from_env` and the agent's child-env builder touch them.
+:func:`ms_recover.config.JobConfig.from_env`, the agent's child-env builder and the MindSpore
+cluster of ``ms-recover bench allreduce`` (:mod:`ms_recover.bench.mscluster`) touch them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 # Injected by the Ascend Operator / msrun.
 TASK_ID = "MINDX_TASK_ID"
 SCHED_HOST = "MS_SCHED_HOST"
+SCHED_PORT = "MS_SCHED_PORT"
+TOPO_TIMEOUT = "MS_TOPO_TIMEOUT"
 POD_IP = "POD_IP"
 WORKER_NUM = "MS_WORKER_NUM"
 LOCAL_WORKER = "MS_LOCAL_WORKER"

@@ -1,36 +1,260 @@
-"""Host allreduce bus bandwidth against a raw loopback socket copy (``ms-recover bench allreduce``).
+"""Host allreduce bus bandwidth against MindSpore's CPU AllReduce and a raw socket copy.
 
-Each rank is its own process (multiprocessing ``spawn``) with a :class:`HostBackend` on a
-127.0.0.1 ephemeral port. A timed allreduce starts after a barrier; the time of one repetition is
-the slowest rank's, and the reported time is the median over repetitions. Bus bandwidth is
-``2 * (n - 1) / n * bytes / time``, the traffic each rank's link carries in a ring, so it
-compares directly with the baseline: one process copying the same bytes to another through a
-plain TCP socket (``sendall`` / ``recv_into``, no ZeroMQ, no numpy).
+This is ``ms-recover bench allreduce``. DESIGN.md §8 holds the host allreduce to two targets on
+the same float32 tensors:
+
+* at least 5x the bus bandwidth of MindSpore's own CPU AllReduce;
+* at least 50 % of a raw loopback socket copy.
+
+Three things are measured:
+
+* **host**: each rank is its own process (multiprocessing ``spawn``) with a
+  :class:`HostBackend` on a 127.0.0.1 ephemeral port;
+* **MindSpore**: ``ops.AllReduce()`` on a local CPU cluster (mccl), formed as msrun forms
+  one, with a scheduler process and one worker process per rank (see
+  :mod:`ms_recover.bench.mscluster`). Forming it is flaky on a small host: it has a deadline
+  and is retried. If it still does not form, its rows say "not measured" and the notes say
+  why. ``--no-mindspore`` skips it;
+* **socket copy**: one process copies the same bytes to another through a plain TCP socket
+  (``sendall`` / ``recv_into``; no ZeroMQ, no numpy).
+
+Each allreduce result is checked once. A timed call starts after a barrier, a repetition
+takes as long as its slowest rank, and the reported time is the median over repetitions. Bus
+bandwidth is ``2 * (n - 1) / n * bytes / time``: the traffic each rank's link carries in a
+ring. It compares directly with the socket copy's ``bytes / time``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing as mp
+import os
 import socket
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ms_recover.errors import MsRecoverError
+from ms_recover.bench import mscluster
+from ms_recover.bench.table import Measure, Report
+from ms_recover.errors import ConfigError, MsRecoverError
 
 MB = 1 << 20
 GB = 1e9
 CHILD_TIMEOUT_S = 600.0
+VS_MINDSPORE_X = 5.0
+VS_COPY_PCT = 50.0
+SETTINGS = (
+    "world",
+    "repeats",
+    "chunk_kb",
+    "io_threads",
+    "mindspore",
+    "ms_form_timeout",
+    "ms_tries",
+    "ms_timeout",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeResult:
+    """The times of one tensor size, in seconds (``mindspore_s`` None: not measured)."""
+
+    size_mb: float
+    nbytes: int
+    host_s: float
+    copy_s: float
+    mindspore_s: float | None
+
+
+def element_count(size_mb: float) -> int:
+    """float32 elements in a tensor of ``size_mb`` MiB (at least one)."""
+    return max(1, int(size_mb * MB) // 4)
+
+
+def slowest_median(runs: Sequence[Sequence[float]]) -> float:
+    """Median over repetitions of the slowest rank's time (``runs``: per rank, per repetition)."""
+    return float(statistics.median(max(ts) for ts in zip(*runs, strict=True)))
+
+
+def busbw_gbps(nbytes: int, world: int, seconds: float) -> float:
+    return 2 * (world - 1) / world * nbytes / seconds / GB
+
+
+def size_measures(r: SizeResult, world: int, repeats: int) -> list[Measure]:
+    """The rows of one size: bandwidths, and both §8 targets with their verdicts."""
+    host = busbw_gbps(r.nbytes, world, r.host_s)
+    copy = r.nbytes / r.copy_s / GB
+    ms = None if r.mindspore_s is None else busbw_gbps(r.nbytes, world, r.mindspore_s)
+    how = f"median of {repeats}, slowest of {world} ranks"
+    head = f"{r.size_mb:g} MiB:"
+    return [
+        Measure(
+            f"{head} host allreduce busbw", host, "GB/s", note=f"{r.host_s * 1e3:.2f} ms, {how}"
+        ),
+        Measure(
+            f"{head} MindSpore AllReduce busbw",
+            ms,
+            "GB/s",
+            note="not measured"
+            if r.mindspore_s is None
+            else f"{r.mindspore_s * 1e3:.2f} ms, {how}",
+        ),
+        Measure(
+            f"{head} host / MindSpore busbw",
+            None if ms is None else host / ms,
+            "x",
+            ">=",
+            VS_MINDSPORE_X,
+            note="not measured: no MindSpore time" if ms is None else "",
+        ),
+        Measure(f"{head} loopback socket copy", copy, "GB/s", note=f"{r.copy_s * 1e3:.2f} ms"),
+        Measure(f"{head} host busbw / socket copy", host / copy * 100, "%", ">=", VS_COPY_PCT),
+    ]
+
+
+def build_report(
+    results: Sequence[SizeResult],
+    world: int,
+    repeats: int,
+    outcome: mscluster.Outcome,
+    settings: Mapping[str, Any],
+    samples: Mapping[str, Any],
+) -> Report:
+    """The §8 table: one block of rows per size, and why MindSpore was not measured, if not."""
+    rep = Report(
+        "allreduce",
+        f"ms-recover bench allreduce: host allreduce (ZeroMQ ring) vs MindSpore CPU "
+        f"AllReduce (mccl) and a loopback socket copy, {world} ranks, float32",
+    )
+    for r in results:
+        rep.add(*size_measures(r, world, repeats))
+    rep.settings = dict(settings)
+    rep.samples = {**samples, "mindspore_tries": list(outcome.tries)}
+    rep.notes = [
+        "busbw = 2 (n-1)/n x bytes / time; time = median over repetitions of the slowest "
+        "rank, each repetition started after a barrier.",
+        f"Every process shares this host's {os.cpu_count()} CPUs.",
+    ]
+    if outcome.times is None:
+        rep.notes.append(f"MindSpore CPU AllReduce not measured: {outcome.reason}")
+    elif outcome.tries:
+        earlier = "; ".join(outcome.tries)
+        rep.notes.append(f"MindSpore cluster formed on try {len(outcome.tries) + 1}: {earlier}")
+    return rep
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sizes",
+        type=float,
+        nargs="+",
+        default=[1.0, 16.0, 64.0],
+        metavar="MB",
+        help="tensor sizes in MiB of float32 (default: 1 16 64)",
+    )
+    parser.add_argument("--world", type=int, default=2, help="ranks, one process each")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per size")
+    parser.add_argument("--chunk-kb", type=int, default=1024, help="host backend chunk size")
+    parser.add_argument("--io-threads", type=int, default=2, help="ZeroMQ I/O threads per rank")
+    parser.add_argument(
+        "--mindspore",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time MindSpore's CPU AllReduce, the 5x target's baseline (default on)",
+    )
+    parser.add_argument(
+        "--ms-form-timeout",
+        type=float,
+        default=120.0,
+        help="seconds for the MindSpore cluster to form, per try (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ms-tries", type=int, default=3, help="tries to form the MindSpore cluster (default 3)"
+    )
+    parser.add_argument(
+        "--ms-timeout",
+        type=float,
+        default=600.0,
+        help="seconds for the formed MindSpore cluster to report (default %(default)s)",
+    )
+    parser.add_argument("--workdir", help="MindSpore cluster logs go here (default: a temp dir)")
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = list(dict.fromkeys(args.sizes))  # one measurement per distinct size
+    _validate(args, sizes)
+    counts = {size: element_count(size) for size in sizes}
+    distinct = list(dict.fromkeys(counts.values()))
+    print(f"allreduce: host backend, {args.world} ranks ...", flush=True)
+    host = _allreduce_times(
+        distinct, args.world, args.repeats, args.chunk_kb * 1024, args.io_threads
+    )
+    print("allreduce: loopback socket copy ...", flush=True)
+    copy = _socket_copy_times([n * 4 for n in distinct], args.repeats)
+    workdir, outcome = _mindspore(args, distinct)
+    ms = outcome.times or {}
+    results = [
+        SizeResult(
+            size,
+            n * 4,
+            slowest_median(host[n]),
+            copy[n * 4],
+            slowest_median(ms[n]) if n in ms else None,
+        )
+        for size, n in counts.items()
+    ]
+    settings = {k: getattr(args, k) for k in SETTINGS} | {"sizes_mb": sizes, "workdir": workdir}
+    samples = {
+        "host_s": {str(s): host[n] for s, n in counts.items()},
+        "mindspore_s": {str(s): ms.get(n) for s, n in counts.items()},
+        "socket_copy_s": {str(s): copy[n * 4] for s, n in counts.items()},
+    }
+    report = build_report(results, args.world, args.repeats, outcome, settings, samples)
+    return report.emit(args.json)
+
+
+def _mindspore(args: argparse.Namespace, counts: list[int]) -> tuple[str, mscluster.Outcome]:
+    """The MindSpore baseline's times, or why there are none; and where its logs are."""
+    if not args.mindspore:
+        return "", mscluster.Outcome(None, "skipped (--no-mindspore)")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-allreduce-")
+    print(
+        f"allreduce: MindSpore CPU cluster, {args.world} ranks (logs in {workdir}) ...", flush=True
+    )
+    plan = mscluster.Plan(tuple(counts), args.world, args.repeats)
+    limits = mscluster.Limits(args.ms_form_timeout, args.ms_timeout, args.ms_tries)
+    return workdir, mscluster.measure(plan, Path(workdir), limits)
+
+
+def _validate(args: argparse.Namespace, sizes: list[float]) -> None:
+    problems = [
+        f"--world must be >= 2, got {args.world}" if args.world < 2 else "",
+        f"--repeats must be >= 1, got {args.repeats}" if args.repeats < 1 else "",
+        f"--sizes must be > 0, got {sizes}" if min(sizes) <= 0 else "",
+        f"--chunk-kb must be >= 1, got {args.chunk_kb}" if args.chunk_kb < 1 else "",
+        f"--io-threads must be >= 1, got {args.io_threads}" if args.io_threads < 1 else "",
+        f"--ms-tries must be >= 1, got {args.ms_tries}" if args.ms_tries < 1 else "",
+        f"--ms-form-timeout must be > 0, got {args.ms_form_timeout}"
+        if args.ms_form_timeout <= 0
+        else "",
+        f"--ms-timeout must be > 0, got {args.ms_timeout}" if args.ms_timeout <= 0 else "",
+    ]
+    if any(problems):
+        raise ConfigError("bench allreduce: " + "; ".join(p for p in problems if p))
 
 
 def _rank_main(
     rank: int,
     world: int,
-    sizes_mb: list[float],
+    counts: list[int],
     repeats: int,
     chunk_bytes: int,
     io_threads: int,
@@ -47,18 +271,20 @@ def _rank_main(
         up.put((rank, backend.endpoint))
         backend.init(1, down.get(timeout=CHILD_TIMEOUT_S))
         backend.barrier()
-        for size in sizes_mb:
-            x = np.full(max(1, int(size * MB) // 4), rank + 1, dtype=np.float32)
+        expected = world * (world + 1) / 2
+        for n in counts:
+            x = np.full(n, rank + 1, dtype=np.float32)
             out = backend.allreduce(x)  # warm-up, and a correctness check
-            if out[0] != world * (world + 1) / 2:
-                raise MsRecoverError(f"rank {rank}: allreduce gave {out[0]}")
+            if not np.all(out == expected):
+                bad = int(np.flatnonzero(out != expected)[0])
+                raise MsRecoverError(f"rank {rank}: element {bad} is {out[bad]}, not {expected}")
             times = []
             for _ in range(repeats):
                 backend.barrier()
                 start = time.perf_counter()
                 backend.allreduce(x)
                 times.append(time.perf_counter() - start)
-            results.put((rank, size, times))
+            results.put((rank, n, times))
     except BaseException as exc:  # reported to the parent, which raises
         results.put((rank, None, repr(exc)))
     finally:
@@ -66,8 +292,9 @@ def _rank_main(
 
 
 def _allreduce_times(
-    sizes_mb: list[float], world: int, repeats: int, chunk_bytes: int, io_threads: int
-) -> dict[float, float]:
+    counts: list[int], world: int, repeats: int, chunk_bytes: int, io_threads: int
+) -> dict[int, list[list[float]]]:
+    """Element count -> each rank's seconds per repetition of the host allreduce."""
     ctx = mp.get_context("spawn")
     up, results = ctx.Queue(), ctx.Queue()
     downs = [ctx.Queue() for _ in range(world)]
@@ -75,7 +302,7 @@ def _allreduce_times(
         ctx.Process(
             target=_rank_main,
             daemon=True,
-            args=(r, world, sizes_mb, repeats, chunk_bytes, io_threads, up, downs[r], results),
+            args=(r, world, counts, repeats, chunk_bytes, io_threads, up, downs[r], results),
         )
         for r in range(world)
     ]
@@ -85,23 +312,19 @@ def _allreduce_times(
         members = dict(up.get(timeout=CHILD_TIMEOUT_S) for _ in range(world))
         for down in downs:
             down.put(members)
-        per_size: dict[float, list[list[float]]] = {size: [] for size in sizes_mb}
-        for _ in range(world * len(sizes_mb)):
-            rank, size, times = results.get(timeout=CHILD_TIMEOUT_S)
-            if size is None:
+        per_count: dict[int, list[list[float]]] = {n: [] for n in counts}
+        for _ in range(world * len(counts)):
+            rank, n, times = results.get(timeout=CHILD_TIMEOUT_S)
+            if n is None:
                 raise MsRecoverError(f"bench rank {rank} failed: {times}")
-            per_size[size].append(times)
+            per_count[n].append(times)
     finally:
         for proc in procs:
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    # One repetition takes as long as its slowest rank.
-    return {
-        size: statistics.median(max(ts) for ts in zip(*runs, strict=True))
-        for size, runs in per_size.items()
-    }
+    return per_count
 
 
 def _copy_receiver(sizes: list[int], repeats: int, port_q: Any) -> None:
@@ -146,81 +369,10 @@ def _socket_copy_times(sizes: list[int], repeats: int) -> dict[int, float]:
     return out
 
 
-def run(
-    sizes_mb: list[float], world: int, repeats: int, chunk_bytes: int = 1 << 20, io_threads: int = 2
-) -> list[dict[str, Any]]:
-    """Measure every size; one row per size (times in seconds, bandwidths in GB/s)."""
-    if world < 2 or repeats < 1 or not sizes_mb or min(sizes_mb) <= 0:
-        raise MsRecoverError(
-            f"bench needs world >= 2, repeats >= 1 and sizes > 0; got world="
-            f"{world}, repeats={repeats}, sizes={sizes_mb}"
-        )
-    reduce_times = _allreduce_times(sizes_mb, world, repeats, chunk_bytes, io_threads)
-    nbytes = {size: max(1, int(size * MB) // 4) * 4 for size in sizes_mb}
-    copy_times = _socket_copy_times(sorted(set(nbytes.values())), repeats)
-    rows = []
-    for size in sizes_mb:
-        seconds, copy_bw = reduce_times[size], nbytes[size] / copy_times[nbytes[size]] / GB
-        busbw = 2 * (world - 1) / world * nbytes[size] / seconds / GB
-        rows.append(
-            {
-                "size_mb": size,
-                "world": world,
-                "seconds": seconds,
-                "algbw_gbps": nbytes[size] / seconds / GB,
-                "busbw_gbps": busbw,
-                "socket_copy_gbps": copy_bw,
-                "busbw_vs_copy": busbw / copy_bw,
-            }
-        )
-    return rows
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        f"{'size MB':>8} {'world':>5} {'time ms':>9} {'algbw GB/s':>10} {'busbw GB/s':>10} "
-        f"{'socket GB/s':>11} {'busbw/socket':>12}"
-    ]
-    for r in rows:
-        lines.append(
-            f"{r['size_mb']:>8g} {r['world']:>5} {r['seconds'] * 1e3:>9.2f} "
-            f"{r['algbw_gbps']:>10.2f} {r['busbw_gbps']:>10.2f} "
-            f"{r['socket_copy_gbps']:>11.2f} {r['busbw_vs_copy']:>11.0%}"
-        )
-    return "\n".join(lines)
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--sizes",
-        type=float,
-        nargs="+",
-        default=[1.0, 16.0, 64.0],
-        metavar="MB",
-        help="tensor sizes in MiB of float32 (default: 1 16 64)",
-    )
-    parser.add_argument("--world", type=int, default=2, help="ranks, one process each")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per size")
-    parser.add_argument("--chunk-kb", type=int, default=1024, help="host backend chunk size")
-    parser.add_argument("--io-threads", type=int, default=2, help="ZeroMQ I/O threads per rank")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    rows = run(
-        args.sizes,
-        args.world,
-        args.repeats,
-        chunk_bytes=args.chunk_kb * 1024,
-        io_threads=args.io_threads,
-    )
-    print(format_table(rows))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ms-recover bench allreduce", description=__doc__)
     configure(parser)
-    return run_cli(parser.parse_args(argv))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -108,3 +108,30 @@ def test_bench_help_lists_every_benchmark() -> None:
     assert out.returncode == 0, out.stderr
     for name in ("detect", "recovery", "overhead", "controlplane", "allreduce"):
         assert name in out.stdout
+
+
+def test_allreduce_without_mindspore_reports_host_and_socket_copy(tmp_path: Path) -> None:
+    path = tmp_path / "allreduce.json"
+    out, _ = _bench(
+        "allreduce", "--no-mindspore", "--sizes", "0.25", "--repeats", "2", "--json", str(path)
+    )
+    assert out.returncode == 0, out.stderr
+    assert "MindSpore CPU AllReduce not measured: skipped (--no-mindspore)" in out.stdout
+    report = json.loads(path.read_text())
+    assert report["bench"] == "allreduce" and report["settings"]["mindspore"] is False
+    host = report["samples"]["host_s"]["0.25"]
+    assert len(host) == 2 and all(len(rank) == 2 and min(rank) > 0 for rank in host)
+    assert report["samples"]["mindspore_s"] == {"0.25": None}
+    m = _measures(report)
+    assert m["0.25 MiB: host allreduce busbw"]["value"] > 0
+    assert m["0.25 MiB: MindSpore AllReduce busbw"]["value"] is None
+    ratio = m["0.25 MiB: host / MindSpore busbw"]
+    assert (ratio["value"], ratio["limit"], ratio["pass"]) == (None, 5, None)
+    copy = m["0.25 MiB: host busbw / socket copy"]
+    assert copy["limit"] == 50 and copy["pass"] in (True, False)
+
+
+def test_allreduce_rejects_bad_settings() -> None:
+    out, _ = _bench("allreduce", "--world", "1", "--ms-tries", "0", timeout=30)
+    assert out.returncode == 2
+    assert "--world must be >= 2, got 1; --ms-tries must be >= 1, got 0" in out.stderr
