@@ -58,59 +58,50 @@ def configure_client(sock: zmq.Socket[bytes], password: bytes) -> None:
 class Gatekeeper:
     """The ZAP handler of one rank's ZeroMQ context, and the log of refused connections.
 
-    Create it before the ROUTER binds (libzmq consults ZAP only if a handler is bound), then
-    :meth:`guard` the ROUTER. :meth:`close` before the context is terminated.
+    Build it before ``router`` binds (libzmq consults ZAP only if a handler is bound); it makes
+    the ROUTER a PLAIN server. :meth:`close` it before the context is terminated.
     """
 
     def __init__(
-        self, ctx: zmq.Context[zmq.Socket[bytes]], password: bytes, rank: int, stats: WireStats
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        router: zmq.Socket[bytes],
+        password: bytes,
+        rank: int,
+        stats: WireStats,
     ) -> None:
         self.password, self.rank, self.stats = password, rank, stats
         self._drops = DropLog(log)
-        self._ctx = ctx
         self._zap: zmq.Socket[bytes] = ctx.socket(zmq.REP)
         self._zap.linger = 0
         self._zap.bind(ZAP_ENDPOINT)
-        self._monitor: zmq.Socket[bytes] | None = None
-        self._router: zmq.Socket[bytes] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def guard(self, router: zmq.Socket[bytes]) -> None:
-        """Make ``router`` a PLAIN server (before it binds) and start answering."""
         router.plain_server = True
         self._router = router
         self._monitor = router.get_monitor_socket(_REFUSED_BY_ZMQ)
+        self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, name=f"ms-recover-gate-{self.rank}", daemon=True
+            target=self._run, name=f"ms-recover-gate-{rank}", daemon=True
         )
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread and close its sockets. Idempotent."""
+        """Stop the thread and close its sockets. Call once, before closing the ROUTER."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._router is not None:
-            self._router.disable_monitor()
-            self._router = None
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None
+        self._thread.join()
+        self._router.disable_monitor()
+        self._monitor.close(linger=0)
         self._zap.close(linger=0)
 
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._zap, zmq.POLLIN)
-        if self._monitor is not None:
-            poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while not self._stop.is_set():
             try:
                 ready = dict(poller.poll(POLL_MS))
                 if self._zap in ready:
                     self._answer(self._zap.recv_multipart())
-                if self._monitor is not None and self._monitor in ready:
+                if self._monitor in ready:
                     event = recv_monitor_message(self._monitor)
                     self._refused(
                         "?",
@@ -126,16 +117,8 @@ class Gatekeeper:
         """Reply to one ZAP request (RFC 27): 200 for the job's credentials, else 400."""
         if len(request) < 6:  # version, request id, domain, address, identity, mechanism
             log.error("rank %d: malformed ZAP request of %d frames", self.rank, len(request))
-            self._zap.send_multipart(
-                [
-                    b"1.0",
-                    request[1] if len(request) > 1 else b"",
-                    b"500",
-                    b"malformed request",
-                    b"",
-                    b"",
-                ]
-            )
+            request_id = request[1] if len(request) > 1 else b""
+            self._zap.send_multipart([b"1.0", request_id, b"500", b"", b"", b""])
             return
         request_id, address, mechanism, creds = request[1], request[3], request[5], request[6:]
         ok = (

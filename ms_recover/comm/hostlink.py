@@ -61,8 +61,7 @@ class Link:
         self._router = self._socket(zmq.ROUTER)
         self._gate: Gatekeeper | None = None
         if password is not None:
-            self._gate = Gatekeeper(self._ctx, password, rank, sink.stats)
-            self._gate.guard(self._router)
+            self._gate = Gatekeeper(self._ctx, self._router, password, rank, sink.stats)
         try:
             port = self._router.bind_to_random_port(f"tcp://{bind_host}")
         except zmq.ZMQError as exc:

@@ -16,8 +16,14 @@ from zmq.utils.garbage import GarbageCollectorThread
 from ms_recover.comm import hoststream
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.comm.host import HostBackend
-from ms_recover.comm.hostauth import USER, configure_client, data_plane_password
-from ms_recover.comm.hostwire import P2P, Header
+from ms_recover.comm.hostauth import (
+    USER,
+    ZAP_ENDPOINT,
+    Gatekeeper,
+    configure_client,
+    data_plane_password,
+)
+from ms_recover.comm.hostwire import P2P, Header, WireStats
 from ms_recover.errors import CommError, Interrupted
 
 pytestmark = pytest.mark.timeout(60)
@@ -487,3 +493,24 @@ def test_peers_without_the_job_password_are_refused_and_logged(
         sock.send_multipart(msg)
     assert b1.recv(0, tag="t")["v"][0] == 7.0
     assert b1.stats.delivered == 2  # manifest and one data chunk, from the one good peer
+
+
+def test_the_gatekeeper_speaks_zap() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    gate = Gatekeeper(ctx, router, PASSWORD, 0, WireStats())
+    client = ctx.socket(zmq.REQ)
+    client.connect(ZAP_ENDPOINT)
+    try:
+        request = [b"1.0", b"7", b"", b"10.0.0.9", b"", b"PLAIN", USER]
+        for creds, status in (([PASSWORD], b"200"), ([b"nope"], b"400"), ([], b"400")):
+            client.send_multipart(request + creds)
+            assert client.recv_multipart()[:3] == [b"1.0", b"7", status]
+        client.send_multipart([b"1.0", b"8"])  # malformed: answered, not fatal
+        assert client.recv_multipart()[:3] == [b"1.0", b"8", b"500"]
+        assert gate.stats.refused_connections == 2
+    finally:
+        client.close(linger=0)
+        gate.close()
+        router.close(linger=0)
+        ctx.term()
