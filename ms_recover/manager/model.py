@@ -80,6 +80,7 @@ class RankInfo:
     incarnation: int = -1
     pid: int = 0
     endpoint: str = ""
+    endpoint_epoch: int = 0  # the model epoch when ``endpoint`` was (re)registered
     shard: int = 0
     committed_step: int = -1
     last_seen: float = 0.0
@@ -150,7 +151,7 @@ class JobModel:
     config: JobConfig
     state: JobState = JobState.FORMING
     epoch: int = 0
-    ranks: dict[int, RankInfo] = dataclasses.field(default_factory=dict)
+    ranks: dict[int, RankInfo] = dataclasses.field(default_factory=dict)  # 0..N-1, in order
     agents: dict[int, AgentInfo] = dataclasses.field(default_factory=dict)
     pending: list[Fault] = dataclasses.field(default_factory=list)
     round: Round | None = None
@@ -184,7 +185,7 @@ class JobModel:
 
     def members(self) -> dict[int, RankInfo]:
         """The active ranks (the data-plane world), by rank id."""
-        return {r: i for r, i in sorted(self.ranks.items()) if r in self.active}
+        return {r: i for r, i in self.ranks.items() if r in self.active}  # ranks is in rank order
 
     def live_ranks(self) -> list[int]:
         return [r for r, info in self.ranks.items() if info.alive]

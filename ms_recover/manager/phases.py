@@ -32,6 +32,7 @@ from ms_recover.protocol.messages import (
     Rebuild,
     Repair,
     Resume,
+    runs,
 )
 from ms_recover.strategy import Strategy
 
@@ -41,13 +42,26 @@ def _forming(m: JobModel, now: float) -> list[Action]:
         return []
     reason = f"all {len(m.ranks)} ranks registered"
     rnd = Round(epoch=m.epoch + 1, strategy=None, started=now, incident_start=now, phase_start=now)
-    return [StartRound(reason, rnd), _rebuild(m), Transition(reason, JobState.REBUILDING)]
+    return [StartRound(reason, rnd), *_rebuild(m), Transition(reason, JobState.REBUILDING)]
 
 
-def _rebuild(m: JobModel, active: frozenset[int] | None = None) -> SendRanks:
-    world = m.active if active is None else active
-    members = {r: i.endpoint for r, i in sorted(m.ranks.items()) if r in world}
-    return SendRanks("rebuild", tuple(members), Rebuild(members, m.group_log.to_wire()))
+def _rebuild(m: JobModel, active: frozenset[int] | None = None) -> list[SendRanks]:
+    """REBUILD for every member: each gets the endpoints registered since its last rebuild
+    (a rank that never acknowledged one, in this incarnation, gets all of them)."""
+    world = sorted(m.active if active is None else active)
+    wire_world, group_log = runs(world), m.group_log.to_wire()
+    by_known: dict[int, list[int]] = {}
+    for r in world:
+        by_known.setdefault(m.ranks[r].acked.get("rebuild", -1), []).append(r)
+    sends = []
+    for known, ranks in sorted(by_known.items()):
+        full = known < 0
+        endpoints = {
+            q: m.ranks[q].endpoint for q in world if full or m.ranks[q].endpoint_epoch >= known
+        }
+        msg = Rebuild(wire_world, endpoints, full, group_log)
+        sends.append(SendRanks("rebuild", tuple(ranks), msg))
+    return sends
 
 
 def _stopping(m: JobModel, now: float) -> list[Action]:
@@ -69,14 +83,14 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
         reason = f"elastic-training: data-parallel world is now ranks {sorted(rnd.new_active)}"
         return actions + [
             SetActive(reason, rnd.new_active),
-            _rebuild(m, rnd.new_active),
+            *_rebuild(m, rnd.new_active),
             UpdateRound(reason, {"phase_start": now}),
             Transition(reason, JobState.REBUILDING),
         ]
     if not unstopped and not missing:
         reason = f"survivors stopped, ranks {sorted(rnd.replace_ranks)} replaced"
         return actions + [
-            _rebuild(m),
+            *_rebuild(m),
             UpdateRound(reason, {"phase_start": now}),
             Transition(reason, JobState.REBUILDING),
         ]

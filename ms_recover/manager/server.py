@@ -26,7 +26,7 @@ from ms_recover.manager.model import Fault, JobModel, JobState
 from ms_recover.manager.status import status_of
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
-from ms_recover.transport import make_socket
+from ms_recover.transport import make_socket, send_frames
 
 log = logging.getLogger("ms_recover.manager")
 
@@ -161,7 +161,7 @@ class ManagerServer(Executor):
         frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
         for identity in identities:
             try:
-                self._sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+                send_frames(self._sock, [identity, *frames])
             except zmq.ZMQError as exc:
                 log.warning("send %s to %r failed: %s", msg.KIND.decode(), identity, exc)
 
@@ -267,6 +267,7 @@ class ManagerServer(Executor):
             msg.shard,
             msg.committed_step,
         )
+        info.endpoint_epoch = m.epoch
         info.last_seen = info.last_progress = now
         info.acked, info.repair_failure, info.done = {}, None, False
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks

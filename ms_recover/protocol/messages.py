@@ -205,11 +205,44 @@ class Stop(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Rebuild(Message):
-    """manager -> worker: rebuild the world and every logged group with these data endpoints."""
+    """manager -> worker: rebuild the world and every logged group.
+
+    ``world`` lists the member ranks as inclusive ``[first, last]`` runs (see :func:`runs`).
+    ``endpoints`` holds data endpoints: every member's when ``full``, else only those that may
+    have changed since the last Rebuild this rank acknowledged; it keeps the others from then.
+    So after a rank is replaced, survivors get one endpoint, not the whole world's.
+    """
 
     KIND: ClassVar[bytes] = b"rebuild"
-    members: dict[int, str]
+    world: list[list[int]]
+    endpoints: dict[int, str]
+    full: bool
     group_log: list[list[Any]]
+
+
+def runs(ranks: typing.Iterable[int]) -> list[list[int]]:
+    """Ranks as inclusive ``[first, last]`` runs: ``[5, 0, 1, 2]`` -> ``[[0, 2], [5, 5]]``."""
+    out: list[list[int]] = []
+    for r in sorted(ranks):
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
+def ranks_of(world: list[list[int]], world_size: int) -> list[int]:
+    """The ranks of :func:`runs` output; ValueError naming the problem for a malformed list."""
+    ranks: list[int] = []
+    for run in world:
+        if len(run) != 2 or not 0 <= run[0] <= run[1] < world_size:
+            raise ValueError(
+                f"bad rank run {run!r}: need [first, last], 0 <= first <= last < {world_size}"
+            )
+        if ranks and run[0] <= ranks[-1]:
+            raise ValueError(f"rank runs overlap or are out of order at {run!r}")
+        ranks.extend(range(run[0], run[1] + 1))
+    return ranks
 
 
 @dataclasses.dataclass(frozen=True)

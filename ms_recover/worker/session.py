@@ -76,6 +76,7 @@ class Session:
         self._await_manager = False
         self._report_next_commit = False
         self.members: list[int] = list(range(backend.world_size))
+        self._endpoints: dict[int, str] = {}  # every data endpoint REBUILD has sent so far
         self.link: ManagerLink | None = None
         if not standalone:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
@@ -261,8 +262,9 @@ class Session:
         elif isinstance(msg, M.Stop):
             self.link.send(M.Stopped(self.rank, self.committed, self._digest()), epoch)
         elif isinstance(msg, M.Rebuild):
-            self.comm.rebuild(epoch, dict(msg.members), GroupLog.from_wire(msg.group_log))
-            self.members = sorted(msg.members)
+            members = self._members_of(msg)
+            self.comm.rebuild(epoch, members, GroupLog.from_wire(msg.group_log))
+            self.members = sorted(members)
             self.link.send(M.Rebuilt(self.rank), epoch)
         elif isinstance(msg, M.Repair):
             self._repair(epoch, msg)
@@ -278,6 +280,23 @@ class Session:
         elif isinstance(msg, M.Exit):
             self._exit(msg)
         return False
+
+    def _members_of(self, msg: M.Rebuild) -> dict[int, str]:
+        """Rank -> data endpoint of the new world: the endpoints sent now over those known."""
+        if msg.full:
+            self._endpoints = {}
+        self._endpoints.update(msg.endpoints)
+        try:
+            world = M.ranks_of(msg.world, self.comm.world_size)
+        except ValueError as exc:
+            raise RecoveryError(f"rank {self.rank}: malformed REBUILD: {exc}") from exc
+        unknown = [r for r in world if r not in self._endpoints]
+        if unknown:
+            raise RecoveryError(
+                f"rank {self.rank}: REBUILD names ranks {unknown} whose data "
+                "endpoints it was never sent"
+            )
+        return {r: self._endpoints[r] for r in world}
 
     def _dump(self, epoch: int, msg: M.Dump) -> None:
         assert self.link is not None

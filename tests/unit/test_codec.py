@@ -75,7 +75,9 @@ SAMPLES: dict[bytes, M.Message] = {
         ),
         M.Stop(reason="rank 3 died"),
         M.Rebuild(
-            members={0: "tcp://a:1", 1: "tcp://b:2", 2: "tcp://c:3", 3: "tcp://d:4"},
+            world=[[0, 3]],
+            endpoints={0: "tcp://a:1", 1: "tcp://b:2", 2: "tcp://c:3", 3: "tcp://d:4"},
+            full=True,
             group_log=[["dp0", [0, 2]]],
         ),
         M.Repair(target_step=12, attempt=0, send_to=[3], recv_from=-1),
@@ -132,7 +134,7 @@ def test_round_trip(codec: Codec, kind: bytes) -> None:
 def test_int_keys_survive_the_wire(codec: Codec) -> None:
     env = codec.decode(codec.encode(SAMPLES[M.Rebuild.KIND], 1, "manager", 1))
     assert isinstance(env.msg, M.Rebuild)
-    assert sorted(env.msg.members) == [0, 1, 2, 3]
+    assert sorted(env.msg.endpoints) == [0, 1, 2, 3]
     hb = codec.decode(codec.encode(SAMPLES[M.AgentHeartbeat.KIND], 1, "agent:1", 1)).msg
     assert isinstance(hb, M.AgentHeartbeat) and hb.pids == {2: 100, 3: -1}
 
@@ -293,7 +295,8 @@ def test_wrong_field_types(codec: Codec, kind: bytes, body: dict[str, Any], fiel
     [
         (M.GroupCreated.KIND, {"rank": 0, "name": "dp0", "ranks": ["a"]}),
         (M.AgentHeartbeat.KIND, {"node_rank": 0, "pids": {"x": "y"}}),
-        (M.Rebuild.KIND, {"members": {"0": 5}, "group_log": []}),
+        (M.Rebuild.KIND, {"world": [[0, 1]], "endpoints": {"0": 5}, "full": True, "group_log": []}),
+        (M.Rebuild.KIND, {"world": [["a", 1]], "endpoints": {}, "full": True, "group_log": []}),
     ],
 )
 def test_wrong_element_types(codec: Codec, kind: bytes, body: dict[str, Any]) -> None:
@@ -428,3 +431,27 @@ def test_drop_log_distinct_reasons_sharing_a_first_word(
         drops.drop("bad MAC (wrong secret or tampered frame)", "peer-a")
         drops.drop("bad magic/version b'msr0', expected b'msr1'", "peer-b")
     assert len(_drop_lines(caplog)) == 2
+
+
+@pytest.mark.parametrize(
+    ("ranks", "wire"),
+    [([], []), ([0, 1, 2, 3], [[0, 3]]), ([3, 0, 1, 5], [[0, 1], [3, 3], [5, 5]])],
+)
+def test_rank_runs_round_trip(ranks: list[int], wire: list[list[int]]) -> None:
+    assert M.runs(ranks) == wire
+    assert M.ranks_of(wire, 8) == sorted(ranks)
+
+
+@pytest.mark.parametrize(
+    ("wire", "problem"),
+    [
+        ([[0]], "need \\[first, last\\]"),
+        ([[2, 1]], "first <= last"),
+        ([[0, 8]], "last < 8"),
+        ([[-1, 0]], "0 <= first"),
+        ([[0, 3], [2, 5]], "overlap or are out of order"),
+    ],
+)
+def test_malformed_rank_runs_are_refused(wire: list[list[int]], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        M.ranks_of(wire, 8)

@@ -83,13 +83,14 @@ class Job:
         agent.is_scheduler = node == self.config.sched_node_rank
         self.server._agent_ids[node] = f"a{node}".encode()
 
-    def register_rank(self, rank: int, step: int = -1, shard: int = 0) -> None:
+    def register_rank(self, rank: int, step: int = -1, shard: int = 0, endpoint: str = "") -> None:
         info = self.model.ranks[rank]
         self._pid += 1
         info.registered = info.alive = True
         info.identity = f"r{rank}".encode()
         info.pid, info.incarnation = self._pid, info.incarnation + 1
-        info.endpoint, info.shard, info.committed_step = f"tcp://h{rank}:5{rank}", shard, step
+        info.endpoint = endpoint or f"tcp://h{rank}:5{rank}"
+        info.endpoint_epoch, info.shard, info.committed_step = self.model.epoch, shard, step
         info.last_seen = info.last_progress = self.now
         info.acked, info.repair_failure, info.done = {}, None, False
 
@@ -208,7 +209,10 @@ def test_forming_waits_for_every_rank(make_job: Callable[..., Job]) -> None:
     assert job.model.state is JobState.REBUILDING and job.model.epoch == 1
     rebuilds = msgs(job.take(), M.Rebuild)
     assert [who for who, _ in rebuilds] == ["r0", "r1", "r2", "r3"]
-    assert rebuilds[0][1].members == {r: f"tcp://h{r}:5{r}" for r in range(4)}
+    assert all(m == rebuilds[0][1] for _, m in rebuilds)
+    assert rebuilds[0][1] == M.Rebuild(
+        [[0, 3]], {r: f"tcp://h{r}:5{r}" for r in range(4)}, True, []
+    )
 
 
 def test_formation_round_runs_to_running_with_a_job_start_event(
@@ -457,6 +461,23 @@ def test_stopping_waits_for_survivors_and_replacements(make_job: Callable[..., J
     assert job.model.state is JobState.REBUILDING and job.model.epoch == epoch
     assert job.model.round is not None and job.model.round.replace_done == pytest.approx(T0 + 1.6)
     assert sorted(who for who, _ in msgs(job.take(), M.Rebuild)) == ["r0", "r1", "r2", "r3"]
+
+
+def test_survivors_get_only_the_new_endpoint_and_a_newcomer_gets_all(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.stopped([0, 1, 2], 10)
+    job.register_rank(3, endpoint="tcp://h3:7000")
+    job.tick()
+    rebuilds = dict(msgs(job.take(), M.Rebuild))
+    everyone = {0: "tcp://h0:50", 1: "tcp://h1:51", 2: "tcp://h2:52", 3: "tcp://h3:7000"}
+    assert rebuilds["r3"] == M.Rebuild([[0, 3]], everyone, True, [])
+    for survivor in ("r0", "r1", "r2"):
+        assert rebuilds[survivor] == M.Rebuild([[0, 3]], {3: "tcp://h3:7000"}, False, [])
 
 
 def test_a_stop_ack_of_an_older_epoch_does_not_count(make_job: Callable[..., Job]) -> None:

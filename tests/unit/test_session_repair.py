@@ -1,4 +1,5 @@
-"""A rank's side of REPAIR: what it loads, what it reports, and which steps it did not run."""
+"""A rank's side of REBUILD and REPAIR: what it builds, loads and reports, and which steps it
+did not run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
+from ms_recover.errors import RecoveryError
 from ms_recover.protocol import messages as M
 from ms_recover.worker import repair
 from ms_recover.worker.session import Session
@@ -95,3 +97,45 @@ def test_a_state_of_the_wrong_step_is_refused_and_nothing_changes():
     (reply,) = link.sent
     assert isinstance(reply, M.Repaired) and not reply.ok and reply.failed_peer == 2
     assert "sent step 7, expected 9" in reply.reason
+
+
+class RebuildRecorder(LocalBackend):
+    def __init__(self, world_size: int) -> None:
+        super().__init__()
+        self.world_size = world_size
+        self.builds: list[tuple[int, dict[int, str]]] = []
+
+    def rebuild(self, epoch: int, members: dict[int, str], group_log: Any) -> None:
+        self.builds.append((epoch, dict(members)))
+
+
+def test_a_rebuild_delta_is_applied_over_the_endpoints_known():
+    backend = RebuildRecorder(4)
+    session = Session(JobConfig(), 0, backend, ArrayState(0.0), standalone=True)
+    session.link = Link()  # type: ignore[assignment]
+    full = {r: f"tcp://h{r}:1" for r in range(4)}
+    session._handle(1, M.Rebuild([[0, 3]], full, True, []))
+    session._handle(2, M.Rebuild([[0, 3]], {3: "tcp://h3:2"}, False, []))
+    session._handle(3, M.Rebuild([[0, 1], [3, 3]], {}, False, []))  # rank 2 left the world
+    assert backend.builds == [
+        (1, full),
+        (2, {**full, 3: "tcp://h3:2"}),
+        (3, {0: "tcp://h0:1", 1: "tcp://h1:1", 3: "tcp://h3:2"}),
+    ]
+    assert session.members == [0, 1, 3] and session.data_world == 3
+    assert session.link.sent == [M.Rebuilt(0)] * 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "msg, problem",
+    [
+        (M.Rebuild([[0, 3]], {0: "tcp://h0:1"}, False, []), "never sent"),
+        (M.Rebuild([[0, 4]], {}, True, []), "malformed REBUILD"),
+    ],
+    ids=["unknown-endpoint", "rank-outside-the-world"],
+)
+def test_a_rebuild_the_rank_cannot_follow_is_a_recovery_error(msg, problem):
+    session = Session(JobConfig(), 0, RebuildRecorder(4), ArrayState(0.0), standalone=True)
+    session.link = Link()  # type: ignore[assignment]
+    with pytest.raises(RecoveryError, match=problem):
+        session._handle(1, msg)
