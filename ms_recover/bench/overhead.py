@@ -10,12 +10,16 @@ millisecond, so any fixed per-step cost shows up large; a bigger model only dilu
 
 Two ways of comparing them, because the host is shared and noisy:
 
-1. **In one process, interleaved step by step** (ABBA: a, b, b, a, ...; one DataParallelStep
+1. **In one process, interleaved step by step** (a, a', b, b, a', a, ...; one DataParallelStep
    whose reduce is switched, so both run the same compiled graphs; after ``init``): the
    median of the differences of adjacent (a, b) steps, which cancels what else the host was
    doing. The heartbeat thread runs under both, so its CPU time per (b) step is added on top,
    as if it always held the GIL: an upper bound, the row checked against the target. The
    direct cost of ms_recover's per-step calls, timed alone, gives a noise-free estimate.
+   A third arm, (a'), is (a) reducing with the backend's allreduce directly, which splits
+   (b) - (a) into the reduction itself and the session's bookkeeping. On this CPU host any
+   host work between MindSpore's two compiled phases costs 10-20 us more than it does alone
+   (MindSpore's runtime threads must wake up again), so both parts exceed their isolated cost.
 2. **Separate processes** (``--repeats N``), (a) alone vs (b) under a LocalJob, in ABBA
    order: shown for reference only. On a shared host, runs a minute apart differ by far more
    than 1 % (tens of percent here), so it carries no verdict and is off by default.
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-overhead-")
     runner = _Runner(args, workdir)
-    print("overhead: (a) and (b) interleaved step by step in one process ...", flush=True)
+    print("overhead: (a), (a') and (b) interleaved step by step in one process ...", flush=True)
     inter = runner.job("interleaved", procs=1)[0]
     pairs = []
     for i in range(args.repeats):
@@ -142,10 +146,10 @@ def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
     plain = statistics.median(a)
     half = len(a) // 2
 
-    def paired(lo: int, hi: int) -> float:
-        # Adjacent (a, b) steps ran within a few ms of each other: their difference cancels
+    def paired(lo: int, hi: int, first: list[float] = a, then: list[float] = b) -> float:
+        # Steps of one round ran within a few ms of each other: their difference cancels
         # whatever else the host was doing at the time.
-        diffs = [y - x for x, y in zip(a[lo:hi], b[lo:hi], strict=True)]
+        diffs = [y - x for x, y in zip(first[lo:hi], then[lo:hi], strict=True)]
         return float(statistics.median(diffs) / plain * 100)
 
     link = inter["link_cpu_s"] / len(b)
@@ -160,6 +164,8 @@ def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
         "plain_step_s": plain,
         "session_step_s": statistics.median(b),
         "measured_pct": measured,
+        "reduce_pct": paired(0, len(a), a, inter["backend_times"]),
+        "session_pct": paired(0, len(a), inter["backend_times"], b),
         "halves_pct": [paired(0, half), paired(half, len(a))],
         "null_pct": null,
         "link_cpu_per_step_s": link,
@@ -194,6 +200,14 @@ def _report(
             note="step-by-step ABBA in one process; halves of the run: "
             + " / ".join(f"{h:+.2f} %" for h in il["halves_pct"]),
         ),
+        Measure(
+            "    of which the reduction, (a') - (a)",
+            il["reduce_pct"],
+            "%",
+            note="(a'): the plain loop reducing with the backend's allreduce directly (one "
+            "rank: a copy); the data plane, not the session",
+        ),
+        Measure("    of which the session, (b) - (a')", il["session_pct"], "%"),
         Measure("  (a) - (a), the same statistic (resolution)", il["null_pct"], "%"),
         Measure(
             "  ms_recover calls per step, isolated",

@@ -144,23 +144,29 @@ def _write(out: str, result: dict[str, Any]) -> None:
 def _interleave(
     session: Any, step: DataParallelStep, data: _Data, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Alternate single steps of (a) and (b), ABBA, on one DataParallelStep (one set of graphs).
+    """Alternate single steps of (a), (a') and (b) on one DataParallelStep (one set of graphs),
+    in the order a, a', b and then b, a', a, so that each pair is compared both ways round.
 
-    (a) is the step with the identity reduce, called directly; (b) is one iteration of
-    ``session.steps()`` (which commits the previous (b) step and passes the safe point) with
-    ``guard()`` and ``session.allreduce`` as the reduce.
+    (a) is the step with the identity reduce, called directly; (a') the same with the
+    backend's allreduce (``session.comm.allreduce``: the data plane without the session);
+    (b) is one iteration of ``session.steps()`` (which commits the previous (b) step and
+    passes the safe point) with ``guard()`` and ``session.allreduce`` as the reduce.
     """
     session_reduce = step.reduce_fn
     link_cpu = _link_cpu(session.rank)
     steps = session.steps(1 << 62)
-    times: dict[str, list[float]] = {"plain": [], "session": []}
+    times: dict[str, list[float]] = {"plain": [], "backend": [], "session": []}
     link_s = 0.0
+    order = ("plain", "backend", "session")
     for i in range(args.warmup + args.steps):
-        for kind in ("plain", "session") if i % 2 == 0 else ("session", "plain"):
+        for kind in order if i % 2 == 0 else order[::-1]:
             cpu0 = link_cpu()
             t = time.perf_counter()
             if kind == "plain":
                 step.reduce_fn = _identity
+                step(*data.batch(i))
+            elif kind == "backend":
+                step.reduce_fn = lambda flat: session.comm.allreduce(flat, "mean")
                 step(*data.batch(i))
             else:
                 step.reduce_fn = session_reduce
@@ -183,6 +189,7 @@ def _interleave(
     steps.close()
     return {
         "plain_times": times["plain"],
+        "backend_times": times["backend"],
         "session_times": times["session"],
         "link_cpu_s": link_s,
         "calls": calls,

@@ -97,6 +97,7 @@ class FaultInjector:
     def __init__(self, specs: tuple[FaultSpec, ...], rank: int, incarnation: int) -> None:
         self._specs = [s for s in specs if s.rank == rank and s.inc == incarnation]
         self._fired: set[FaultSpec] = set()
+        self.armed = bool(self._specs)  # False: every hook is a no-op (skipped on hot paths)
 
     @classmethod
     def from_env(cls, rank: int, incarnation: int) -> FaultInjector:
