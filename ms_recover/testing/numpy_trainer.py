@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 "committed": session.committed,
                 "recoveries": session.recoveries,
                 "incarnation": session.incarnation,
+                "skipped": session.skipped,
                 "losses": {str(k): v for k, v in sorted(losses.items())},
             },
             fh,
