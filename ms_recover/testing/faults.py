@@ -6,7 +6,9 @@ first process of the rank), so a restarted rank does not kill itself again.
 
 Kinds:
 
-* ``kill``        SIGKILL this rank right after it commits step K;
+* ``kill``        SIGKILL this rank right after it commits step K (after its data plane has
+  handed its last sends to the kernel, so every peer can finish step K: the survivors'
+  target is K whatever the timing; a death with data in flight is ``allreduce``);
 * ``node``        SIGKILL this rank's whole process group (its agent and siblings): a lost node;
 * ``hang``        SIGSTOP this rank after step K (it stops heartbeating: a hung process);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
@@ -22,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+from collections.abc import Callable
 
 from ms_recover.errors import CommError, ConfigError
 
@@ -110,11 +113,15 @@ class FaultInjector:
                 return spec
         return None
 
-    def after_commit(self, step: int) -> None:
+    def after_commit(self, step: int, flush: Callable[[], None] | None = None) -> None:
+        """Fire ``kill``, ``node`` or ``hang`` for ``step``; ``flush`` (closing the data plane
+        gracefully) runs before a ``kill``."""
         spec = self._take(("kill", "node", "hang"), step)
         if spec is None:
             return
         if spec.kind == "kill":
+            if flush is not None:
+                flush()
             os.kill(os.getpid(), signal.SIGKILL)
         elif spec.kind == "node":
             os.killpg(os.getpgid(0), signal.SIGKILL)

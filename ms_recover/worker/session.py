@@ -156,7 +156,7 @@ class Session:
                 self.link.send(M.WorkerHeartbeat(self.rank, step))
         self.comm.on_step_end()
         if self.faults.armed:
-            self.faults.after_commit(step)
+            self.faults.after_commit(step, flush=self.comm.close)
 
     def safe_point(self) -> None:
         """Handle any latched command; returns once training may go on."""

@@ -173,10 +173,11 @@ def test_after_commit_sends_the_right_signal_once(signals: list[tuple[str, int, 
     specs = Faults().kill(rank=0, step=2).hang(rank=0, step=3).node(rank=0, step=4).specs
     inj = FaultInjector(specs, rank=0, incarnation=0)
     for step in range(6):
-        inj.after_commit(step)
+        inj.after_commit(step, flush=lambda: signals.append(("flush", 0, 0)))
         inj.after_commit(step)  # a second call at the same step never fires again
     pid, pgid = os.getpid(), os.getpgid(0)
     assert signals == [
+        ("flush", 0, 0),  # only a kill flushes the data plane first
         ("kill", pid, signal.SIGKILL),
         ("kill", pid, signal.SIGSTOP),
         ("killpg", pgid, signal.SIGKILL),
