@@ -142,6 +142,12 @@ def build_report(
         "rank, each repetition started after a barrier.",
         f"Every process shares this host's {os.cpu_count()} CPUs.",
     ]
+    if world >= (os.cpu_count() or 1):
+        rep.notes.append(
+            "With no spare core per rank, each rank's core both sends and receives every byte "
+            "of its ring link, twice the per-core work of the one-way socket copy: about 50 % "
+            "of it is the ceiling on such a host."
+        )
     if outcome.times is None:
         rep.notes.append(f"MindSpore CPU AllReduce not measured: {outcome.reason}")
     elif outcome.tries:
