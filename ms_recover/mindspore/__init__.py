@@ -5,16 +5,11 @@
 * :class:`~ms_recover.mindspore.step.DataParallelStep`: one train step whose gradient allreduce
   runs through ms_recover's backend (for a hand-written loop);
 * :func:`~ms_recover.mindspore.fit.fit`: the same for ``mindspore.train.Model.train`` users,
-  with :class:`~ms_recover.mindspore.fit.ShardedArrays` to position data by (step, rank, world).
+  with :class:`~ms_recover.mindspore.sharded.ShardedArrays` to position data by (step, rank, world).
 """
 
-from ms_recover.mindspore.fit import (
-    STEP_COLUMN,
-    DataParallelTrainCell,
-    FitResult,
-    ShardedArrays,
-    fit,
-)
+from ms_recover.mindspore.fit import DataParallelTrainCell, FitResult, fit
+from ms_recover.mindspore.sharded import STEP_COLUMN, ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 

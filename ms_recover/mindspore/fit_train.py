@@ -22,7 +22,8 @@ from mindspore.train import Callback, Model, RunContext
 
 import ms_recover
 from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
-from ms_recover.mindspore.fit import ShardedArrays, fit
+from ms_recover.mindspore.fit import fit
+from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.worker.repair import sha256_of
 from ms_recover.worker.sampler import make_dataset

@@ -30,8 +30,9 @@ from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, Interrupted
 from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
-from ms_recover.mindspore.fit import ShardedArrays, fit
+from ms_recover.mindspore.fit import fit
 from ms_recover.mindspore.fit_train import StepRecorder
+from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.protocol import messages as M
