@@ -100,6 +100,23 @@ class JobConfig:
             tempfile.gettempdir(), "ms-recover", self.job_id, "dump"
         )
 
+    def member_env(self) -> dict[str, str]:
+        """The ``MS_RECOVER_*`` variables that give every agent and rank of the job the same
+        timing, limits and backend as this config (what a pod spec sets for all containers)."""
+        env = {
+            E.HEARTBEAT: repr(self.heartbeat_s),
+            E.HANG_TIMEOUT: repr(self.hang_timeout_s),
+            E.RANK_SILENCE: repr(self.rank_silence_s),
+            E.PHASE_TIMEOUT: repr(self.phase_timeout_s),
+            E.WAIT_RESCHEDULE: repr(self.wait_reschedule_timeout_s),
+            E.MAX_TRIES: str(self.max_tries),
+            E.SCHED_NODE_RANK: str(self.sched_node_rank),
+            E.BACKEND: self.backend,
+        }
+        if self.dump_dir:
+            env[E.DUMP_DIR] = self.dump_dir
+        return env
+
     def replace(self, **changes: Any) -> JobConfig:
         """A copy with some fields changed; unknown fields raise ConfigError."""
         _check_keys(changes)

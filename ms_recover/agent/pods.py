@@ -34,7 +34,8 @@ class LocalPods:
         self.config = config
         self.command = command
         self.spares = spares
-        self.env = {**os.environ, **(env or {})}
+        # Agents and ranks see the manager's timing, as every container of a pod spec would.
+        self.env = {**os.environ, **config.member_env(), **(env or {})}
         self.log_dir = log_dir
         self.delay = reschedule_delay_s
         self.max_restarts = max_restarts

@@ -238,3 +238,27 @@ def test_a_prewarmed_spare_replaces_the_killed_rank(tmp_path):
     assert os.path.exists(os.path.join(out, "logs", "spares.log"))
     with open(os.path.join(out, "rank_1.json")) as fh:
         assert json.load(fh)["committed"] == 59
+
+
+def test_a_lost_manager_stops_every_node(tmp_path):
+    """The manager is a single point of failure: without it nothing can be recovered, so
+    every agent kills its ranks after ``phase_timeout_s`` of silence and exits 1 (no
+    reschedule), instead of leaving ranks training with no one to recover them."""
+    with trainer_job(str(tmp_path), steps=10**6, phase_timeout_s=3.0) as job:
+        wait_for(
+            lambda: job.status()["state"] == "running"
+            and min(r["step"] for r in job.status()["ranks"]) >= 3,
+            60,
+            "training under way",
+        )
+        pids = [r["pid"] for r in job.status()["ranks"]]
+        job.server.stop()
+        assert job.wait(30), "the agents did not stop"
+        assert job.pods.exit_codes == {0: 1, 1: 1}
+        for pid in pids:
+            assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), f"rank pid {pid} lives"
+
+
+def _is_zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "Z"

@@ -298,3 +298,21 @@ def test_describe_names_the_job_shape_and_strategies() -> None:
     assert "job=j" in text and "nodes=2x4" in text
     assert "strategy=recover-in-place,recover,exit" in text
     assert "(none)" in JobConfig(strategies=()).describe()
+
+
+def test_member_env_gives_agents_and_ranks_the_same_timing() -> None:
+    config = JobConfig(
+        job_id="j",
+        node_nums=2,
+        proc_per_node=2,
+        heartbeat_s=0.3,
+        hang_timeout_s=7.5,
+        rank_silence_s=4.0,
+        phase_timeout_s=9.0,
+        wait_reschedule_timeout_s=33.0,
+        max_tries=5,
+        sched_node_rank=1,
+        dump_dir="/shared/dump",
+    )
+    seen = JobConfig.from_env(config.member_env(), job_id="j", node_nums=2, proc_per_node=2)
+    assert seen == config
