@@ -246,8 +246,10 @@ def test_a_lost_manager_stops_every_node(tmp_path):
     reschedule), instead of leaving ranks training with no one to recover them."""
     with trainer_job(str(tmp_path), steps=10**6, phase_timeout_s=3.0) as job:
         wait_for(
-            lambda: job.status()["state"] == "running"
-            and min(r["step"] for r in job.status()["ranks"]) >= 3,
+            lambda: (
+                job.status()["state"] == "running"
+                and min(r["step"] for r in job.status()["ranks"]) >= 3
+            ),
             60,
             "training under way",
         )
