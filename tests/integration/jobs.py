@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ms_recover.config import JobConfig
@@ -71,3 +72,16 @@ def results(out: str, world: int = 4) -> list[dict[str, Any]]:
 
 def run_to_end(job: LocalJob, timeout_s: float = 90.0) -> None:
     assert job.wait(timeout_s), f"job did not finish in {timeout_s}s: {job.status()}"
+
+
+def running_with(needle: str) -> list[str]:
+    """Live processes whose command line contains ``needle`` ("pid: command"), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if needle in cmdline:
+            found.append(f"{entry.name}: {cmdline[:160]}")
+    return found

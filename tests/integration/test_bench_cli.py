@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from .jobs import running_with
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -38,18 +40,6 @@ def _measures(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {m["name"]: m for m in report["measures"]}
 
 
-def _running_with(needle: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if needle in cmdline:
-            found.append(f"{entry.name}: {cmdline[:120]}")
-    return found
-
-
 def test_detect_reports_rank_and_node_detection(tmp_path: Path) -> None:
     path = tmp_path / "detect.json"
     out, pid = _bench(
@@ -71,7 +61,7 @@ def test_detect_reports_rank_and_node_detection(tmp_path: Path) -> None:
     dead = m["dead process, median of 1"]
     assert dead["unit"] == "ms" and dead["limit"] == 200 and dead["pass"] in (True, False)
     assert m["lost node, median of 1"]["limit"] == 3
-    assert _running_with(f"bench-detect-{pid}") == [], "the benchmark left processes behind"
+    assert running_with(f"bench-detect-{pid}") == [], "the benchmark left processes behind"
 
 
 def test_controlplane_small_scale_reports_stop_all(tmp_path: Path) -> None:

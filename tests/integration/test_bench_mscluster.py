@@ -16,6 +16,8 @@ import pytest
 from ms_recover.bench import mscluster
 from ms_recover.bench.mscluster import Limits, Plan
 
+from .jobs import running_with
+
 pytestmark = pytest.mark.timeout(60)
 
 STAND_IN = """\
@@ -50,18 +52,6 @@ def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return program
 
 
-def _running(needle: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if needle in cmdline:
-            found.append(f"{entry.name}: {cmdline[:160]}")
-    return found
-
-
 def test_reports_are_collected_and_every_process_is_reaped(
     stand_in: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -69,7 +59,7 @@ def test_reports_are_collected_and_every_process_is_reaped(
     out = mscluster.measure(PLAN, tmp_path / "work", Limits(form_s=30, run_s=30, tries=1))
     assert out.reason == "" and out.tries == ()
     assert out.times == {4: [[0.001] * 3, [0.002] * 3], 16: [[0.001] * 3, [0.002] * 3]}
-    assert _running(str(stand_in)) == [], "the sleeping scheduler was left behind"
+    assert running_with(str(stand_in)) == [], "the sleeping scheduler was left behind"
 
 
 def test_a_cluster_that_never_forms_is_retried_then_reported_not_measured(
@@ -82,7 +72,7 @@ def test_a_cluster_that_never_forms_is_retried_then_reported_not_measured(
         "the cluster did not form within 0.5 s (init() returned on ranks [] of 2)"
     ] * 2
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["try-1", "try-2"]
-    assert _running(str(stand_in)) == []
+    assert running_with(str(stand_in)) == []
 
 
 def test_a_worker_that_dies_before_forming_is_named(
@@ -92,7 +82,7 @@ def test_a_worker_that_dies_before_forming_is_named(
     out = mscluster.measure(PLAN, tmp_path / "work", Limits(form_s=30, run_s=30, tries=1))
     assert out.times is None
     assert out.tries == ("try 1: rank 1 exited with code 3 before the cluster formed",)
-    assert _running(str(stand_in)) == []
+    assert running_with(str(stand_in)) == []
 
 
 def test_an_interrupt_kills_and_reaps_the_cluster(
@@ -106,4 +96,4 @@ def test_an_interrupt_kills_and_reaps_the_cluster(
     monkeypatch.setattr(mscluster, "assess", interrupted)
     with pytest.raises(KeyboardInterrupt):
         mscluster.measure(PLAN, tmp_path / "work", Limits(form_s=30, run_s=30, tries=3))
-    assert _running(str(stand_in)) == []
+    assert running_with(str(stand_in)) == []
