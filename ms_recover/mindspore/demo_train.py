@@ -12,8 +12,6 @@ whole state (weights and optimizer moments), so runs can be compared bit for bit
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import mindspore
@@ -24,7 +22,7 @@ from numpy.typing import NDArray
 import ms_recover
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
-from ms_recover.worker.repair import sha256_of
+from ms_recover.testing.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset, split_indices
 
 IN_DIM, HIDDEN, CLASSES, SAMPLES, GLOBAL_BATCH, SEED = 64, 128, 8, 8192, 64, 1234
@@ -58,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
 
     step = DataParallelStep(net, loss_fn, optimizer, reduce_fn=reduce)
     x_all, y_all = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
-    rank = session.rank
     losses: dict[int, float] = {}
     for s in session.steps(args.steps):
         with session.guard():
@@ -69,20 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.step_time:
                 time.sleep(args.step_time)
     state = MindSporeState(net, optimizer).state_dict()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank_{rank}.json"), "w") as fh:
-        json.dump(
-            {
-                "rank": rank,
-                "sha256": sha256_of(state),
-                "committed": session.committed,
-                "recoveries": session.recoveries,
-                "incarnation": session.incarnation,
-                "skipped": session.skipped,
-                "losses": {str(k): v for k, v in sorted(losses.items())},
-            },
-            fh,
-        )
+    write_rank_record(args.out, session, state, losses)
     session.finish()
     return 0
 

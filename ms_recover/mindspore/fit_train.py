@@ -13,8 +13,6 @@ the step ranges this rank received by repair instead of running (``Session.skipp
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import mindspore
@@ -25,7 +23,7 @@ from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED,
 from ms_recover.mindspore.fit import fit
 from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
-from ms_recover.worker.repair import sha256_of
+from ms_recover.testing.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset
 
 
@@ -74,22 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         session=session,
     )
     state = MindSporeState(net, optimizer).state_dict()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"rank_{session.rank}.json"), "w") as fh:
-        json.dump(
-            {
-                "rank": session.rank,
-                "sha256": sha256_of(state),
-                "committed": session.committed,
-                "recoveries": session.recoveries,
-                "incarnation": session.incarnation,
-                "segments": result.segments,
-                "skipped": session.skipped,
-                "losses": {str(k): v for k, v in sorted(recorder.losses.items())},
-                "view": {str(k): v for k, v in sorted(recorder.view.items())},
-            },
-            fh,
-        )
+    write_rank_record(
+        args.out,
+        session,
+        state,
+        recorder.losses,
+        segments=result.segments,
+        view={str(k): v for k, v in sorted(recorder.view.items())},
+    )
     session.finish()
     return 0
 

@@ -11,7 +11,6 @@ bit-identical weights, which each rank writes to ``OUT/rank_R.npz`` with its SHA
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -21,7 +20,7 @@ from numpy.typing import NDArray
 
 import ms_recover
 from ms_recover.errors import RepairError
-from ms_recover.worker.repair import sha256_of
+from ms_recover.testing.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset, split_indices
 
 IN_DIM, CLASSES, SAMPLES, GLOBAL_BATCH, SEED = 64, 8, 4096, 64, 7
@@ -117,20 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     session.run(step_fn, args.steps)
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **model.arrays)
-    with open(os.path.join(args.out, f"rank_{rank}.json"), "w") as fh:
-        json.dump(
-            {
-                "rank": rank,
-                "sha256": sha256_of(model.arrays),
-                "steps": args.steps,
-                "committed": session.committed,
-                "recoveries": session.recoveries,
-                "incarnation": session.incarnation,
-                "skipped": session.skipped,
-                "losses": {str(k): v for k, v in sorted(losses.items())},
-            },
-            fh,
-        )
+    write_rank_record(args.out, session, model.arrays, losses, steps=args.steps)
     session.finish()
     return 0
 
