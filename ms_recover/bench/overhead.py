@@ -1,5 +1,10 @@
 """Steady-state per-step overhead of ms_recover (``ms-recover bench overhead``).
 
+The baseline is what a user would run without ms_recover: MindSpore's own
+``nn.TrainOneStepCell`` on the same model and batches, its whole step one compiled graph. The
+verdict row is (b) against it (DESIGN.md §8: <= +10 % at a ~0.5-1 ms step). The rows against (a)
+split the difference into DataParallelStep's split graphs, the reduction and the session.
+
 The step is the demo's: :class:`~ms_recover.mindspore.step.DataParallelStep` on the demo MLP
 (MindSpore CPU, jit-compiled forward/backward and Adam update), one rank. It is about a
 millisecond, so any fixed per-step cost shows up large; a bigger model only dilutes it.
@@ -24,7 +29,7 @@ Two ways of comparing them, because the host is shared and noisy:
    order: shown for reference only. On a shared host, runs a minute apart differ by far more
    than 1 % (tens of percent here), so it carries no verdict and is off by default.
 
-DESIGN.md §8: <= 1 %. With two ranks, the share of the host allreduce in the step is reported
+With two ranks, the share of the host allreduce in the step is reported
 too (no target: it is the data plane's cost, not ms_recover's overhead).
 """
 
@@ -45,7 +50,7 @@ from ms_recover.errors import MsRecoverError
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.localjob import LocalJob
 
-TARGET_PCT = 1.0
+VS_CELL_TARGET_PCT = 10.0
 PROGRAM = [sys.executable, "-m", "ms_recover.bench.overhead_train"]
 
 
@@ -155,12 +160,22 @@ def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
     link = inter["link_cpu_s"] / len(b)
     calls = inter["calls"]
     measured = paired(0, len(a))
+    cell_times = inter["cell_times"]
+    cell = statistics.median(cell_times)
+
+    def vs_cell(then: list[float]) -> float:
+        diffs = [y - x for x, y in zip(cell_times, then, strict=True)]
+        return float(statistics.median(diffs) / cell * 100)
+
     # The resolution: the same statistic for (a) against (a), one ABBA pair apart.
     evens, odds = a[0::2], a[1::2]
     null = statistics.median(y - x for x, y in zip(evens[: len(odds)], odds, strict=True))
     null = null / plain * 100
     return {
         "steps": len(b),
+        "cell_step_s": cell,
+        "vs_cell_pct": vs_cell(b),
+        "plain_vs_cell_pct": vs_cell(a),
         "plain_step_s": plain,
         "session_step_s": statistics.median(b),
         "measured_pct": measured,
@@ -186,11 +201,31 @@ def _report(
     il = _interleaved(inter)
     rep = Report(
         "overhead",
-        "ms-recover bench overhead: demo MLP DataParallelStep on MindSpore "
-        "CPU, (a) plain loop vs (b) under ms_recover",
+        "ms-recover bench overhead: demo MLP on MindSpore CPU, plain MindSpore TrainOneStepCell "
+        "vs (a) DataParallelStep alone vs (b) under ms_recover",
     )
     calls = il["calls_s"]
     rep.add(
+        Measure(
+            f"step time, plain TrainOneStepCell, median of {il['steps']}",
+            il["cell_step_s"] * 1e3,
+            "ms",
+            note="MindSpore's nn.TrainOneStepCell, no ms_recover code, one compiled graph",
+        ),
+        Measure(
+            "(b) vs plain TrainOneStepCell, adjacent steps, median",
+            il["vs_cell_pct"],
+            "%",
+            "<=",
+            VS_CELL_TARGET_PCT,
+            "what a user pays against plain MindSpore (DESIGN §8: <= +10 % at ~0.5-1 ms)",
+        ),
+        Measure(
+            "  of which DataParallelStep's split graphs, (a) - cell",
+            il["plain_vs_cell_pct"],
+            "%",
+            note="two compiled phases with a numpy flatten/split and a device sync between",
+        ),
         Measure(f"step time (a), median of {il['steps']}", il["plain_step_s"] * 1e3, "ms"),
         Measure(f"step time (b), median of {il['steps']}", il["session_step_s"] * 1e3, "ms"),
         Measure(
@@ -230,12 +265,11 @@ def _report(
             note="noise-free estimate: the thread counted as if it always held the GIL",
         ),
         Measure(
-            "overhead, measured + heartbeat thread CPU",
+            "overhead vs (a), measured + heartbeat thread CPU",
             il["upper_bound_pct"],
             "%",
-            "<=",
-            TARGET_PCT,
-            "upper bound: the thread's CPU is added to the measured difference in full",
+            note="upper bound: the thread's CPU is added to the measured difference in full; "
+            "the reduction and the session against DataParallelStep alone",
         ),
     )
     if pairs:

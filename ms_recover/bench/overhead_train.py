@@ -9,7 +9,10 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
 * ``interleaved``: under an agent, alternates single steps of the plain loop and of the session
   loop in one process (ABBA order, one ``DataParallelStep`` whose reduce is switched, so both
   run the same compiled graphs), and reads the CPU time of the session's heartbeat thread
-  (``ms-recover-link-R``) over the session steps.
+  (``ms-recover-link-R``) over the session steps. A fourth arm is what a user would run
+  without ms_recover: MindSpore's own ``nn.TrainOneStepCell`` on a second copy of the model
+  (same seed, same batches), its ``construct`` compiled whole with ``mindspore.jit`` (one
+  graph, as GRAPH_MODE compiles it).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
@@ -28,6 +31,7 @@ from typing import Any
 
 import mindspore
 import numpy as np
+from mindspore import nn
 from numpy.typing import NDArray
 
 from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SAMPLES, SEED, build
@@ -155,14 +159,18 @@ def _interleave(
     session_reduce = step.reduce_fn
     link_cpu = _link_cpu(session.rank)
     steps = session.steps(1 << 62)
-    times: dict[str, list[float]] = {"plain": [], "backend": [], "session": []}
+    cell = _train_one_step_cell()
+    times: dict[str, list[float]] = {"cell": [], "plain": [], "backend": [], "session": []}
     link_s = 0.0
-    order = ("plain", "backend", "session")
+    order = ("cell", "plain", "backend", "session")
     for i in range(args.warmup + args.steps):
         for kind in order if i % 2 == 0 else order[::-1]:
             cpu0 = link_cpu()
             t = time.perf_counter()
-            if kind == "plain":
+            if kind == "cell":
+                x, y = data.batch(i)
+                cell(mindspore.Tensor(x), mindspore.Tensor(y))
+            elif kind == "plain":
                 step.reduce_fn = _identity
                 step(*data.batch(i))
             elif kind == "backend":
@@ -188,12 +196,21 @@ def _interleave(
     }
     steps.close()
     return {
+        "cell_times": times["cell"],
         "plain_times": times["plain"],
         "backend_times": times["backend"],
         "session_times": times["session"],
         "link_cpu_s": link_s,
         "calls": calls,
     }
+
+
+def _train_one_step_cell() -> Any:
+    """Plain MindSpore: ``nn.TrainOneStepCell`` on its own copy of the demo model, one graph."""
+    net, loss_fn, optimizer = build()
+    cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)
+    cell.construct = mindspore.jit(cell.construct)
+    return cell
 
 
 def _empty_iteration(session: Any, steps: Any) -> None:

@@ -7,6 +7,8 @@ Algorithms (``n`` members of a group, ring order = the group's rank order):
   ``j`` is always summed in the same order (starting at member ``j``, around the ring), so the
   result is bit-for-bit reproducible, and the all-gather copies final bits, so every member
   ends with identical bits. MEAN divides each final segment once, at its owner.
+  Two members with at most ``EXCHANGE_MAX_BYTES`` take a latency path instead: one exchange
+  of the whole buffer, each adding the lower rank's values first (same bits on both).
 * **broadcast**: a pipelined chain from the root along the ring.
 * **barrier**: dissemination, ``ceil(log2 n)`` rounds of empty messages.
 * **send/recv**: a manifest plus a chunked byte stream (see :mod:`hoststream`).
@@ -36,6 +38,8 @@ from ms_recover.errors import CommError, ConfigError
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+# Two-member allreduces up to this size take the one-exchange path (see HostBackend._exchange).
+EXCHANGE_MAX_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +104,8 @@ class HostBackend(CommBackend):
         if io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, got {io_threads}")
         self.chunk_bytes = chunk_bytes
+        # Must be the same on every member: it picks the algorithm both sides follow.
+        self.exchange_max_bytes = EXCHANGE_MAX_BYTES
         self._boxes = Mailboxes()
         self._link = Link(
             rank, bind_host, advertise_host, timeout, self._boxes, io_threads, password
@@ -244,7 +250,36 @@ class HostBackend(CommBackend):
         flat = src.reshape(-1)
         if call.n == 1 or flat.size == 0:
             return flat.copy().reshape(src.shape)
-        return self._ring(call, flat, reduce_op is ReduceOp.MEAN).reshape(src.shape)
+        mean = reduce_op is ReduceOp.MEAN
+        if call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
+            return self._exchange(call, flat, mean).reshape(src.shape)
+        return self._ring(call, flat, mean).reshape(src.shape)
+
+    def _exchange(self, call: _Call, flat: NDArray[Any], mean: bool) -> NDArray[Any]:
+        """Two members: each sends its whole buffer once and adds the peer's as it arrives.
+
+        One message latency instead of the ring's two. Both members add in the same order
+        (the lower rank's values first), so both hold the same bits, NaN payloads included.
+        """
+        peer = call.peer(1)
+        step = max(1, self.chunk_bytes // flat.itemsize)
+        trackers = [
+            self._link.send(peer, call.header(a), flat[a : a + step], track=True)
+            for a in range(0, flat.size, step)
+        ]
+        out = np.empty_like(flat)
+        low_first = call.rank < peer
+        got = 0
+        while got < flat.size:
+            values = self._values(call, self._take(call, peer, got), flat.dtype, got, flat.size)
+            stop = got + values.size
+            first, second = (flat[got:stop], values) if low_first else (values, flat[got:stop])
+            np.add(first, second, out=out[got:stop])
+            got = stop
+        if mean:
+            np.divide(out, 2, out=out)
+        self._link.wait_sent([t for t in trackers if t is not None], peer, str(call))
+        return out
 
     def _ring(self, call: _Call, flat: NDArray[Any], mean: bool) -> NDArray[Any]:
         n, right = call.n, call.peer(1)

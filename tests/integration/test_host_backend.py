@@ -129,6 +129,28 @@ def test_allreduce_matches_numpy_and_is_bit_identical(make: Any, n: int, dtype: 
             assert np.array_equal(x, c), "allreduce modified its input"
 
 
+@pytest.mark.parametrize("exchange_max", [0, 1 << 20], ids=["ring", "exchange"])
+def test_two_ranks_same_bits_on_both_paths_nan_payloads_included(
+    make: Any, exchange_max: int
+) -> None:
+    backends = make(2, chunk_bytes=128)
+    for b in backends:
+        b.exchange_max_bytes = exchange_max
+    xs = inputs(2, 1001, np.float32, seed=3)
+    payloads = np.array([0x7FC00001, 0x7FC00002, 0xFFC00003], np.uint32)
+    xs[0][:3] = payloads.view(np.float32)
+    xs[1][:3] = (payloads + 8).view(np.float32)
+    xs[0][3], xs[1][3] = np.float32(1e-45), np.float32(-0.0)
+    for op in ("sum", "mean"):
+        out = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
+        assert out[0].tobytes() == out[1].tobytes()
+        want = np.add(xs[0], xs[1])
+        if op == "mean":
+            want = want / np.float32(2)
+        assert out[0][3:].tobytes() == want[3:].tobytes()
+        assert np.isnan(out[0][:3]).all()
+
+
 def test_allreduce_multichunk_ints_shapes_and_edges(make: Any) -> None:
     backends = make(3, chunk_bytes=64)
     ints = [np.arange(12, dtype=np.int64).reshape(3, 4) * (r + 1) for r in range(3)]
