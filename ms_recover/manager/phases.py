@@ -109,10 +109,11 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
     )
     if missing and waited > limit:
         why = f"replacements for ranks {missing} did not register within {limit:g}s"
+        # The missing ranks are the culprits: the next round starts them again.
         if rnd.strategy is not Strategy.RECOVER:
-            return escalate(m, now, why)
+            return escalate(m, now, why, missing)
         # wait-reschedule-timeout passed: the pod will not come back in time; fall through.
-        return [Exhaust(why, "recover")] + escalate(m, now, why, exhausted="recover")
+        return [Exhaust(why, "recover")] + escalate(m, now, why, missing, exhausted="recover")
     return actions
 
 

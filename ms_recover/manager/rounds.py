@@ -58,6 +58,7 @@ def on_faults(
             )
         )
     prev = m.round if m.in_recovery else None
+    underway = _underway(m, prev, hit)
     if prev is not None:
         hit |= prev.replace_ranks
     all_faults = (prev.faults if prev else []) + faults
@@ -69,7 +70,35 @@ def on_faults(
         return actions + exit_job(m, exitcodes.JOB_EXIT, f"{why}; {reason}")
     if why != "fault detected":
         reason = f"{why}; {reason}"
-    return actions + _new_round(m, now, strategy, all_faults, hit, lost_nodes, prev, reason)
+    return actions + _new_round(
+        m, now, strategy, all_faults, hit, lost_nodes, prev, reason, underway
+    )
+
+
+def _underway(m: JobModel, prev: Round | None, faulty: set[int]) -> set[int]:
+    """Ranks whose replacement the previous round already started and that are not faulty
+    again: the new round waits for them instead of killing them while they start.
+
+    In place, that is a restarted rank not registered yet, on a node whose agent lives; for a
+    rescheduled node, every rank of a recreated pod (its agent registered again) while none of
+    them has registered yet.
+    """
+    if prev is None or prev.strategy not in (Strategy.RECOVER_IN_PLACE, Strategy.RECOVER):
+        return set()
+    cfg = m.config
+    if prev.strategy is Strategy.RECOVER:
+        underway: set[int] = set()
+        for node in prev.reschedule_nodes:
+            ranks = set(cfg.ranks_of(node))
+            starting = not any(m.ranks[r].alive for r in ranks) and not ranks & faulty
+            if m.agents[node].alive and starting:
+                underway |= ranks
+        return underway
+    return {
+        r
+        for r in prev.replace_ranks - faulty
+        if not m.ranks[r].alive and m.agents[cfg.node_of(r)].alive
+    }
 
 
 def _new_round(
@@ -81,6 +110,7 @@ def _new_round(
     lost_nodes: set[int],
     prev: Round | None,
     reason: str,
+    underway: set[int],
 ) -> list[Action]:
     cfg = m.config
     epoch = m.epoch + 1
@@ -131,6 +161,7 @@ def _new_round(
         StartRound(reason, rnd),
         SendRanks("stop survivors", survivors, Stop(reason)),
     ]
+    fresh |= {cfg.node_of(r) for r in underway if strategy is Strategy.RECOVER}
     if strategy is Strategy.RECOVER:
         for node in sorted(nodes - fresh):
             if m.agents[node].alive:
@@ -139,7 +170,7 @@ def _new_round(
                 )
     elif restarts or strategy is Strategy.ELASTIC_TRAINING:
         # Elastic training goes on without waiting, but still asks for replacements.
-        todo = replace or {r for r in hit if m.agents[cfg.node_of(r)].alive}
+        todo = (replace or {r for r in hit if m.agents[cfg.node_of(r)].alive}) - underway
         for node in sorted({cfg.node_of(r) for r in todo} - fresh):
             local = sorted(r for r in todo if cfg.node_of(r) == node)
             actions.append(SendAgent("kill leftovers", node, KillRanks(local, reason)))

@@ -224,9 +224,12 @@ class ManagerServer(Executor):
         m.agents[msg.node_rank].last_seen = now
         info = m.ranks[msg.rank]
         how = f"signal {msg.signal}" if msg.signal else f"exit code {msg.exit_code}"
-        # Expected: the exit of a process already declared lost. A process that never registered
-        # (another pid) crashed before joining: that is a fault too.
-        expected = not info.alive and msg.pid == info.pid
+        # Expected: the exit of a process already declared lost, or one the manager had killed
+        # (requested; perhaps a replacement that never registered). A process that never
+        # registered (another pid) and died on its own crashed before joining: a fault too.
+        expected = msg.requested or (not info.alive and msg.pid == info.pid)
+        if msg.requested and msg.pid == info.pid:
+            info.alive, info.identity = False, b""  # it registered just before the kill
         self.events.write(
             "rank_exit",
             epoch=m.epoch,
@@ -235,6 +238,7 @@ class ManagerServer(Executor):
             exit_code=msg.exit_code,
             signal=msg.signal,
             expected=expected,
+            requested=msg.requested,
         )
         if msg.exit_code == 0 and msg.signal == 0:
             info.done, info.alive = True, False

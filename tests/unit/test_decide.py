@@ -22,6 +22,7 @@ from ms_recover.manager.executor import PHASES
 from ms_recover.manager.model import TRANSITIONS, Fault, IllegalTransition, JobState
 from ms_recover.manager.server import ManagerServer
 from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Envelope
 from ms_recover.strategy import parse_strategies
 
 T0 = 1000.0
@@ -420,6 +421,125 @@ def test_two_faults_in_one_tick_start_a_single_round(make_job: Callable[..., Job
     assert job.model.round is not None and job.model.round.replace_ranks == {1, 3}
     starts = [(w, x.ranks) for w, x in msgs(job.take(), M.StartRanks)]
     assert starts == [("a0", [1]), ("a1", [3])]
+
+
+def _agent_cmds(sent: list[tuple[str, M.Message]]) -> list[tuple[str, str, Any]]:
+    kinds = (M.KillRanks, M.StartRanks, M.AgentExit)
+    return [
+        (who, type(x).__name__, getattr(x, "ranks", getattr(x, "code", None)))
+        for who, x in sent
+        if isinstance(x, kinds)
+    ]
+
+
+def test_a_fault_while_a_replacement_starts_covers_both_and_spares_it(
+    make_job: Callable[..., Job],
+) -> None:
+    """Issue 9 #1: rank 3 dies while rank 1's replacement starts (not registered yet). The
+    new epoch covers both; the starting replacement is not killed; the job recovers."""
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 1)
+    job.tick()
+    assert _agent_cmds(job.take()) == [("a0", "KillRanks", [1]), ("a0", "StartRanks", [1])]
+    job.advance(0.05)
+    job.fault("rank_exit", 3)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 3
+    assert m.round is not None and m.round.replace_ranks == {1, 3}
+    assert _agent_cmds(job.take()) == [("a1", "KillRanks", [3]), ("a1", "StartRanks", [3])]
+    job.stopped([0, 2], 10)
+    job.register_rank(1)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+    _recover_fully(job)
+    assert job.model.state is JobState.RUNNING
+    (rec,) = job.events("recovery")
+    assert rec["ok"] is True and rec["replaced"] == [1, 3] and rec["lost_steps"] == 0
+
+
+def test_a_registered_replacement_is_restarted_by_a_new_fault(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 1)
+    job.tick()
+    job.register_rank(1)  # it registered: it is no longer "starting", so it is replaced again
+    job.take()
+    job.fault("rank_exit", 3)
+    job.tick()
+    cmds = _agent_cmds(job.take())
+    assert ("a0", "KillRanks", [1]) in cmds and ("a1", "KillRanks", [3]) in cmds
+
+
+def test_a_replacement_that_never_registers_is_started_again(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.take()
+    job.stopped([0, 1, 2], 10)
+    job.advance(10.5)
+    job.tick()
+    assert job.model.epoch == 3
+    assert _agent_cmds(job.take()) == [("a1", "KillRanks", [3]), ("a1", "StartRanks", [3])]
+
+
+def test_a_second_node_fault_spares_a_recreated_pod(make_job: Callable[..., Job]) -> None:
+    """Issue 9 #1 for rescheduling: node 2 fails while node 1's recreated pod starts its ranks;
+    only node 2 is told to exit."""
+    job = make_job("recover,exit", node_nums=3)
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    assert _agent_cmds(job.take()) == [("a1", "AgentExit", exitcodes.RESCHEDULE)]
+    job.register_agent(1)  # the pod came back; its ranks are starting
+    job.fault("rank_exit", 5)
+    job.tick()
+    m = job.model
+    assert m.epoch == 3 and m.round is not None and m.round.replace_ranks == {2, 3, 4, 5}
+    assert _agent_cmds(job.take()) == [("a2", "AgentExit", exitcodes.RESCHEDULE)]
+    job.stopped([0, 1], 10)
+    for rank in (2, 3, 4, 5):
+        job.register_rank(rank)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+
+
+def test_the_managers_own_kill_is_not_a_fault(make_job: Callable[..., Job]) -> None:
+    """A replacement the manager killed (it never registered: another pid) is no new fault."""
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    epoch = job.model.epoch
+    env = Envelope("unit", epoch, "agent:1", 1, None)  # type: ignore[arg-type]
+    killed = M.RankExited(1, 3, 99999, 137, 9, job.now, requested=True)
+    job.server._on_rank_exited(b"a1", env, killed)
+    assert job.model.pending == []
+    assert job.events("rank_exit")[-1]["expected"] is True
+    crashed = M.RankExited(1, 3, 99998, 1, 0, job.now)  # a replacement crashing on its own
+    job.server._on_rank_exited(b"a1", env, crashed)
+    assert [f.kind for f in job.model.pending] == ["rank_exit"]
+
+
+def test_a_requested_kill_of_a_just_registered_rank_unregisters_it(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.register_rank(3)
+    pid = job.model.ranks[3].pid
+    env = Envelope("unit", job.model.epoch, "agent:1", 1, None)  # type: ignore[arg-type]
+    job.server._on_rank_exited(b"a1", env, M.RankExited(1, 3, pid, 137, 9, job.now, True))
+    assert not job.model.ranks[3].alive and job.model.pending == []
 
 
 # ============================================================================ recovery phases
