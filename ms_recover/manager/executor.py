@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 from ms_recover import exitcodes
 from ms_recover.config import JobConfig
+from ms_recover.dumpfiles import DumpFile, write_manifest
 from ms_recover.events import EventLog
 from ms_recover.manager import actions as A
 from ms_recover.manager.model import JobModel, JobState
 from ms_recover.protocol import messages as M
-from ms_recover.worker.dump import DumpFile, write_manifest
 
 log = logging.getLogger("ms_recover.manager")
 
