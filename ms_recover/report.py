@@ -19,8 +19,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from ms_recover.manager.records import PHASES
+
 Event = dict[str, Any]
-PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
 COLLAPSED = frozenset({"member", "group"})  # one line per run of these, not one per event
 
 

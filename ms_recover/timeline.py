@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from ms_recover.events import Event
-
-PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
+from ms_recover.manager.records import PHASES
 
 
 class Timeline:

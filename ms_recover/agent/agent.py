@@ -108,13 +108,20 @@ class Agent:
         mine = self.config.ranks_of(self.config.node_rank)
         return not self.ranks.procs and all(self._last_exit.get(r) == 0 for r in mine)
 
-    def _report(self, exited: list[Exited]) -> None:
+    def _report(self, exited: list[Exited], requested: bool = False) -> None:
+        """Report exits; ``requested``: this agent ended them on the manager's command."""
         for e in exited:
             log.info("rank %d exited code=%d signal=%d", e.rank, e.exit_code, e.signal)
             self._last_exit[e.rank] = e.exit_code if e.signal == 0 else -e.signal
             self.chan.send(
                 M.RankExited(
-                    self.config.node_rank, e.rank, e.pid, e.exit_code, e.signal, e.observed_at
+                    self.config.node_rank,
+                    e.rank,
+                    e.pid,
+                    e.exit_code,
+                    e.signal,
+                    e.observed_at,
+                    requested,
                 ),
                 self._epoch,
             )
@@ -124,14 +131,14 @@ class Agent:
             log.error("manager rejected this agent: %s", msg.reason)
             self.exit_code = exitcodes.USAGE
         elif isinstance(msg, M.KillRanks):
-            self._report(self.ranks.kill(self._local(msg.ranks)))
+            self._report(self.ranks.kill(self._local(msg.ranks)), requested=True)
         elif isinstance(msg, M.StartRanks):
             for rank in self._local(msg.ranks):
                 log.info("restarting rank %d in place (%s)", rank, msg.reason)
                 self.ranks.start(rank)
         elif isinstance(msg, M.AgentExit):
             log.info("manager asks this agent to exit with %d: %s", msg.code, msg.reason)
-            self._report(self.ranks.kill(list(self.ranks.procs)))
+            self._report(self.ranks.kill(list(self.ranks.procs)), requested=True)
             self.exit_code = msg.code
 
     def _local(self, ranks: list[int]) -> list[int]:

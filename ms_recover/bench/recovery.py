@@ -47,13 +47,13 @@ from typing import Any
 from ms_recover.bench.jobdriver import JobDriver
 from ms_recover.bench.table import Measure, Report, median, summary
 from ms_recover.config import JobConfig
+from ms_recover.manager.records import PHASES
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.localjob import LocalJob
 
 TARGET_RATIO = 0.25
 TARGET_SPARE_S = 1.0
 LONG_RUN_STEPS = 10**7
-PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
 RESTART_PARTS = (
     ("launch", "kill -> interpreter up", None, "start"),
     ("import", "import mindspore", "start", "imported"),

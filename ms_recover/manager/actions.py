@@ -1,12 +1,16 @@
-"""Actions returned by ``decide`` and carried out by the server's executor."""
+"""Actions returned by ``decide`` and carried out by the :class:`~ms_recover.manager.executor.
+Executor`, one small handler each. Every action carries its reason, which the executor logs.
+Pure: no zmq, numpy or msgpack.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from ms_recover.manager.model import Fault, JobState, Round
+from ms_recover.manager.records import Phase, Record
 from ms_recover.protocol.messages import Message
+from ms_recover.strategy import Strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +48,54 @@ class StartRound(Action):
     round: Round
 
 
+# ----------------------------------------------------------------------------- round updates
 @dataclasses.dataclass(frozen=True)
-class UpdateRound(Action):
-    """Change fields of the current round (target step, repair attempt, phase marks...)."""
+class StopDone(Action):
+    """Every survivor acknowledged the round's Stop at ``at``."""
 
-    changes: dict[str, Any]
+    at: float
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplaceDone(Action):
+    """Every replacement registered at ``at``."""
+
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class NextPhase(Action):
+    """The phase clock restarts at ``at``; ``done`` (if any) lasted since the last start."""
+
+    at: float
+    done: Phase | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SetTarget(Action):
+    """Every rank rebuilt: repair to ``step``, first attempt."""
+
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryRepair(Action):
+    """A repair attempt failed: try ``attempt`` without ``bad_sources``."""
+
+    attempt: int
+    bad_sources: frozenset[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChooseWriters(Action):
+    """Dump: ``ranks`` write the state of ``step``; the phase clock restarts at ``at``."""
+
+    ranks: tuple[int, ...]
+    step: int
+    at: float
+
+
+# ----------------------------------------------------------------------------- job updates
 @dataclasses.dataclass(frozen=True)
 class Transition(Action):
     to: JobState
@@ -74,7 +119,7 @@ class SetActive(Action):
 class Exhaust(Action):
     """No more tries of ``strategy`` in this incident (its replacement never came)."""
 
-    strategy: str
+    strategy: Strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,5 +131,4 @@ class WriteManifest(Action):
 class Emit(Action):
     """Write one event to the job's event log."""
 
-    event: str
-    fields: dict[str, Any]
+    record: Record

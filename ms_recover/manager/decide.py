@@ -1,16 +1,17 @@
 """The manager's pure decision function: ``decide(model, now) -> list[Action]``.
 
-It reads the :class:`JobModel` and the clock and never changes either; the server's executor
-applies the returned actions in order. Every action carries its reason as a string, which the
-executor logs with ``epoch= rank= state=`` fields.
+It reads the :class:`JobModel` and the clock and never changes either; the
+:class:`~ms_recover.manager.executor.Executor` applies the returned actions in order. Every
+action carries its reason as a string, which the executor logs with ``epoch= rank= state=``
+fields. Pure: no zmq, numpy or msgpack.
 """
 
 from __future__ import annotations
 
 from ms_recover.manager.actions import Action
-from ms_recover.manager.model import Fault, JobModel, JobState
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
 from ms_recover.manager.phases import PROGRESS
-from ms_recover.manager.rounds import on_faults
+from ms_recover.manager.rounds import Failure, escalate, on_faults
 
 
 def decide(m: JobModel, now: float) -> list[Action]:
@@ -19,8 +20,11 @@ def decide(m: JobModel, now: float) -> list[Action]:
         return []
     faults = list(m.pending) + detect_silence(m, now)
     if faults:
-        return on_faults(m, faults, now, "fault detected")
-    return PROGRESS[m.state](m, now)
+        return on_faults(m, faults, now)
+    progress = PROGRESS[m.state](m, now)
+    if isinstance(progress, Failure):
+        return escalate(m, now, progress)  # every failed phase re-enters the fault path here
+    return progress
 
 
 # ----------------------------------------------------------------------------- detection
@@ -35,7 +39,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
     lost = sorted(node for node, a in m.agents.items() if a.last_seen < agent_limit and a.alive)
     faults = [
         Fault(
-            "node_lost",
+            FaultKind.NODE_LOST,
             node,
             -1,
             f"agent silent for {now - m.agents[node].last_seen:.2f}s",
@@ -53,7 +57,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
         quiet = now - info.last_seen
         faults.append(
             Fault(
-                "rank_silent",
+                FaultKind.RANK_SILENT,
                 info.node_rank,
                 info.rank,
                 f"no heartbeat for {quiet:.2f}s",
@@ -76,7 +80,7 @@ def _detect_hang(m: JobModel, now: float) -> list[Fault]:
     culprit = min(active, key=lambda i: (i.last_seen, i.committed_step, i.rank))
     return [
         Fault(
-            "hang",
+            FaultKind.HANG,
             culprit.node_rank,
             culprit.rank,
             f"no step progress for {stalled:.1f}s (stuck at step {culprit.committed_step})",

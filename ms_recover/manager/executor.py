@@ -1,103 +1,110 @@
-"""The manager's executor: the one place that applies ``decide``'s actions to the job.
+"""The executor: the one place that applies ``decide``'s actions to the job.
 
-It changes the job model, sends messages, and writes events (phases, recoveries, the dump
-manifest). :class:`~ms_recover.manager.server.ManagerServer` mixes it in.
+It is built from the job model, the event log, the clock and a :class:`Sender`, and has one
+small handler per action type: it changes the model, sends messages, and writes events
+(phases, recoveries, the dump manifest). The server composes it with its ROUTER as the
+sender; the tests compose it with a fake sender and no socket.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from ms_recover import exitcodes
-from ms_recover.config import JobConfig
+from ms_recover.dumpfiles import DumpFile, write_manifest
 from ms_recover.events import EventLog
 from ms_recover.manager import actions as A
 from ms_recover.manager.model import JobModel, JobState
-from ms_recover.protocol import messages as M
-from ms_recover.worker.dump import DumpFile, write_manifest
+from ms_recover.manager.records import (
+    PHASES,
+    DumpRecord,
+    JobEndRecord,
+    JobStartRecord,
+    Phase,
+    PhaseRecord,
+    RecoveryRecord,
+    WorldRecord,
+)
+from ms_recover.protocol.messages import AgentExit, Message
 
 log = logging.getLogger("ms_recover.manager")
 
-PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
+__all__ = ["PHASES", "Executor", "Sender"]
+
+
+class Sender(Protocol):
+    """Sends one message to each of the given peer identities (ROUTER identities)."""
+
+    def send(self, identities: Sequence[bytes], msg: Message) -> None: ...
 
 
 class Executor:
-    """Applies actions; the server provides the model, the config, events and ``_send_to``."""
+    """Applies actions to ``model``. ``agent_ids`` maps a node to its agent's identity (the
+    server fills it in as agents register)."""
 
-    model: JobModel
-    config: JobConfig
-    events: EventLog
-    clock: Callable[[], float]
-    _agent_ids: dict[int, bytes]
-
-    def _send_to(self, identities: list[bytes], msg: M.Message) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        model: JobModel,
+        events: EventLog,
+        clock: Callable[[], float],
+        sender: Sender,
+        agent_ids: dict[int, bytes] | None = None,
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        self.events = events
+        self.clock = clock
+        self.sender = sender
+        self.agent_ids: dict[int, bytes] = {} if agent_ids is None else agent_ids
+        self._handlers: dict[type[A.Action], Callable[[Any], None]] = {
+            A.SendRanks: self._send_ranks,
+            A.SendAgent: self._send_agent,
+            A.MarkLost: self._mark_lost,
+            A.StartRound: self._start_round,
+            A.StopDone: self._stop_done,
+            A.ReplaceDone: self._replace_done,
+            A.NextPhase: self._next_phase,
+            A.SetTarget: self._set_target,
+            A.RetryRepair: self._retry_repair,
+            A.ChooseWriters: self._choose_writers,
+            A.Transition: self._transition,
+            A.FinishRound: self._finish_round,
+            A.SetActive: self._set_active,
+            A.Exhaust: self._exhaust,
+            A.WriteManifest: self._write_manifest,
+            A.Emit: self._emit,
+        }
 
     def execute(self, actions: list[A.Action]) -> None:
         """Apply ``decide``'s actions, in order. The only place that changes the job state."""
         for action in actions:
             self._log_action(action)
-            self._apply(action)
+            self._handlers[type(action)](action)
 
-    def _apply(self, action: A.Action) -> None:
+    def exit_code(self) -> int:
+        """The job's exit code so far (0 once finished)."""
         m = self.model
-        if isinstance(action, A.SendRanks):
-            idents = [m.ranks[r].identity for r in action.ranks if m.ranks[r].identity]
-            self._send_to(idents, action.msg)
-        elif isinstance(action, A.SendAgent):
-            ident = self._agent_ids.get(action.node_rank)
-            if ident is not None:
-                self._send_to([ident], action.msg)
-            if isinstance(action.msg, M.AgentExit):
-                m.agents[action.node_rank].alive = False  # it is on its way out
-        elif isinstance(action, A.MarkLost):
-            self._mark_lost(action)
-        elif isinstance(action, A.StartRound):
-            self._start_round(action)
-        elif isinstance(action, A.UpdateRound):
-            assert m.round is not None
-            m.round = dataclasses.replace(m.round, **action.changes)
-        elif isinstance(action, A.Transition):
-            m.transition(action.to)
-            if action.to is JobState.EXITING and m.exit_code is None:
-                m.exit_code = exitcodes.JOB_EXIT
-        elif isinstance(action, A.FinishRound):
-            self._finish_round(action.ok, action.reason)
-        elif isinstance(action, A.SetActive):
-            m.active = action.ranks
-            self.events.write("world", epoch=m.epoch, active=sorted(action.ranks))
-        elif isinstance(action, A.Exhaust):
-            m.tries[action.strategy] = self.config.max_tries
-        elif isinstance(action, A.WriteManifest):
-            self._write_manifest()
-        elif isinstance(action, A.Emit):
-            self.events.write(action.event, epoch=m.epoch, state=m.state.value, **action.fields)
-            if action.event == "job_end":
-                m.exit_code = int(action.fields["exit_code"])
+        if m.state is JobState.FINISHED:
+            return exitcodes.OK
+        return m.exit_code if m.exit_code is not None else exitcodes.FAILED
 
-    def _write_manifest(self) -> None:
-        m = self.model
-        assert m.round is not None
-        files = [DumpFile.from_dict(m.ranks[r].dump or {}) for r in m.round.dump_ranks]
-        shards = {r: i.shard for r, i in m.ranks.items()}
-        path = write_manifest(
-            self.config.effective_dump_dir(),
-            self.config.job_id,
-            m.round.target_step,
-            self.config.world_size,
-            files,
-            shards,
-        )
-        self.events.write(
-            "dump",
-            epoch=m.epoch,
-            step=m.round.target_step,
-            manifest=path,
-            files=[f.file for f in files],
-        )
+    # ------------------------------------------------------------------ messages
+    def _send_ranks(self, action: A.SendRanks) -> None:
+        ranks = self.model.ranks
+        idents = [ranks[r].identity for r in action.ranks if ranks[r].identity]
+        self.sender.send(idents, action.msg)
 
+    def _send_agent(self, action: A.SendAgent) -> None:
+        ident = self.agent_ids.get(action.node_rank)
+        if ident is not None:
+            self.sender.send([ident], action.msg)
+        if isinstance(action.msg, AgentExit):
+            self.model.agents[action.node_rank].alive = False  # it is on its way out
+
+    # ------------------------------------------------------------------ members and rounds
     def _mark_lost(self, action: A.MarkLost) -> None:
         m = self.model
         if action.fault in m.pending:
@@ -120,41 +127,104 @@ class Executor:
         for info in m.ranks.values():
             info.repair_failure, info.dump = None, None
 
-    def _finish_round(self, ok: bool, reason: str) -> None:
+    def _update(self, **changes: Any) -> None:
+        assert self.model.round is not None, "a round update needs a round"
+        self.model.round = dataclasses.replace(self.model.round, **changes)
+
+    def _stop_done(self, action: A.StopDone) -> None:
+        self._update(stop_done=action.at)
+
+    def _replace_done(self, action: A.ReplaceDone) -> None:
+        self._update(replace_done=action.at)
+
+    def _next_phase(self, action: A.NextPhase) -> None:
+        rnd = self.model.round
+        assert rnd is not None
+        phases = dict(rnd.phases)
+        if action.done is not None:
+            phases[action.done] = action.at - rnd.phase_start
+        self._update(phases=phases, phase_start=action.at)
+
+    def _set_target(self, action: A.SetTarget) -> None:
+        self._update(target_step=action.step, repair_attempt=0)
+
+    def _retry_repair(self, action: A.RetryRepair) -> None:
+        self._update(repair_attempt=action.attempt, bad_sources=action.bad_sources)
+
+    def _choose_writers(self, action: A.ChooseWriters) -> None:
+        self._update(dump_ranks=action.ranks, target_step=action.step, phase_start=action.at)
+
+    # ------------------------------------------------------------------ the job
+    def _transition(self, action: A.Transition) -> None:
+        m = self.model
+        m.transition(action.to)
+        if action.to is JobState.EXITING and m.exit_code is None:
+            m.exit_code = exitcodes.JOB_EXIT
+
+    def _set_active(self, action: A.SetActive) -> None:
+        self.model.active = action.ranks
+        self._write(WorldRecord(sorted(action.ranks)))
+
+    def _exhaust(self, action: A.Exhaust) -> None:
+        self.model.tries[action.strategy.value] = self.config.max_tries
+
+    def _emit(self, action: A.Emit) -> None:
+        m = self.model
+        self.events.write(
+            action.record.EVENT, epoch=m.epoch, state=m.state.value, **action.record.fields()
+        )
+        if isinstance(action.record, JobEndRecord):
+            m.exit_code = action.record.exit_code
+
+    def _write(self, record: PhaseRecord | WorldRecord | DumpRecord | JobStartRecord) -> None:
+        self.events.write(record.EVENT, epoch=self.model.epoch, **record.fields())
+
+    def _write_manifest(self, action: A.WriteManifest) -> None:
+        m, cfg = self.model, self.config
+        assert m.round is not None
+        files = [DumpFile.from_dict(m.ranks[r].dump or {}) for r in m.round.dump_ranks]
+        shards = {r: i.shard for r, i in m.ranks.items()}
+        step = m.round.target_step
+        where = cfg.effective_dump_dir()
+        path = write_manifest(where, cfg.job_id, step, cfg.world_size, files, shards)
+        self._write(DumpRecord(step, path, [f.file for f in files]))
+
+    def _finish_round(self, action: A.FinishRound) -> None:
         m, now = self.model, self.clock()
         rnd = m.round
         assert rnd is not None
-        phases = {
-            "detect": rnd.detect_s,
-            "stop": (rnd.stop_done or now) - rnd.started if rnd.strategy else 0.0,
-            "replace": (rnd.replace_done or now) - rnd.started if rnd.strategy else 0.0,
+        measured = {
+            Phase.DETECT: rnd.detect_s,
+            Phase.STOP: (rnd.stop_done or now) - rnd.started if rnd.strategy else 0.0,
+            Phase.REPLACE: (rnd.replace_done or now) - rnd.started if rnd.strategy else 0.0,
             **rnd.phases,
         }
-        phases = {p: round(phases.get(p, 0.0), 4) for p in PHASES}
+        phases = {p.value: round(measured.get(p, 0.0), 4) for p in Phase}
         if rnd.strategy is None:
-            if ok:
-                self.events.write("job_start", epoch=m.epoch, phases=phases)
+            if action.ok:
+                self._write(JobStartRecord(phases))
             return
-        record = {
-            "ok": ok,
-            "strategy": rnd.strategy.value,
-            "reason": reason,
-            "mttr_s": round(now - rnd.incident_start, 4),
-            "phases": phases,
-            "target_step": rnd.target_step,
-            "lost_steps": max(0, rnd.peak_step - rnd.target_step) if ok else None,
-            "faults": [f.detail for f in rnd.faults],
-            "replaced": sorted(rnd.replace_ranks),
-        }
+        record = RecoveryRecord(
+            ok=action.ok,
+            strategy=rnd.strategy.value,
+            reason=action.reason,
+            mttr_s=round(now - rnd.incident_start, 4),
+            phases=phases,
+            target_step=rnd.target_step,
+            lost_steps=max(0, rnd.peak_step - rnd.target_step) if action.ok else None,
+            faults=[f.detail for f in rnd.faults],
+            replaced=sorted(rnd.replace_ranks),
+        )
         for phase in PHASES:
-            self.events.write("phase", epoch=m.epoch, phase=phase, duration_s=phases[phase])
-        m.last_recovery = self.events.write("recovery", epoch=m.epoch, **record)
-        if ok:
+            self._write(PhaseRecord(phase, phases[phase]))
+        m.last_recovery = self.events.write(record.EVENT, epoch=m.epoch, **record.fields())
+        if action.ok:
             m.recoveries += 1
             m.tries.clear()
 
     def _log_action(self, action: A.Action) -> None:
-        if isinstance(action, (A.SendRanks, A.SendAgent)) and log.isEnabledFor(logging.DEBUG):
+        quiet = (A.SendRanks, A.SendAgent)
+        if isinstance(action, quiet) and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s epoch=%d state=%s %s",
                 type(action).__name__,
@@ -162,7 +232,7 @@ class Executor:
                 self.model.state.value,
                 action.reason,
             )
-        elif not isinstance(action, (A.SendRanks, A.SendAgent, A.UpdateRound)):
+        elif not isinstance(action, quiet + _ROUND_UPDATES):
             rank = getattr(getattr(action, "fault", None), "rank", "-")
             log.info(
                 "%s epoch=%d rank=%s state=%s reason=%s",
@@ -172,3 +242,14 @@ class Executor:
                 self.model.state.value,
                 action.reason,
             )
+
+
+#: Round bookkeeping, not worth a log line each (as the one UpdateRound was not).
+_ROUND_UPDATES = (
+    A.StopDone,
+    A.ReplaceDone,
+    A.NextPhase,
+    A.SetTarget,
+    A.RetryRepair,
+    A.ChooseWriters,
+)

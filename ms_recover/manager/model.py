@@ -11,7 +11,8 @@
 
 Only :meth:`JobModel.transition` changes the state, and it raises on a transition the table
 does not allow. The model holds data only; the pure :func:`~ms_recover.manager.decide.decide`
-reads it and the server's executor changes it.
+reads it and the :class:`~ms_recover.manager.executor.Executor` changes it. Pure: no zmq,
+numpy or msgpack.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import enum
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
+from ms_recover.manager.records import Phase
 from ms_recover.strategy import Strategy
 
 
@@ -65,6 +67,32 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
+class FaultKind(str, enum.Enum):
+    """What was detected (the ``kind`` of a fault event)."""
+
+    RANK_EXIT = "rank_exit"  # an agent saw a rank process end on its own
+    RANK_SILENT = "rank_silent"  # no heartbeat from a rank
+    NODE_LOST = "node_lost"  # no heartbeat from an agent
+    NODE_RESTARTED = "node_restarted"  # a pod was recreated before its loss was noticed
+    HANG = "hang"  # no step progress, or a rank stuck in a recovery phase
+    WORKER_ERROR = "worker_error"  # a rank caught an error and reported it (it lives on)
+    ESCALATION = "escalation"  # a phase failed with no rank to blame
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Ack(str, enum.Enum):
+    """The recovery phases a rank acknowledges (repair acks also carry the attempt)."""
+
+    STOP = "stop"
+    REBUILD = "rebuild"
+    REPAIR = "repair"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class IllegalTransition(MsRecoverError):
     """The state machine was asked for a transition its table does not allow."""
 
@@ -85,11 +113,22 @@ class RankInfo:
     committed_step: int = -1
     last_seen: float = 0.0
     last_progress: float = 0.0
-    acked: dict[str, int] = dataclasses.field(default_factory=dict)  # phase -> epoch
+    acks: dict[tuple[Ack, int], int] = dataclasses.field(default_factory=dict)  # -> epoch
     repair_failure: tuple[int, int, str] | None = None  # (attempt, failed peer, reason)
     dump: dict[str, object] | None = None  # the Dumped answer of this epoch
     done: bool = False
     identity: bytes = b""
+
+    def ack(self, phase: Ack, epoch: int, attempt: int = 0) -> None:
+        """Record that this rank finished ``phase`` (repair: attempt ``attempt``) in ``epoch``."""
+        self.acks[phase, attempt] = epoch
+
+    def acked(self, phase: Ack, epoch: int, attempt: int = 0) -> bool:
+        return self.acks.get((phase, attempt)) == epoch
+
+    def acked_epoch(self, phase: Ack, attempt: int = 0) -> int:
+        """The epoch of this rank's last ack of ``phase``, or -1."""
+        return self.acks.get((phase, attempt), -1)
 
 
 @dataclasses.dataclass
@@ -107,9 +146,9 @@ class AgentInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """A detected failure: rank_exit, rank_silent, node_lost, node_restarted, hang, worker_error."""
+    """A detected failure (see :class:`FaultKind`)."""
 
-    kind: str
+    kind: FaultKind
     node_rank: int
     rank: int  # -1 for a whole node
     detail: str
@@ -117,10 +156,17 @@ class Fault:
     detect_s: float  # from the last sign of health to detection
     corrupt: bool = False  # the rank survived but its state must be repaired (retry)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FaultKind(self.kind))  # a plain string is checked
+
 
 @dataclasses.dataclass
 class Round:
-    """One recovery attempt (or the initial formation when ``strategy`` is None)."""
+    """One recovery attempt (or the initial formation when ``strategy`` is None).
+
+    The strategy sets the rank sets once, when it starts the round; the executor moves the
+    rest (phase marks, target step, repair attempts) with typed round updates.
+    """
 
     epoch: int
     strategy: Strategy | None
@@ -134,12 +180,12 @@ class Round:
     peak_step: int = -1
     repair_attempt: int = 0
     bad_sources: frozenset[int] = frozenset()
-    corrupt_ranks: frozenset[int] = frozenset()  # alive, but state must be repaired (retry)
-    excluded_ranks: frozenset[int] = frozenset()  # neither stopped nor used (dump, elastic)
-    new_active: frozenset[int] = frozenset()  # elastic: the world after this round
-    dump_ranks: tuple[int, ...] = ()
+    untrusted: frozenset[int] = frozenset()  # alive, but their state is repaired too
+    left_out: frozenset[int] = frozenset()  # neither stopped nor in the world after the round
+    world: frozenset[int] = frozenset()  # the data-plane world after this round
+    dump_ranks: tuple[int, ...] = ()  # DUMPING: the ranks that write the state
     phase_start: float = 0.0
-    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    phases: dict[Phase, float] = dataclasses.field(default_factory=dict)
     stop_done: float = 0.0
     replace_done: float = 0.0
 

@@ -1,198 +1,125 @@
-"""Starting rounds: a fault's new epoch and strategy, escalation, exit, and elastic growth.
+"""The fault path: faults (new ones, or a failed phase) start a new epoch under the first
+feasible strategy of the job's list, or end the job.
 
-Pure functions of the job model and the clock, returning actions (see ``decide``).
+Pure functions of the job model and the clock, returning actions (see ``decide``). A failed
+phase reaches this path only through :func:`escalate`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
 
 from ms_recover import exitcodes
-from ms_recover.manager.actions import (
-    Action,
-    Emit,
-    FinishRound,
-    MarkLost,
-    SendAgent,
-    SendRanks,
-    StartRound,
-    Transition,
-)
-from ms_recover.manager.feasibility import choose_strategy
-from ms_recover.manager.model import Fault, JobModel, JobState, Round
-from ms_recover.protocol.messages import (
-    AgentExit,
-    Exit,
-    KillRanks,
-    StartRanks,
-    Stop,
-)
+from ms_recover.manager.actions import Action, Emit, Exhaust, MarkLost
+from ms_recover.manager.commands import exit_job
+from ms_recover.manager.model import Fault, FaultKind, JobModel, Round
+from ms_recover.manager.records import FaultRecord
+from ms_recover.manager.strategies.base import FAULT_DETECTED, Incident
+from ms_recover.manager.strategies.registry import choose
 from ms_recover.strategy import Strategy
 
 
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A recovery phase failed: why, the ranks to blame (they are replaced), the strategy it
+    ends for this incident (if any), and the actions to apply before the new round."""
+
+    why: str
+    culprits: tuple[int, ...] = ()
+    exhausted: Strategy | None = None
+    first: tuple[Action, ...] = ()
+
+
 def on_faults(
-    m: JobModel, faults: list[Fault], now: float, why: str, exhausted: str = ""
+    m: JobModel,
+    faults: list[Fault],
+    now: float,
+    why: str = FAULT_DETECTED,
+    exhausted: Strategy | None = None,
 ) -> list[Action]:
     """Mark the faults, then start a new round with the first feasible strategy, or exit."""
-    cfg = m.config
     actions: list[Action] = []
     hit: set[int] = set()
     for f in faults:
-        ranks = cfg.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
+        ranks = m.config.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
         hit.update(ranks)
-        lost = () if f.kind == "worker_error" else tuple(ranks)  # that rank is still alive
-        actions.append(MarkLost(f"{f.kind}: {f.detail}", f, lost, f.kind == "node_lost"))
-        steps = [m.ranks[r].committed_step for r in ranks]
-        actions.append(
-            Emit(
-                f.detail,
-                "fault",
-                {
-                    "kind": f.kind,
-                    "rank": f.rank,
-                    "node_rank": f.node_rank,
-                    "detail": f.detail,
-                    "detect_s": round(f.detect_s, 4),
-                    "reported_step": max(steps),
-                },
-            )
-        )
+        actions += _mark(m, f, tuple(ranks))
     prev = m.round if m.in_recovery else None
+    underway = _underway(m, prev, hit)
+    all_faults = (prev.faults if prev else []) + faults
+    lost_nodes = {f.node_rank for f in all_faults if f.kind is FaultKind.NODE_LOST}
     if prev is not None:
         hit |= prev.replace_ranks
-    all_faults = (prev.faults if prev else []) + faults
-    lost_nodes = {f.node_rank for f in all_faults if f.kind == "node_lost"}
-    if prev is not None:
         lost_nodes |= {n for n in prev.reschedule_nodes if not m.agents[n].alive}
-    strategy, reason = choose_strategy(m, all_faults, hit, lost_nodes, exhausted)
-    if strategy is None or strategy is Strategy.EXIT:
-        return actions + exit_job(m, exitcodes.JOB_EXIT, f"{why}; {reason}")
-    if why != "fault detected":
-        reason = f"{why}; {reason}"
-    return actions + _new_round(m, now, strategy, all_faults, hit, lost_nodes, prev, reason)
-
-
-def _new_round(
-    m: JobModel,
-    now: float,
-    strategy: Strategy,
-    faults: list[Fault],
-    hit: set[int],
-    lost_nodes: set[int],
-    prev: Round | None,
-    reason: str,
-) -> list[Action]:
-    cfg = m.config
-    epoch = m.epoch + 1
-    restarts = strategy in (Strategy.RECOVER, Strategy.RECOVER_IN_PLACE)
-    replace = set(hit) if restarts else set()
-    excluded: frozenset[int] = frozenset()
-    if strategy in (Strategy.DUMP, Strategy.ELASTIC_TRAINING):
-        excluded = frozenset(hit | {r for r, i in m.ranks.items() if not i.alive})
-    corrupt = frozenset(f.rank for f in faults if f.corrupt and strategy is Strategy.RETRY)
-    nodes: set[int] = set()
-    if strategy is Strategy.RECOVER:
-        nodes = {cfg.node_of(r) for r in hit} | lost_nodes
-        for node in nodes:
-            replace.update(cfg.ranks_of(node))
-    first = faults[0] if faults else Fault("escalation", -1, -1, reason, now, 0.0)
-    peak = max(i.committed_step for i in m.ranks.values())
-    rnd = Round(
-        epoch=epoch,
-        strategy=strategy,
-        faults=faults,
-        replace_ranks=frozenset(replace),
-        reschedule_nodes=frozenset(nodes),
-        started=now,
-        incident_start=prev.incident_start if prev else first.ts - first.detect_s,
-        detect_s=prev.detect_s if prev else first.detect_s,
-        peak_step=max(prev.peak_step, peak) if prev else peak,
-        phase_start=now,
-        corrupt_ranks=corrupt,
-        excluded_ranks=excluded,
-        new_active=m.active - excluded,
-    )
-    survivors = tuple(
-        r for r in sorted(m.ranks) if r not in replace | excluded and m.ranks[r].alive
-    )
-    # A recreated pod already started fresh ranks: its agent needs no command.
-    fresh = {f.node_rank for f in faults if f.kind == "node_restarted"}
-    actions: list[Action] = [
-        Emit(
-            reason,
-            "decision",
-            {
-                "strategy": strategy.value,
-                "reason": reason,
-                "replace": sorted(replace),
-                "nodes": sorted(nodes),
-            },
+    incident = Incident(
+        faults=tuple(all_faults),
+        hit=frozenset(hit),
+        lost_nodes=frozenset(lost_nodes),
+        underway=frozenset(underway),
+        fresh_nodes=frozenset(
+            f.node_rank for f in all_faults if f.kind is FaultKind.NODE_RESTARTED
         ),
-        StartRound(reason, rnd),
-        SendRanks("stop survivors", survivors, Stop(reason)),
-    ]
-    if strategy is Strategy.RECOVER:
-        for node in sorted(nodes - fresh):
-            if m.agents[node].alive:
-                actions.append(
-                    SendAgent("reschedule pod", node, AgentExit(exitcodes.RESCHEDULE, reason))
-                )
-    elif restarts or strategy is Strategy.ELASTIC_TRAINING:
-        # Elastic training goes on without waiting, but still asks for replacements.
-        todo = replace or {r for r in hit if m.agents[cfg.node_of(r)].alive}
-        for node in sorted({cfg.node_of(r) for r in todo} - fresh):
-            local = sorted(r for r in todo if cfg.node_of(r) == node)
-            actions.append(SendAgent("kill leftovers", node, KillRanks(local, reason)))
-            actions.append(SendAgent("restart in place", node, StartRanks(local, reason)))
-    actions.append(Transition(reason, JobState.STOPPING))
-    return actions
+        prev=prev,
+    )
+    strategy, reason = choose(m, incident, exhausted)
+    if strategy is None:
+        return actions + exit_job(m, exitcodes.JOB_EXIT, f"{why}; {reason}")
+    return actions + strategy.start(m, now, incident, why, reason)
 
 
-def exit_job(m: JobModel, code: int, reason: str) -> list[Action]:
-    """Stop every process of the job with ``code`` (the ``exit`` strategy or the end)."""
-    actions: list[Action] = [Emit(reason, "decision", {"strategy": "exit", "reason": reason})]
-    if m.round is not None and m.in_recovery:
-        actions.append(FinishRound(reason, False))
-    actions.append(SendRanks("exit", tuple(m.live_ranks()), Exit(code, reason)))
-    for node, agent in sorted(m.agents.items()):
-        if agent.alive:
-            actions.append(SendAgent("exit", node, AgentExit(code, reason)))
-    actions.append(Emit(reason, "job_end", {"exit_code": code, "reason": reason}))
-    actions.append(Transition(reason, JobState.EXITING))
-    return actions
-
-
-def escalate(
-    m: JobModel, now: float, why: str, stuck: Sequence[int] = (), exhausted: str = ""
-) -> list[Action]:
-    """A phase failed or timed out: new epoch, same or next strategy (never ``exhausted``)."""
-    faults = [Fault("hang", m.config.node_of(r), r, f"{why} (rank {r})", now, 0.0) for r in stuck]
-    if not faults and not m.round:
-        return exit_job(m, exitcodes.JOB_EXIT, why)
-    return on_faults(m, faults, now, why, exhausted)
-
-
-def grow(m: JobModel, now: float, joiners: frozenset[int]) -> list[Action]:
-    """Elastic training: replacements registered; stop, rebuild with them, repair, resume."""
-    world = m.active | joiners
-    reason = f"elastic-training: ranks {sorted(joiners)} are back; grow to ranks {sorted(world)}"
-    rnd = Round(
-        epoch=m.epoch + 1,
-        strategy=Strategy.ELASTIC_TRAINING,
-        started=now,
-        incident_start=now,
-        peak_step=max(i.committed_step for i in m.ranks.values()),
-        phase_start=now,
-        excluded_ranks=frozenset(r for r, i in m.ranks.items() if not i.alive),
-        new_active=world,
+def _mark(m: JobModel, f: Fault, ranks: tuple[int, ...]) -> list[Action]:
+    lost = () if f.kind is FaultKind.WORKER_ERROR else ranks  # that rank is still alive
+    record = FaultRecord(
+        kind=f.kind.value,
+        rank=f.rank,
+        node_rank=f.node_rank,
+        detail=f.detail,
+        detect_s=round(f.detect_s, 4),
+        reported_step=max(m.ranks[r].committed_step for r in ranks),
     )
     return [
-        Emit(
-            reason,
-            "decision",
-            {"strategy": "elastic-training", "reason": reason, "replace": [], "nodes": []},
-        ),
-        StartRound(reason, rnd),
-        SendRanks("stop to grow", tuple(sorted(world)), Stop(reason)),
-        Transition(reason, JobState.STOPPING),
+        MarkLost(f"{f.kind.value}: {f.detail}", f, lost, f.kind is FaultKind.NODE_LOST),
+        Emit(f.detail, record),
     ]
+
+
+def _underway(m: JobModel, prev: Round | None, faulty: set[int]) -> set[int]:
+    """Ranks whose replacement the previous round already started and that are not faulty
+    again: the new round waits for them instead of killing them while they start.
+
+    In place, that is a restarted rank not registered yet, on a node whose agent lives; for a
+    rescheduled node, every rank of a recreated pod (its agent registered again) while none of
+    them has registered yet.
+    """
+    if prev is None or prev.strategy not in (Strategy.RECOVER_IN_PLACE, Strategy.RECOVER):
+        return set()
+    cfg = m.config
+    if prev.strategy is Strategy.RECOVER:
+        underway: set[int] = set()
+        for node in prev.reschedule_nodes:
+            ranks = set(cfg.ranks_of(node))
+            starting = not any(m.ranks[r].alive for r in ranks) and not ranks & faulty
+            if m.agents[node].alive and starting:
+                underway |= ranks
+        return underway
+    return {
+        r
+        for r in prev.replace_ranks - faulty
+        if not m.ranks[r].alive and m.agents[cfg.node_of(r)].alive
+    }
+
+
+def escalate(m: JobModel, now: float, failure: Failure) -> list[Action]:
+    """The one way back into the fault path for a failed or timed-out phase: new epoch, same
+    or next strategy (never the exhausted one); the culprits are replaced."""
+    why = failure.why
+    first = list(failure.first)
+    if failure.exhausted is not None:
+        first.append(Exhaust(why, failure.exhausted))
+    faults = [
+        Fault(FaultKind.HANG, m.config.node_of(r), r, f"{why} (rank {r})", now, 0.0)
+        for r in failure.culprits
+    ]
+    if not faults and not m.round:
+        return first + exit_job(m, exitcodes.JOB_EXIT, why)
+    return first + on_faults(m, faults, now, why, failure.exhausted)

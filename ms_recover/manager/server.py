@@ -1,8 +1,9 @@
-"""The manager server: a ZeroMQ ROUTER, message handlers, and the one executor of actions.
+"""The manager server: a ZeroMQ ROUTER and its message handlers, composed with the executor.
 
 Handlers only record facts in the :class:`JobModel` (registrations, heartbeats, acks, faults).
-After every batch of messages, and at least every ``tick_s``, the pure ``decide`` runs and
-:meth:`ManagerServer.execute` applies its actions in order.
+After every batch of messages, and at least every ``tick_s``, the pure ``decide`` runs and the
+:class:`~ms_recover.manager.executor.Executor` applies its actions in order, sending through
+this server (:meth:`ManagerServer.send`).
 """
 
 from __future__ import annotations
@@ -10,20 +11,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
-from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.events import EventLog
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
-from ms_recover.manager.feasibility import config_problems
-from ms_recover.manager.model import Fault, JobModel, JobState
+from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState
 from ms_recover.manager.status import status_of
+from ms_recover.manager.strategies.registry import config_problems
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.transport import make_socket, send_frames
@@ -34,7 +34,7 @@ log = logging.getLogger("ms_recover.manager")
 CORRUPTING = frozenset({"corrupt", "device_memory"})
 
 
-class ManagerServer(Executor):
+class ManagerServer:
     """Owns the job model. ``serve()`` runs until the job finishes or exits, or ``stop()``."""
 
     def __init__(
@@ -63,6 +63,7 @@ class ManagerServer(Executor):
             self.port = config.manager_port
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
+        self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
@@ -99,7 +100,7 @@ class ManagerServer(Executor):
                 if self._sock.poll(int(self.tick_s * 1000)):
                     self._drain()
                 with self._lock:
-                    self.execute(decide(self.model, self.clock()))
+                    self.executor.execute(decide(self.model, self.clock()))
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
                 if done and ended_at is None:
                     ended_at = time.monotonic()
@@ -110,9 +111,7 @@ class ManagerServer(Executor):
         return self.exit_code()
 
     def exit_code(self) -> int:
-        if self.model.state is JobState.FINISHED:
-            return exitcodes.OK
-        return self.model.exit_code if self.model.exit_code is not None else exitcodes.FAILED
+        return self.executor.exit_code()
 
     def start_thread(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve, name="ms-recover-manager", daemon=True)
@@ -153,9 +152,9 @@ class ManagerServer(Executor):
                     self.drops.drop(f"unusable {env.msg.KIND.decode()}: {exc}", env.sender)
 
     def _send(self, identity: bytes, msg: M.Message) -> None:
-        self._send_to([identity], msg)
+        self.send([identity], msg)
 
-    def _send_to(self, identities: list[bytes], msg: M.Message) -> None:
+    def send(self, identities: Sequence[bytes], msg: M.Message) -> None:
         """Encode once (one seq for the whole broadcast), send to every identity."""
         self._seq += 1
         frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
@@ -178,7 +177,7 @@ class ManagerServer(Executor):
             # The pod was recreated before its loss was noticed: its old ranks are gone.
             m.pending.append(
                 Fault(
-                    "node_restarted",
+                    FaultKind.NODE_RESTARTED,
                     msg.node_rank,
                     -1,
                     f"agent of node {msg.node_rank} restarted (pid {agent.pid} -> {msg.pid})",
@@ -224,9 +223,12 @@ class ManagerServer(Executor):
         m.agents[msg.node_rank].last_seen = now
         info = m.ranks[msg.rank]
         how = f"signal {msg.signal}" if msg.signal else f"exit code {msg.exit_code}"
-        # Expected: the exit of a process already declared lost. A process that never registered
-        # (another pid) crashed before joining: that is a fault too.
-        expected = not info.alive and msg.pid == info.pid
+        # Expected: the exit of a process already declared lost, or one the manager had killed
+        # (requested; perhaps a replacement that never registered). A process that never
+        # registered (another pid) and died on its own crashed before joining: a fault too.
+        expected = msg.requested or (not info.alive and msg.pid == info.pid)
+        if msg.requested and msg.pid == info.pid:
+            info.alive, info.identity = False, b""  # it registered just before the kill
         self.events.write(
             "rank_exit",
             epoch=m.epoch,
@@ -235,13 +237,14 @@ class ManagerServer(Executor):
             exit_code=msg.exit_code,
             signal=msg.signal,
             expected=expected,
+            requested=msg.requested,
         )
         if msg.exit_code == 0 and msg.signal == 0:
             info.done, info.alive = True, False
         elif not expected:
             m.pending.append(
                 Fault(
-                    "rank_exit",
+                    FaultKind.RANK_EXIT,
                     msg.node_rank,
                     msg.rank,
                     f"rank {msg.rank} died ({how})",
@@ -269,7 +272,7 @@ class ManagerServer(Executor):
         )
         info.endpoint_epoch = m.epoch
         info.last_seen = info.last_progress = now
-        info.acked, info.repair_failure, info.done = {}, None, False
+        info.acks, info.repair_failure, info.done = {}, None, False
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
         self._send(
             ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire())
@@ -331,19 +334,20 @@ class ManagerServer(Executor):
     def _on_stopped(self, ident: bytes, env: Envelope, msg: M.Stopped) -> None:
         info = self._worker(ident, msg.rank)
         if info is not None and self._current(env, "stopped"):
-            info.acked["stop"], info.committed_step = env.epoch, msg.committed_step
+            info.ack(Ack.STOP, env.epoch)
+            info.committed_step = msg.committed_step
 
     def _on_rebuilt(self, ident: bytes, env: Envelope, msg: M.Rebuilt) -> None:
         info = self._worker(ident, msg.rank)
         if info is not None and self._current(env, "rebuilt"):
-            info.acked["rebuild"] = env.epoch
+            info.ack(Ack.REBUILD, env.epoch)
 
     def _on_repaired(self, ident: bytes, env: Envelope, msg: M.Repaired) -> None:
         info = self._worker(ident, msg.rank)
         if info is None or not self._current(env, "repaired"):
             return
         if msg.ok:
-            info.acked[f"repair{msg.attempt}"] = env.epoch
+            info.ack(Ack.REPAIR, env.epoch, msg.attempt)
             info.committed_step = msg.committed_step
         else:
             info.repair_failure = (msg.attempt, msg.failed_peer, msg.reason)
@@ -353,7 +357,7 @@ class ManagerServer(Executor):
         if info is not None:
             self.model.pending.append(
                 Fault(
-                    "worker_error",
+                    FaultKind.WORKER_ERROR,
                     info.node_rank,
                     msg.rank,
                     f"rank {msg.rank} {msg.kind}: {msg.message}",

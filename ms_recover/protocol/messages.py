@@ -42,7 +42,11 @@ class AgentHeartbeat(Message):
 
 @dataclasses.dataclass(frozen=True)
 class RankExited(Message):
-    """agent -> manager: a local rank process ended. signal > 0 if it was killed by one."""
+    """agent -> manager: a local rank process ended. signal > 0 if it was killed by one.
+
+    ``requested`` is True when the agent ended it on the manager's command (KillRanks,
+    AgentExit): never a fault, whatever process it was.
+    """
 
     KIND: ClassVar[bytes] = b"rank_exited"
     node_rank: int
@@ -51,6 +55,7 @@ class RankExited(Message):
     exit_code: int
     signal: int
     observed_at: float
+    requested: bool = False
 
 
 # ----------------------------------------------------------------------------- manager -> agent

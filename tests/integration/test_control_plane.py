@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import Codec
+from ms_recover.protocol.codec import Codec, Envelope
 from ms_recover.testing.wait import wait_for
 
 from .jobs import results, run_to_end, trainer_job
@@ -145,3 +145,65 @@ def test_status_command_reports_a_live_job(tmp_path):
             timeout=30,
         )
         assert wrong.returncode == 1 and "no manager answered" in wrong.stderr
+
+
+# ----------------------------------------------------------------------------- handlers
+@pytest.fixture
+def server():
+    from ms_recover.config import JobConfig
+    from ms_recover.manager.server import ManagerServer
+    from ms_recover.strategy import parse_strategies
+
+    config = JobConfig(
+        job_id="unit",
+        node_nums=2,
+        proc_per_node=2,
+        manager_port=0,
+        strategies=parse_strategies("recover-in-place,exit"),
+    )
+    srv = ManagerServer(config, bind="127.0.0.1")
+    agent = srv.model.agents[1]
+    agent.registered = agent.alive = True
+    srv._agent_ids[1] = b"a1"
+    info = srv.model.ranks[3]  # rank 3 was replaced: its old process (pid 500) is gone
+    info.registered, info.alive, info.pid = True, False, 500
+    yield srv
+    srv.close()
+
+
+def _exited(srv, pid: int, code: int, sig: int, requested: bool = False) -> None:
+    env = Envelope("unit", srv.model.epoch, "agent:1", 1, None)
+    srv._on_rank_exited(b"a1", env, M.RankExited(1, 3, pid, code, sig, 0.0, requested))
+
+
+def test_the_managers_own_kill_is_not_a_fault(server):
+    """Issue 9 #1: a replacement the manager killed (it never registered: another pid)."""
+    _exited(server, 99999, 137, 9, requested=True)
+    assert server.model.pending == []
+    assert server.events.recent("rank_exit")[-1]["expected"] is True
+    _exited(server, 99998, 1, 0)  # a replacement crashing on its own is a fault
+    assert [f.kind for f in server.model.pending] == ["rank_exit"]
+
+
+def test_a_requested_kill_of_a_just_registered_rank_unregisters_it(server):
+    info = server.model.ranks[3]
+    info.alive, info.pid, info.identity = True, 777, b"r3"  # registered just before the kill
+    _exited(server, 777, 137, 9, requested=True)
+    assert not info.alive and info.identity == b"" and server.model.pending == []
+
+
+def test_impossible_strategies_are_reported_when_the_manager_starts() -> None:
+    from ms_recover.config import JobConfig
+    from ms_recover.manager.server import ManagerServer
+    from ms_recover.strategy import parse_strategies
+
+    config = JobConfig(
+        job_id="one", manager_port=0, strategies=parse_strategies("recover,elastic-training,exit")
+    )
+    server = ManagerServer(config)
+    try:
+        problems = [e["problem"] for e in server.events.recent("config_warning")]
+    finally:
+        server.close()
+    assert any(p.startswith("recover: a one-rank job") for p in problems)
+    assert any(p.startswith("elastic-training: a one-rank job") for p in problems)

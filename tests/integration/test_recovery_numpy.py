@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +265,34 @@ def test_a_lost_manager_stops_every_node(tmp_path):
 def _is_zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_two_ranks_of_different_nodes_killed_at_the_same_step(tmp_path, reference):
+    """Issue 9 #1: both ranks are covered by one recovery; the manager's own kills of a
+    starting replacement are never counted as new faults."""
+    out = str(tmp_path)
+    with trainer_job(out, Faults().kill(rank=1, step=10).kill(rank=3, step=10)) as job:
+        last = _assert_recovered(job, out, reference, "recover-in-place")
+    assert sorted(last["replaced"]) == [1, 3] and last["target_step"] == 10
+    assert {f["rank"] for f in job.find("fault")} == {1, 3}
+    unexpected = [(e["rank"], e["pid"]) for e in job.find("rank_exit", expected=False)]
+    assert sorted(r for r, _ in unexpected) == [1, 3], unexpected  # the two injected kills
+    assert [r["incarnation"] for r in results(out)] == [0, 1, 0, 1]
+
+
+def test_second_rank_killed_while_the_first_replacement_starts(tmp_path, reference):
+    """Issue 9 #1: rank 2 (node 1) dies after rank 1 (node 0) died and before rank 1's
+    replacement registered; the new epoch covers both and the replacement is not killed."""
+    out = str(tmp_path)
+    with trainer_job(out, Faults().kill(rank=1, step=10)) as job:
+        wait_for(lambda: job.find("decision"), 30, "the first decision")
+        victim = job.status()["ranks"][2]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: job.find("fault", rank=2), 10, "the second fault")
+        last = _assert_recovered(job, out, reference, "recover-in-place")
+    reboots = [e for e in job.find("member") if e.get("reboot")]
+    second = job.find("fault", rank=2)[0]
+    assert min(e["ts"] for e in reboots if e["rank"] == 1) > second["ts"], "too late a kill"
+    assert sorted(last["replaced"]) == [1, 2] and last["target_step"] == 10
+    assert {f["rank"] for f in job.find("fault")} == {1, 2}
+    assert [r["incarnation"] for r in results(out)] == [0, 1, 1, 0]

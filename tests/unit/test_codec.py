@@ -280,6 +280,7 @@ def test_wrong_field_set(codec: Codec, body: Any) -> None:
                 "exit_code": 1,
                 "signal": 0,
                 "observed_at": "now",
+                "requested": False,
             },
             "observed_at",
         ),

@@ -1,26 +1,32 @@
 """The manager's decisions, driven through ``decide(model, now)`` and the real executor.
 
-A :class:`Job` wraps a real :class:`ManagerServer` (its ROUTER bound on an ephemeral loopback
-port; nothing ever connects), a fake clock, and hand-set member facts. ``tick()`` runs
-``server.execute(decide(server.model, now))`` and every message the executor sends is recorded
-(the ROUTER silently drops it, as no peer with that identity is connected).
+A :class:`Job` wraps a real :class:`Executor` with a fake sender (no socket), a fake clock,
+and hand-set member facts. ``tick()`` runs ``executor.execute(decide(model, now))`` and the
+fake sender records every message the executor sends.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from ms_recover import exitcodes
 from ms_recover.config import JobConfig
+from ms_recover.events import EventLog
 from ms_recover.manager import actions as A
 from ms_recover.manager.decide import decide
-from ms_recover.manager.executor import PHASES
-from ms_recover.manager.model import TRANSITIONS, Fault, IllegalTransition, JobState
-from ms_recover.manager.server import ManagerServer
+from ms_recover.manager.executor import PHASES, Executor
+from ms_recover.manager.model import (
+    TRANSITIONS,
+    Ack,
+    Fault,
+    IllegalTransition,
+    JobModel,
+    JobState,
+)
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
 
@@ -34,6 +40,16 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+class FakeSender:
+    """Records (identity, message) for every send, as the server's ROUTER would send them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, M.Message]] = []
+
+    def send(self, identities: Sequence[bytes], msg: M.Message) -> None:
+        self.sent.extend((identity.decode(), msg) for identity in identities)
 
 
 class Job:
@@ -57,18 +73,15 @@ class Job:
         base.update(changes)
         self.config = JobConfig(**base)
         self.clock = Clock()
-        self.server = ManagerServer(self.config, clock=self.clock)
-        self.model = self.server.model
-        self.sent: list[tuple[str, M.Message]] = []
+        self.model = JobModel(self.config)
+        self.sender = FakeSender()
+        self.executor = Executor(self.model, EventLog(), self.clock, self.sender)
         self.actions: list[A.Action] = []
-        real_send = self.server._send_to
-
-        def record(identities: list[bytes], msg: M.Message) -> None:
-            self.sent.extend((identity.decode(), msg) for identity in identities)
-            real_send(identities, msg)
-
-        self.server._send_to = record  # type: ignore[method-assign]
         self._pid = 100
+
+    @property
+    def sent(self) -> list[tuple[str, M.Message]]:
+        return self.sender.sent
 
     # ------------------------------------------------------------ facts
     @property
@@ -81,7 +94,7 @@ class Job:
         agent.registered = agent.alive = True
         agent.pid, agent.last_seen, agent.pod_ip = self._pid, self.now, f"10.0.0.{node}"
         agent.is_scheduler = node == self.config.sched_node_rank
-        self.server._agent_ids[node] = f"a{node}".encode()
+        self.executor.agent_ids[node] = f"a{node}".encode()
 
     def register_rank(self, rank: int, step: int = -1, shard: int = 0, endpoint: str = "") -> None:
         info = self.model.ranks[rank]
@@ -92,7 +105,7 @@ class Job:
         info.endpoint = endpoint or f"tcp://h{rank}:5{rank}"
         info.endpoint_epoch, info.shard, info.committed_step = self.model.epoch, shard, step
         info.last_seen = info.last_progress = self.now
-        info.acked, info.repair_failure, info.done = {}, None, False
+        info.acks, info.repair_failure, info.done = {}, None, False
 
     def advance(self, dt: float, silent: tuple[str, ...] = ()) -> None:
         """Move the clock; every live member except ``silent`` ("a1", "r3") heartbeats."""
@@ -109,15 +122,16 @@ class Job:
             info = self.model.ranks[rank]
             info.committed_step, info.last_progress = step, self.now
 
-    def ack(self, phase: str, ranks: Any = None) -> None:
+    def ack(self, phase: Ack, ranks: Any = None, attempt: int = 0) -> None:
         for rank in self.model.ranks if ranks is None else ranks:
-            self.model.ranks[rank].acked[phase] = self.model.epoch
+            self.model.ranks[rank].ack(phase, self.model.epoch, attempt)
 
     def stopped(self, ranks: Any, step: int) -> None:
         """Survivors answer Stop with their committed step (what ``_on_stopped`` records)."""
         for rank in ranks:
             info = self.model.ranks[rank]
-            info.acked["stop"], info.committed_step = self.model.epoch, step
+            info.ack(Ack.STOP, self.model.epoch)
+            info.committed_step = step
 
     def fault(
         self,
@@ -136,15 +150,15 @@ class Job:
     def tick(self) -> list[A.Action]:
         actions = decide(self.model, self.now)
         self.actions = actions
-        self.server.execute(actions)
+        self.executor.execute(actions)
         return actions
 
     def take(self) -> list[tuple[str, M.Message]]:
-        sent, self.sent = self.sent, []
+        sent, self.sender.sent = self.sender.sent, []
         return sent
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        return self.server.events.recent(name)
+        return self.executor.events.recent(name)
 
     def decision(self) -> dict[str, Any]:
         return self.events("decision")[-1]
@@ -157,10 +171,10 @@ class Job:
             self.register_rank(rank)
         self.tick()
         assert self.model.state is JobState.REBUILDING
-        self.ack("rebuild")
+        self.ack(Ack.REBUILD)
         self.tick()
         assert self.model.state is JobState.REPAIRING
-        self.ack("repair0")
+        self.ack(Ack.REPAIR)
         self.tick()
         assert self.model.state is JobState.RESUMING
         self.advance(0.1)
@@ -187,7 +201,7 @@ def make_job() -> Iterator[Callable[..., Job]]:
 
     yield make
     for job in jobs:
-        job.server.close()
+        job.executor.events.close()
 
 
 def msgs(sent: list[tuple[str, M.Message]], kind: type[M.Message]) -> list[tuple[str, Any]]:
@@ -236,13 +250,13 @@ def test_formation_repair_is_empty_and_resume_starts_at_step_zero(
     for rank in range(4):
         job.register_rank(rank)
     job.tick()
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.take()
     job.tick()
     repairs = msgs(job.take(), M.Repair)
     assert len(repairs) == 4
     assert all(m == M.Repair(-1, 0, [], -1) for _, m in repairs)
-    job.ack("repair0")
+    job.ack(Ack.REPAIR)
     job.tick()
     assert {m.step for _, m in msgs(job.take(), M.Resume)} == {0}
 
@@ -301,7 +315,7 @@ def test_fault_on_the_scheduler_node_without_in_place_means_exit(
     job.tick()
     m = job.model
     assert m.state is JobState.EXITING and m.exit_code == exitcodes.JOB_EXIT == 87
-    assert job.server.exit_code() == 87
+    assert job.executor.exit_code() == 87
     sent = job.take()
     assert sorted(who for who, _ in msgs(sent, M.Exit)) == ["r0", "r2", "r3"]
     assert all(msg.code == 87 for _, msg in msgs(sent, M.Exit))
@@ -422,6 +436,94 @@ def test_two_faults_in_one_tick_start_a_single_round(make_job: Callable[..., Job
     assert starts == [("a0", [1]), ("a1", [3])]
 
 
+def _agent_cmds(sent: list[tuple[str, M.Message]]) -> list[tuple[str, str, Any]]:
+    kinds = (M.KillRanks, M.StartRanks, M.AgentExit)
+    return [
+        (who, type(x).__name__, getattr(x, "ranks", getattr(x, "code", None)))
+        for who, x in sent
+        if isinstance(x, kinds)
+    ]
+
+
+def test_a_fault_while_a_replacement_starts_covers_both_and_spares_it(
+    make_job: Callable[..., Job],
+) -> None:
+    """Issue 9 #1: rank 3 dies while rank 1's replacement starts (not registered yet). The
+    new epoch covers both; the starting replacement is not killed; the job recovers."""
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 1)
+    job.tick()
+    assert _agent_cmds(job.take()) == [("a0", "KillRanks", [1]), ("a0", "StartRanks", [1])]
+    job.advance(0.05)
+    job.fault("rank_exit", 3)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.epoch == 3
+    assert m.round is not None and m.round.replace_ranks == {1, 3}
+    assert _agent_cmds(job.take()) == [("a1", "KillRanks", [3]), ("a1", "StartRanks", [3])]
+    job.stopped([0, 2], 10)
+    job.register_rank(1)
+    job.register_rank(3)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+    _recover_fully(job)
+    assert job.model.state is JobState.RUNNING
+    (rec,) = job.events("recovery")
+    assert rec["ok"] is True and rec["replaced"] == [1, 3] and rec["lost_steps"] == 0
+
+
+def test_a_registered_replacement_is_restarted_by_a_new_fault(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 1)
+    job.tick()
+    job.register_rank(1)  # it registered: it is no longer "starting", so it is replaced again
+    job.take()
+    job.fault("rank_exit", 3)
+    job.tick()
+    cmds = _agent_cmds(job.take())
+    assert ("a0", "KillRanks", [1]) in cmds and ("a1", "KillRanks", [3]) in cmds
+
+
+def test_a_replacement_that_never_registers_is_started_again(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.take()
+    job.stopped([0, 1, 2], 10)
+    job.advance(10.5)
+    job.tick()
+    assert job.model.epoch == 3
+    assert _agent_cmds(job.take()) == [("a1", "KillRanks", [3]), ("a1", "StartRanks", [3])]
+
+
+def test_a_second_node_fault_spares_a_recreated_pod(make_job: Callable[..., Job]) -> None:
+    """Issue 9 #1 for rescheduling: node 2 fails while node 1's recreated pod starts its ranks;
+    only node 2 is told to exit."""
+    job = make_job("recover,exit", node_nums=3)
+    job.running(step=10)
+    job.fault("rank_exit", 3)
+    job.tick()
+    assert _agent_cmds(job.take()) == [("a1", "AgentExit", exitcodes.RESCHEDULE)]
+    job.register_agent(1)  # the pod came back; its ranks are starting
+    job.fault("rank_exit", 5)
+    job.tick()
+    m = job.model
+    assert m.epoch == 3 and m.round is not None and m.round.replace_ranks == {2, 3, 4, 5}
+    assert _agent_cmds(job.take()) == [("a2", "AgentExit", exitcodes.RESCHEDULE)]
+    job.stopped([0, 1], 10)
+    for rank in (2, 3, 4, 5):
+        job.register_rank(rank)
+    job.tick()
+    assert job.model.state is JobState.REBUILDING
+
+
 # ============================================================================ recovery phases
 def _to_rebuilding(job: Job, behind: dict[int, int] | None = None) -> None:
     """RUNNING at step 10 -> rank 3 dies -> survivors stop -> rank 3 re-registers."""
@@ -486,7 +588,7 @@ def test_a_stop_ack_of_an_older_epoch_does_not_count(make_job: Callable[..., Job
     job.fault("rank_exit", 3)
     job.tick()
     for rank in (0, 1, 2):
-        job.model.ranks[rank].acked["stop"] = job.model.epoch - 1
+        job.model.ranks[rank].ack(Ack.STOP, job.model.epoch - 1)
     job.register_rank(3)
     job.tick()
     assert job.model.state is JobState.STOPPING
@@ -496,10 +598,10 @@ def test_rebuilding_to_repairing_with_a_plan_per_rank(make_job: Callable[..., Jo
     job = make_job()
     _to_rebuilding(job, behind={1: 9})
     job.take()
-    job.ack("rebuild", [0, 1, 2])
+    job.ack(Ack.REBUILD, [0, 1, 2])
     job.tick()
     assert job.model.state is JobState.REBUILDING  # rank 3 has not rebuilt
-    job.ack("rebuild", [3])
+    job.ack(Ack.REBUILD, [3])
     job.tick()
     assert job.model.state is JobState.REPAIRING
     assert job.model.round is not None and job.model.round.target_step == 10
@@ -515,14 +617,14 @@ def test_rebuilding_to_repairing_with_a_plan_per_rank(make_job: Callable[..., Jo
 def test_repair_failure_retries_without_the_bad_source(make_job: Callable[..., Job]) -> None:
     job = make_job()
     _to_rebuilding(job, behind={1: 9})
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
     job.take()
     epoch = job.model.epoch
-    job.model.ranks[0].acked["repair0"] = epoch
-    job.model.ranks[1].acked["repair0"] = epoch
+    job.model.ranks[0].ack(Ack.REPAIR, epoch)
+    job.model.ranks[1].ack(Ack.REPAIR, epoch)
     job.model.ranks[1].committed_step = 10
-    job.model.ranks[2].acked["repair0"] = epoch
+    job.model.ranks[2].ack(Ack.REPAIR, epoch)
     job.model.ranks[3].repair_failure = (0, 2, "checksum mismatch on tensor 'w' from rank 2")
     job.tick()
     m = job.model
@@ -538,10 +640,10 @@ def test_repair_failure_retries_without_the_bad_source(make_job: Callable[..., J
     job.tick()
     assert job.model.state is JobState.REPAIRING  # old failure is not counted twice
     assert job.model.round is not None and job.model.round.repair_attempt == 1
-    job.ack("repair0")  # acks of the previous attempt do not count
+    job.ack(Ack.REPAIR)  # acks of the previous attempt do not count
     job.tick()
     assert job.model.state is JobState.REPAIRING
-    job.ack("repair1")
+    job.ack(Ack.REPAIR, attempt=1)
     job.tick()
     assert job.model.state is JobState.RESUMING
     assert {m.step for _, m in msgs(job.take(), M.Resume)} == {11}
@@ -550,7 +652,7 @@ def test_repair_failure_retries_without_the_bad_source(make_job: Callable[..., J
 def test_no_source_left_escalates_with_a_new_epoch(make_job: Callable[..., Job]) -> None:
     job = make_job()
     _to_rebuilding(job)
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
     epoch = job.model.epoch
     assert job.model.round is not None
@@ -570,13 +672,13 @@ def test_an_escalation_records_why(make_job: Callable[..., Job]) -> None:
     job.advance(10.5)  # rank 3 never re-registers
     job.tick()
     assert job.model.epoch == 3
-    assert any("did not register" in str(e) for e in job.server.events.recent())
+    assert any("did not register" in str(e) for e in job.executor.events.recent())
 
 
 def test_repair_failures_are_bounded_by_the_phase_timeout(make_job: Callable[..., Job]) -> None:
     job = make_job()
     _to_rebuilding(job)
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
     epoch = job.model.epoch
     for _ in range(30):  # 30 s of failures, three times the phase timeout
@@ -593,11 +695,11 @@ def test_repair_failures_are_bounded_by_the_phase_timeout(make_job: Callable[...
 def _recover_fully(job: Job) -> None:
     """From REBUILDING: rebuild +0.2 s, repair +0.3 s, resume +0.4 s."""
     job.advance(0.2)
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
     assert job.model.state is JobState.REPAIRING
     job.advance(0.3)
-    job.ack("repair0")
+    job.ack(Ack.REPAIR)
     rnd = job.model.round
     assert rnd is not None
     job.commit(rnd.target_step, [3])
@@ -613,10 +715,10 @@ def test_resuming_to_running_writes_a_recovery_event(make_job: Callable[..., Job
     _to_rebuilding(job)
     t_fault = T0 + 1.1
     job.advance(0.2)
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
     job.advance(0.3)
-    job.ack("repair0")
+    job.ack(Ack.REPAIR)
     job.tick()
     job.advance(0.4)
     job.commit(11, [0, 1, 2])
@@ -680,7 +782,7 @@ def test_every_rank_done_finishes_the_job(make_job: Callable[..., Job]) -> None:
     assert job.tick() == []
     job.model.ranks[3].done = True
     job.tick()
-    assert job.model.state is JobState.FINISHED and job.server.exit_code() == 0
+    assert job.model.state is JobState.FINISHED and job.executor.exit_code() == 0
     assert sorted((w, x.code) for w, x in msgs(job.take(), M.AgentExit)) == [("a0", 0), ("a1", 0)]
     (end,) = job.events("job_end")
     assert end["exit_code"] == 0
@@ -690,9 +792,9 @@ def test_every_rank_done_finishes_the_job(make_job: Callable[..., Job]) -> None:
 def test_finishing_during_resume_still_releases_the_agents(make_job: Callable[..., Job]) -> None:
     job = make_job()
     _to_rebuilding(job)
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
-    job.ack("repair0")
+    job.ack(Ack.REPAIR)
     job.tick()
     job.take()
     for info in job.model.ranks.values():
@@ -736,7 +838,7 @@ def test_impossible_repair_during_formation_does_not_crash(make_job: Callable[..
     for rank, step, shard in ((0, 100, 0), (1, 90, 1), (2, 100, 0), (3, 90, 1)):
         job.register_rank(rank, step=step, shard=shard)
     job.tick()
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
     assert job.model.state in (JobState.STOPPING, JobState.EXITING)
 
@@ -795,7 +897,7 @@ def test_unstopped_survivors_are_replaced_on_escalation(make_job: Callable[..., 
 def test_a_rebuild_timeout_escalates_with_the_late_ranks(make_job: Callable[..., Job]) -> None:
     job = make_job()
     _to_rebuilding(job)
-    job.ack("rebuild", [0, 1, 3])
+    job.ack(Ack.REBUILD, [0, 1, 3])
     job.advance(9.0)
     assert job.tick() == []
     job.advance(1.5)
@@ -818,9 +920,9 @@ def test_a_new_fault_during_recovery_starts_a_new_epoch(make_job: Callable[..., 
 def test_resume_timeout_escalates(make_job: Callable[..., Job]) -> None:
     job = make_job()
     _to_rebuilding(job)
-    job.ack("rebuild")
+    job.ack(Ack.REBUILD)
     job.tick()
-    job.ack("repair0")
+    job.ack(Ack.REPAIR)
     job.tick()
     assert job.model.state is JobState.RESUMING
     job.commit(11, [0, 1, 2])
@@ -837,7 +939,7 @@ def test_an_illegal_transition_raises(make_job: Callable[..., Job]) -> None:
     job = make_job()
     job.running()
     with pytest.raises(IllegalTransition, match=r"running -> repairing is not allowed \(allowed:"):
-        job.server.execute([A.Transition("test", JobState.REPAIRING)])
+        job.executor.execute([A.Transition("test", JobState.REPAIRING)])
     assert job.model.state is JobState.RUNNING
 
 
@@ -964,19 +1066,3 @@ def test_orphaned_shard_makes_recovery_infeasible(make_job: Callable[..., Job]) 
     job.tick()
     assert job.model.state is JobState.EXITING
     assert "no healthy replica left for shard 1 (ranks [1, 3])" in job.decision()["reason"]
-
-
-def test_impossible_strategies_are_reported_when_the_manager_starts() -> None:
-    from ms_recover.config import JobConfig
-    from ms_recover.manager.server import ManagerServer
-
-    config = JobConfig(
-        job_id="one", manager_port=0, strategies=parse_strategies("recover,elastic-training,exit")
-    )
-    server = ManagerServer(config)
-    try:
-        problems = [e["problem"] for e in server.events.recent("config_warning")]
-    finally:
-        server.close()
-    assert any(p.startswith("recover: a one-rank job") for p in problems)
-    assert any(p.startswith("elastic-training: a one-rank job") for p in problems)

@@ -1,0 +1,182 @@
+"""The interface every recovery strategy implements, and how a strategy opens its round.
+
+A strategy answers three questions, all pure functions of the job model:
+
+* :meth:`RecoveryStrategy.feasible`: can it handle this incident (with the reason either way)?
+* :meth:`RecoveryStrategy.launch`: which ranks and nodes its round replaces, repairs or leaves
+  out, and what it tells the agents (kill and restart in place, reschedule a pod...);
+* the phase points where strategies differ: what happens once the survivors stopped
+  (:meth:`~RecoveryStrategy.after_stop`), how long replacements may take
+  (:meth:`~RecoveryStrategy.replace_limit`) and whether being late ends the strategy for this
+  incident (:attr:`~RecoveryStrategy.exhausted_when_late`).
+
+Everything else (stop, rebuild, repair, resume, escalation) is shared. Adding a strategy means
+one module that subclasses :class:`RecoveryStrategy`, registered in
+:mod:`~ms_recover.manager.strategies.registry`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar
+
+from ms_recover.config import JobConfig
+from ms_recover.manager.actions import (
+    Action,
+    Emit,
+    NextPhase,
+    SendAgent,
+    SendRanks,
+    StartRound,
+    Transition,
+)
+from ms_recover.manager.commands import rebuild
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Round
+from ms_recover.manager.records import DecisionRecord
+from ms_recover.protocol.messages import KillRanks, StartRanks, Stop
+from ms_recover.strategy import Strategy
+
+#: The reason a round starts when a fault (not a failed phase) was detected.
+FAULT_DETECTED = "fault detected"
+
+
+@dataclasses.dataclass(frozen=True)
+class Incident:
+    """What a strategy sees when a round must start.
+
+    ``hit`` holds the faulty ranks and the previous round's replacements; ``underway`` the
+    replacements the previous round already started that are not faulty again (they are
+    waited for, never killed while they start); ``fresh_nodes`` the nodes whose pod was
+    recreated (their agent already started fresh ranks).
+    """
+
+    faults: tuple[Fault, ...]
+    hit: frozenset[int]
+    lost_nodes: frozenset[int]
+    underway: frozenset[int] = frozenset()
+    fresh_nodes: frozenset[int] = frozenset()
+    prev: Round | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How a strategy's round starts: the rank sets of the round, and the agents' orders
+    (sent after the survivors' Stop)."""
+
+    replace: frozenset[int] = frozenset()
+    nodes: frozenset[int] = frozenset()
+    untrusted: frozenset[int] = frozenset()
+    left_out: frozenset[int] = frozenset()
+    orders: tuple[Action, ...] = ()
+
+
+class RecoveryStrategy(abc.ABC):
+    """One strategy of the ``recover-strategy`` list."""
+
+    name: ClassVar[Strategy]
+    #: Whether ``max_tries`` bounds it (every strategy but ``exit``).
+    bounded: ClassVar[bool] = True
+    #: Whether replacements that are late (``replace_limit``) end it for this incident.
+    exhausted_when_late: ClassVar[bool] = False
+
+    def never_applies(self, cfg: JobConfig) -> str | None:
+        """Why this strategy can never apply to this job (reported at start), or None."""
+        if cfg.world_size < 2:
+            return f"{self.name.value}: a one-rank job has no replica to repair from"
+        return None
+
+    @abc.abstractmethod
+    def feasible(self, m: JobModel, incident: Incident) -> tuple[bool, str]:
+        """Whether it can handle ``incident`` now, with the reason either way."""
+
+    @abc.abstractmethod
+    def launch(self, m: JobModel, incident: Incident, reason: str) -> Launch:
+        """The rank sets and agent orders of its round (called only when feasible)."""
+
+    def start(
+        self, m: JobModel, now: float, incident: Incident, why: str, reason: str
+    ) -> list[Action]:
+        """Start its round for ``incident`` (``why``: what triggered it)."""
+        if why != FAULT_DETECTED:
+            reason = f"{why}; {reason}"
+        return open_round(m, now, self, incident, reason)
+
+    def after_stop(self, m: JobModel, now: float, survivors: list[int]) -> list[Action]:
+        """Survivors stopped and replacements registered: by default, rebuild everyone."""
+        rnd = m.round
+        assert rnd is not None
+        reason = f"survivors stopped, ranks {sorted(rnd.replace_ranks)} replaced"
+        return [*rebuild(m), NextPhase(reason, now), Transition(reason, JobState.REBUILDING)]
+
+    def replace_limit(self, cfg: JobConfig) -> float:
+        """How long replacements may take to register."""
+        return cfg.phase_timeout_s
+
+
+def open_round(
+    m: JobModel, now: float, strategy: RecoveryStrategy, incident: Incident, reason: str
+) -> list[Action]:
+    """A new epoch under ``strategy``: record the decision, stop the survivors, give the
+    agents their orders, and wait in STOPPING."""
+    launch = strategy.launch(m, incident, reason)
+    prev, faults = incident.prev, list(incident.faults)
+    first = faults[0] if faults else Fault(FaultKind.ESCALATION, -1, -1, reason, now, 0.0)
+    peak = max(i.committed_step for i in m.ranks.values())
+    rnd = Round(
+        epoch=m.epoch + 1,
+        strategy=strategy.name,
+        faults=faults,
+        replace_ranks=launch.replace,
+        reschedule_nodes=launch.nodes,
+        started=now,
+        incident_start=prev.incident_start if prev else first.ts - first.detect_s,
+        detect_s=prev.detect_s if prev else first.detect_s,
+        peak_step=max(prev.peak_step, peak) if prev else peak,
+        phase_start=now,
+        untrusted=launch.untrusted,
+        left_out=launch.left_out,
+        world=m.active - launch.left_out,
+    )
+    out = launch.replace | launch.left_out
+    survivors = tuple(r for r in sorted(m.ranks) if r not in out and m.ranks[r].alive)
+    decision = DecisionRecord(
+        strategy.name.value, reason, sorted(launch.replace), sorted(launch.nodes)
+    )
+    return [
+        Emit(reason, decision),
+        StartRound(reason, rnd),
+        SendRanks("stop survivors", survivors, Stop(reason)),
+        *launch.orders,
+        Transition(reason, JobState.STOPPING),
+    ]
+
+
+def orphan_shard(m: JobModel, unusable: set[int]) -> str | None:
+    """A reason if some shard has no usable replica left (only once training has begun)."""
+    if all(i.committed_step < 0 for i in m.ranks.values()):
+        return None
+    shards: dict[int, list[int]] = {}
+    for rank, info in m.ranks.items():
+        shards.setdefault(info.shard, []).append(rank)
+    for shard, members in sorted(shards.items()):
+        if set(members) <= unusable:
+            return f"no healthy replica left for shard {shard} (ranks {members})"
+    return None
+
+
+def dead_ranks(m: JobModel) -> set[int]:
+    return {r for r, i in m.ranks.items() if not i.alive}
+
+
+def restart_in_place(
+    cfg: JobConfig, ranks: set[int], skip_nodes: frozenset[int], reason: str
+) -> tuple[Action, ...]:
+    """Orders for the agents: kill what is left of ``ranks``, then start them again (agents
+    carry the two out in order). Nodes in ``skip_nodes`` already start fresh ranks."""
+    orders: list[Action] = []
+    for node in sorted({cfg.node_of(r) for r in ranks} - skip_nodes):
+        local = sorted(r for r in ranks if cfg.node_of(r) == node)
+        orders.append(SendAgent("kill leftovers", node, KillRanks(local, reason)))
+        orders.append(SendAgent("restart in place", node, StartRanks(local, reason)))
+    return tuple(orders)

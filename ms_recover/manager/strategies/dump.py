@@ -1,0 +1,75 @@
+"""``dump`` (MindCluster's "save last words"): once the survivors stopped, one healthy replica
+per data-parallel shard writes its state at the highest committed step, the manager writes
+the manifest over the files, and the job ends with :data:`~ms_recover.exitcodes.DUMPED`.
+"""
+
+from __future__ import annotations
+
+from ms_recover import exitcodes
+from ms_recover.manager.actions import Action, ChooseWriters, SendRanks, Transition, WriteManifest
+from ms_recover.manager.commands import exit_job
+from ms_recover.manager.model import JobModel, JobState
+from ms_recover.manager.strategies.base import (
+    Incident,
+    Launch,
+    RecoveryStrategy,
+    dead_ranks,
+    orphan_shard,
+)
+from ms_recover.protocol.messages import Dump as DumpMsg
+from ms_recover.strategy import Strategy
+
+
+class Dump(RecoveryStrategy):
+    name = Strategy.DUMP
+
+    def feasible(self, m: JobModel, incident: Incident) -> tuple[bool, str]:
+        orphan = orphan_shard(m, set(incident.hit) | dead_ranks(m))
+        if orphan is not None:
+            return False, orphan
+        return True, "save the last committed state from one healthy replica per shard"
+
+    def launch(self, m: JobModel, incident: Incident, reason: str) -> Launch:
+        return Launch(left_out=frozenset(incident.hit | dead_ranks(m)))
+
+    def after_stop(self, m: JobModel, now: float, survivors: list[int]) -> list[Action]:
+        """One stopped replica per shard, at the highest committed step, writes its state."""
+        step = max(m.ranks[r].committed_step for r in survivors)
+        chosen: dict[int, int] = {}
+        for rank in sorted(survivors):
+            info = m.ranks[rank]
+            if info.committed_step == step:
+                chosen.setdefault(info.shard, rank)
+        missing = sorted({i.shard for i in m.ranks.values()} - set(chosen))
+        if missing:
+            return exit_job(
+                m,
+                exitcodes.JOB_EXIT,
+                f"dump impossible: shards {missing} have no stopped replica at step {step}",
+            )
+        ranks = tuple(sorted(chosen.values()))
+        where = m.config.effective_dump_dir()
+        reason = f"dump step {step} from ranks {list(ranks)} into {where}"
+        return [
+            ChooseWriters(reason, ranks, step, now),
+            SendRanks("dump", ranks, DumpMsg(step, where)),
+            Transition(reason, JobState.DUMPING),
+        ]
+
+
+def dumping(m: JobModel, now: float) -> list[Action]:
+    """DUMPING: wait for every writer's answer, then write the manifest and end the job."""
+    rnd = m.round
+    assert rnd is not None
+    answers = [m.ranks[r].dump for r in rnd.dump_ranks]
+    failed = [a for a in answers if a is not None and not a["ok"]]
+    if failed:
+        why = "; ".join(str(a["reason"]) for a in failed)
+        return exit_job(m, exitcodes.JOB_EXIT, f"dump failed: {why}")
+    if any(a is None for a in answers):
+        if now - rnd.phase_start > m.config.phase_timeout_s:
+            late = [r for r in rnd.dump_ranks if m.ranks[r].dump is None]
+            return exit_job(m, exitcodes.JOB_EXIT, f"ranks {late} did not finish their dump")
+        return []
+    reason = f"state of step {rnd.target_step} saved by ranks {list(rnd.dump_ranks)}"
+    return [WriteManifest(reason)] + exit_job(m, exitcodes.DUMPED, reason)

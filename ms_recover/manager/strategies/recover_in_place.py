@@ -1,0 +1,34 @@
+"""``recover-in-place``: the faulty ranks' agents kill what is left of them and start them
+again with the same rank ids; the survivors stop, then everyone rebuilds and the new
+processes get their state from a replica.
+"""
+
+from __future__ import annotations
+
+from ms_recover.manager.model import JobModel
+from ms_recover.manager.strategies.base import (
+    Incident,
+    Launch,
+    RecoveryStrategy,
+    orphan_shard,
+    restart_in_place,
+)
+from ms_recover.strategy import Strategy
+
+
+class RecoverInPlace(RecoveryStrategy):
+    name = Strategy.RECOVER_IN_PLACE
+
+    def feasible(self, m: JobModel, incident: Incident) -> tuple[bool, str]:
+        if incident.lost_nodes:
+            lost = sorted(incident.lost_nodes)
+            return False, f"node(s) {lost} lost: no agent to restart ranks in place"
+        orphan = orphan_shard(m, set(incident.hit))
+        if orphan is not None:
+            return False, orphan
+        return True, f"replace ranks {sorted(incident.hit)}"
+
+    def launch(self, m: JobModel, incident: Incident, reason: str) -> Launch:
+        todo = set(incident.hit - incident.underway)  # a starting replacement is left alone
+        orders = restart_in_place(m.config, todo, incident.fresh_nodes, reason)
+        return Launch(replace=incident.hit, orders=orders)
