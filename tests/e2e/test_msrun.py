@@ -148,3 +148,18 @@ def test_killed_msrun_is_replaced_by_a_new_pod_under_recover(tmp_path, reference
     assert "pod exited (killed by signal 9)" in node1, node1
     assert sum("started" in what for what in node1) == 2, node1
     _assert_no_orphans(str(tmp_path))
+
+
+def test_the_msrun_sample_start_script_keeps_mindclusters_lines():
+    """samples/msrun/train_start.sh = the opt-in line + MindCluster's MindSpore lines verbatim."""
+    sample = (
+        Path(__file__).resolve().parents[2] / "samples" / "msrun" / "train_start.sh"
+    ).read_text()
+    documented = (mindcluster_data() / "train_start_snippet.sh").read_text().splitlines()
+    pytorch = documented.index("# PyTorch框架下")
+    mindspore = documented.index("# MindSpore框架下")
+    kept = documented[:pytorch] + documented[mindspore + 1 :]
+    for line in kept:
+        code = line.split("#")[0].rstrip() if "python manager.py" in line else line
+        assert code in sample, code
+    assert 'export PYTHONPATH="$(ms-recover shim-path):' in sample
