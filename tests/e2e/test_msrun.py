@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -163,3 +164,21 @@ def test_the_msrun_sample_start_script_keeps_mindclusters_lines():
         code = line.split("#")[0].rstrip() if "python manager.py" in line else line
         assert code in sample, code
     assert 'export PYTHONPATH="$(ms-recover shim-path):' in sample
+
+
+def test_demo_with_the_msrun_launcher(tmp_path):
+    """`ms-recover demo --launcher msrun`: real MindSpore ranks under one real msrun."""
+    out = tmp_path / "result.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--launcher", "msrun", "--nodes", "1"]
+        + ["--steps", "12", "--kill-rank", "1", "--kill-step", "5", "--json", str(out)]
+        + ["--workdir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["recovered"] is True and result["strategy_used"] == "recover-in-place"
+    assert result["lost_steps"] == 0 and "launcher msrun" in run.stdout
+    _assert_no_orphans(str(tmp_path))
