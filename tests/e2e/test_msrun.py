@@ -151,6 +151,25 @@ def test_killed_msrun_is_replaced_by_a_new_pod_under_recover(tmp_path, reference
     _assert_no_orphans(str(tmp_path))
 
 
+def test_recover_ends_msrun_with_86_and_the_pod_comes_back(tmp_path, reference):
+    """Under ``recover`` (no in-place) the agent kills its workers and ends msrun itself with
+    86 (msrun alone would exit 0); the pod supervisor starts a new msrun for that node."""
+    out = str(tmp_path / "out")
+    env = {"OPENBLAS_NUM_THREADS": "1", **Faults().kill(rank=2, step=9).to_env()}
+    job = MsrunJob(
+        _config("recover,exit"), [*TRAINER, "--out", out], env, log_dir=str(tmp_path / "logs")
+    )
+    with job:
+        run_to_end(job, 150)
+        assert job.exit_code == 0
+    _assert_bit_identical(out, reference)
+    node1 = [what for _, node, what in job.pods.history if node == 1]
+    assert "pod exited (exit 86: reschedule)" in node1, node1
+    recoveries = job.find("recovery", ok=True)
+    assert [(r["strategy"], r["lost_steps"]) for r in recoveries] == [("recover", 0)]
+    _assert_no_orphans(str(tmp_path))
+
+
 def test_the_msrun_sample_start_script_keeps_mindclusters_lines():
     """samples/msrun/train_start.sh = the opt-in line + MindCluster's MindSpore lines verbatim."""
     sample = (
