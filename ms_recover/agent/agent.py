@@ -64,6 +64,11 @@ class Agent:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
         self._stop.set()
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
     def run(self) -> int:
         """Register, start every local rank, and serve until the job ends for this node."""
         self.hello()

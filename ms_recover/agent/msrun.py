@@ -6,7 +6,7 @@ When ``MS_ENABLE_TFT`` enables MindX, msrun (MindSpore 2.x,
 
 * ``KILL_WORKER(pids)``: SIGKILL each listed worker's process group (``[-1]``: all); a pid
   whose process already ended is only warned about, and its entry stays in msrun's lists;
-* ``START_ALL_WORKER()``: kill all, start all local workers;
+* ``START_ALL_WORKER()``: kill all, start all local workers (not used: see :meth:`start_all`);
 * ``START_WORKER_LIST(local_ranks)``: start these workers; it does *not* stop an old one;
 * ``MONITOR(local_ranks)``: ``{local_rank: {"pid", "status", "global_rank", ...}}`` with status
   ``None`` running, ``0`` exited cleanly, ``200`` never started, ``300`` pid gone, else the
@@ -75,12 +75,10 @@ class MsrunHands:
 
     # ------------------------------------------------------------------ RankHands
     def start_all(self, ranks: Sequence[int]) -> None:
-        self._prepare_env(rank_env(self.config, self._first, 0))
-        self._call(START_ALL_WORKER)
-        status = self._monitor()
+        """One START_WORKER_LIST per rank, each with its own environment: START_ALL_WORKER would
+        give every worker the same ``RANK_ID`` when msrun runs without ``--node_rank``."""
         for rank in ranks:
-            self.incarnations[rank] = 0
-            self._pids[rank] = self._pid_of(status, rank)
+            self.start(rank)
 
     def start(self, rank: int) -> int:
         self._report_leftover(rank)

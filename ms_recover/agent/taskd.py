@@ -148,6 +148,9 @@ def start() -> int:
     agent.hello()
     if agent.await_welcome(settings.manager_wait_s):
         code = agent.serve(start=True)
+    elif agent.stopping:  # SIGTERM while waiting: start nothing
+        agent.chan.close()
+        code = 128 + signal.SIGTERM
     else:
         agent.chan.close()
         code = _without_manager(config, hands, settings)

@@ -37,15 +37,18 @@ CONFIG = JobConfig(job_id="hands", node_nums=2, proc_per_node=2, node_rank=1)
 
 
 @pytest.fixture
-def msrun(tmp_path, monkeypatch):
-    """msrun's process manager for node 1 of 2x2, as msrun builds it from its command line."""
+def msrun(tmp_path, monkeypatch, request):
+    """msrun's process manager for node 1 of 2x2, as msrun builds it from its command line
+    (``indirect`` param False: msrun started without ``--node_rank``)."""
     from mindspore.parallel.cluster.process_entity import _ProcessManager
     from mindspore.parallel.cluster.run import get_args
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     saved = dict(os.environ)  # msrun writes its workers' env into os.environ
-    argv = ["msrun", "--worker_num", "4", "--local_worker_num", "2", "--node_rank", "1"]
+    argv = ["msrun", "--worker_num", "4", "--local_worker_num", "2"]
+    if getattr(request, "param", True):
+        argv += ["--node_rank", "1"]
     argv += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     argv += ["--log_dir", str(tmp_path / "logs"), "python", str(script)]
     monkeypatch.setattr(sys, "argv", argv)
@@ -130,6 +133,21 @@ def test_a_dead_pid_is_never_handed_to_kill_worker(msrun, tmp_path):
     assert calls == [[pid3]]
 
 
+def _env_of(tmp: Path, pid: int) -> dict:
+    path = tmp / f"env_{pid}.json"
+    return wait_for(lambda: path.exists() and json.loads(path.read_text()), 20, f"env of {pid}")
+
+
+@pytest.mark.parametrize("msrun", [False], indirect=True)
+def test_without_node_rank_each_worker_still_gets_its_own_rank(msrun, tmp_path):
+    hands = MsrunHands(CONFIG, callbacks(msrun))
+    hands.start_all([2, 3])
+    assert {r: _env_of(tmp_path, pid)["RANK_ID"] for r, pid in hands.pids().items()} == {
+        2: "2",
+        3: "3",
+    }
+
+
 def test_a_restart_kills_the_old_process_first_and_gives_the_node_env(msrun, tmp_path):
     hands = MsrunHands(CONFIG, callbacks(msrun))
     hands.start_all([2, 3])
@@ -170,7 +188,7 @@ def test_a_raising_callback_stops_the_node_with_one_log_line(caplog):
         assert agent.serve(start=True) == 1
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
-    assert "START_ALL_WORKER() failed: RuntimeError('boom')" in errors[0].getMessage()
+    assert "START_WORKER_LIST([0]) failed: RuntimeError('boom')" in errors[0].getMessage()
     assert errors[0].exc_info is None
 
 

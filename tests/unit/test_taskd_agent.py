@@ -30,7 +30,8 @@ class FakeMsrun:
         return 0
 
     def start_worker_list(self, ranks):
-        self.started.append(f"list {ranks}")
+        self.started += ranks
+        self.status.update({i: {"pid": 1000 + i, "status": None} for i in ranks})
         return 0
 
     def monitor_rank_status(self, ranks):
@@ -144,7 +145,7 @@ def _start_without_manager(monkeypatch, no_manager: str) -> tuple[int, FakeMsrun
 def test_without_a_manager_the_workers_run_plain_after_one_loud_warning(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="ms_recover"):
         code, fake = _start_without_manager(monkeypatch, "run")
-    assert code == 0 and fake.started == ["all"]
+    assert code == 0 and fake.started == [0, 1]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "NO FAULT RECOVERY" in warnings[0]
 
