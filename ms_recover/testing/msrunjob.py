@@ -57,7 +57,9 @@ def script_command(command: list[str]) -> list[str]:
 
 class MsrunPods(LocalPods):
     """One real msrun per node; ``start_script`` (optional) is a bash script run instead, with
-    msrun's arguments as ``"$@"`` (the documented ``train_start.sh`` shape)."""
+    msrun's arguments as ``"$@"`` (the documented ``train_start.sh`` shape). With
+    ``node_env=False`` msrun's process gets no ``MS_NODE_RANK`` / ``MS_LOCAL_WORKER`` /
+    ``MS_WORKER_NUM``: the taskd agent must take them from msrun's own arguments."""
 
     def __init__(
         self,
@@ -67,6 +69,7 @@ class MsrunPods(LocalPods):
         log_dir: str = "",
         reschedule_delay_s: float = 0.0,
         start_script: str = "",
+        node_env: bool = True,
     ) -> None:
         job_env = {
             "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
@@ -83,6 +86,10 @@ class MsrunPods(LocalPods):
             E.LOCAL_WORKER: str(config.proc_per_node),
             E.MANAGER_WAIT: repr(config.phase_timeout_s),
         }
+        self.node_env = node_env
+        if not node_env:
+            for name in (E.WORKER_NUM, E.LOCAL_WORKER, E.NODE_RANK):
+                job_env[name] = ""
         super().__init__(
             config, script_command(command), {**job_env, **(env or {})}, log_dir, reschedule_delay_s
         )
@@ -102,7 +109,8 @@ class MsrunPods(LocalPods):
             *self.command,
         ]  # fmt: skip
         head = ["bash", self.start_script] if self.start_script else [self.msrun]
-        return ["env", f"{E.POD_IP}={pod_ip(node)}", f"{E.NODE_RANK}={node}", *head, *args]
+        rank = [f"{E.NODE_RANK}={node}"] if self.node_env else []
+        return ["env", f"{E.POD_IP}={pod_ip(node)}", *rank, *head, *args]
 
 
 class MsrunJob(LocalJob):
@@ -116,6 +124,9 @@ class MsrunJob(LocalJob):
         log_dir: str = "",
         reschedule_delay_s: float = 0.0,
         on_event: Callable[[Event], None] | None = None,
+        node_env: bool = True,
     ) -> None:
         super().__init__(config, command, env, log_dir, reschedule_delay_s, on_event)
-        self.pods = MsrunPods(self.config, command, env, log_dir, reschedule_delay_s)
+        self.pods = MsrunPods(
+            self.config, command, env, log_dir, reschedule_delay_s, node_env=node_env
+        )

@@ -153,11 +153,17 @@ def test_killed_msrun_is_replaced_by_a_new_pod_under_recover(tmp_path, reference
 
 def test_recover_ends_msrun_with_86_and_the_pod_comes_back(tmp_path, reference):
     """Under ``recover`` (no in-place) the agent kills its workers and ends msrun itself with
-    86 (msrun alone would exit 0); the pod supervisor starts a new msrun for that node."""
+    86 (msrun alone would exit 0); the pod supervisor starts a new msrun for that node. msrun's
+    processes lack MS_NODE_RANK / MS_LOCAL_WORKER / MS_WORKER_NUM here: the agent reads msrun's
+    own arguments and hands the workers the node's environment."""
     out = str(tmp_path / "out")
     env = {"OPENBLAS_NUM_THREADS": "1", **Faults().kill(rank=2, step=9).to_env()}
     job = MsrunJob(
-        _config("recover,exit"), [*TRAINER, "--out", out], env, log_dir=str(tmp_path / "logs")
+        _config("recover,exit"),
+        [*TRAINER, "--out", out],
+        env,
+        log_dir=str(tmp_path / "logs"),
+        node_env=False,
     )
     with job:
         run_to_end(job, 150)
