@@ -1,5 +1,8 @@
 """The node agent: launches this node's ranks, reports their exits, obeys the manager.
 
+It touches rank processes only through its hands (:mod:`ms_recover.agent.hands`): processes it
+spawns itself, or msrun's callbacks when msrun is the launcher (:mod:`ms_recover.agent.taskd`).
+
 Guarantees:
 
 * every rank exit is reported to the manager within one poll interval (20 ms by default) with
@@ -47,7 +50,9 @@ class Agent:
             raise ValueError("agent needs a rank command, e.g. -- python train.py")
         self.config = config
         # Our own child processes, unless another launcher (msrun) lends its hands.
-        self.ranks: RankHands = hands or RankSet(config, command, log_dir, spares)
+        self.ranks: RankHands = (
+            hands if hands is not None else RankSet(config, command, log_dir, spares)
+        )
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._epoch = 0
