@@ -180,7 +180,7 @@ def test_a_raising_callback_stops_the_node_with_one_log_line(caplog):
 
     cbs = {"KILL_WORKER": boom, "START_ALL_WORKER": boom, "START_WORKER_LIST": boom}
     cbs["MONITOR"] = boom
-    hands = MsrunHands(CONFIG.replace(manager_port=free_port()), cbs)
+    hands = MsrunHands(CONFIG.replace(manager_port=free_port()), cbs, environ={})
     with pytest.raises(LauncherError, match=r"msrun's MONITOR\(\[-1\]\) failed: RuntimeError"):
         hands._monitor()
     agent = Agent(hands.config, [], hands=hands)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -51,11 +52,20 @@ class FakeMsrun:
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch):
+    saved = dict(os.environ)  # the agent prepares the workers' env in os.environ, as msrun does
+    yield from _clean(monkeypatch)
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _clean(monkeypatch):
     for name in (E.TASKD_PROCESS_ENABLE, E.NODE_RANK, E.LOCAL_WORKER, E.WORKER_NUM, E.SCHED_HOST):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(taskd, "_state", taskd._State())
     monkeypatch.setattr(taskd.children, "settle", lambda *a, **k: [])  # not pytest's children
     monkeypatch.setattr(taskd, "_on_sigterm", lambda stop: None)  # keep pytest's handler
+    monkeypatch.setattr(taskd, "_setup_logging", lambda: None)  # keep pytest's logging
+    yield
 
 
 def _errors(caplog) -> list[str]:
@@ -80,8 +90,6 @@ def test_a_config_it_does_not_understand_is_one_line_and_false(caplog, config, c
 def test_init_accepts_msrun_and_marks_the_launcher(monkeypatch):
     monkeypatch.delenv(E.LAUNCHER_PID, raising=False)
     assert taskd.init({"Framework": "MindSpore"}) is True
-    import os
-
     assert os.environ[E.LAUNCHER_PID] == str(os.getpid())
 
 
