@@ -9,13 +9,19 @@ MindCluster's documented ``manager.py`` works by changing one import line::
     start_taskd_manager()
 
 Settings not given in the dict come from the environment (DESIGN.md §6), then the defaults.
+With ``ms-recover shim-path`` first on ``PYTHONPATH`` the documented import
+``from taskd.api import ...`` reaches these functions too. ``TASKD_PROCESS_ENABLE=off``
+(MindCluster's switch for process-level recovery) makes :func:`start_taskd_manager` return
+at once without a manager.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
+from ms_recover import env as E
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.manager.main import serve_in_foreground
@@ -63,4 +69,10 @@ def start_taskd_manager() -> int:
     """Run the manager in the foreground until the job ends; returns its exit code."""
     if _config is None:
         raise ConfigError("call init_taskd_manager(config) before start_taskd_manager()")
+    if os.environ.get(E.TASKD_PROCESS_ENABLE, "").strip().lower() == "off":
+        log.warning(
+            "%s=off: process-level recovery is off, no ms_recover manager runs",
+            E.TASKD_PROCESS_ENABLE,
+        )
+        return 0
     return serve_in_foreground(ManagerServer(_config, bind=_config.pod_ip))

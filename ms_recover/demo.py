@@ -1,7 +1,8 @@
 """Run a local MindSpore training job, kill part of it, recover, and show the timeline.
 
 The job is real: NODES x PROCS rank processes train a small MLP with MindSpore on the CPU
-under one agent per node, a manager, and a local pod supervisor standing in for Kubernetes.
+under one agent per node (or, with --launcher msrun, one real msrun per node whose agent is
+ms_recover's taskd shim), a manager, and a local pod supervisor standing in for Kubernetes.
 One rank (or a whole node) is killed with SIGKILL mid-run; the job recovers with the chosen
 strategy and finishes. With --verify the same job also runs uninterrupted and the final
 weights are compared by SHA-256. Exit code 0 only when the recovery succeeded (and, with
@@ -26,6 +27,7 @@ from ms_recover.events import Event
 from ms_recover.strategy import format_strategies, parse_strategies
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
+from ms_recover.testing.msrunjob import MsrunJob
 from ms_recover.timeline import Timeline
 
 FAULTS = {
@@ -35,6 +37,10 @@ FAULTS = {
     "transient": "a transient data-plane error in one rank's allreduce (the rank survives)",
     "memory": "corrupt one rank's state and report a device memory error",
     "allreduce": "SIGKILL one rank in the middle of its gradient allreduce",
+}
+LAUNCHERS = {
+    "agent": "one 'ms-recover agent' per node launches the ranks",
+    "msrun": "one real msrun per node launches them, with ms_recover's taskd shim as its agent",
 }
 
 
@@ -70,6 +76,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="pre-warmed spare processes per node (MindSpore already imported) that replace "
         "a failed rank without a cold start (default 0)",
     )
+    p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="agent",
+        help="; ".join(f"{k}: {v}" for k, v in LAUNCHERS.items()) + " (default agent)",
+    )
     p.add_argument("--workdir", help="where rank logs and outputs go (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
 
@@ -85,6 +97,8 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         raise ConfigError("recovery needs a healthy replica: use at least 2 ranks in total")
     if args.spares < 0:
         raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
+    if args.launcher == "msrun" and args.spares:
+        raise ConfigError("--spares needs --launcher agent: msrun starts its workers cold")
     if not 0 <= args.kill_step < args.steps - 1:
         raise ConfigError(f"--kill-step must be in 0..{args.steps - 2} (before the last step)")
     fault = args.fault or ("node" if args.kill_node is not None else "kill")
@@ -120,6 +134,7 @@ def _run_job(
     timeout: float,
     on_event: Any = None,
     spares: int = 0,
+    launcher: str = "agent",
 ) -> tuple[LocalJob, list[dict[str, Any]]]:
     command = [
         sys.executable,
@@ -130,13 +145,12 @@ def _run_job(
         "--out",
         out,
     ]
-    job = LocalJob(
-        config,
-        command,
-        faults.to_env() if faults else {},
-        os.path.join(out, "logs"),
-        on_event=on_event,
-        spares=spares,
+    env = faults.to_env() if faults else {}
+    logs = os.path.join(out, "logs")
+    job = (
+        MsrunJob(config, command, env, logs, on_event=on_event)
+        if launcher == "msrun"
+        else LocalJob(config, command, env, logs, on_event=on_event, spares=spares)
     )
     with job:
         if not job.wait(timeout):
@@ -168,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
     world = config.world_size
     print(
         f"ms-recover demo: {args.nodes} nodes x {args.procs_per_node} ranks of MindSpore CPU "
-        f"training, {args.steps} steps, strategy {format_strategies(config.strategies)}"
+        f"training, {args.steps} steps, strategy {format_strategies(config.strategies)}, "
+        f"launcher {args.launcher}"
     )
     print(
         f"fault: {faults.specs[0].kind} (rank {faults.specs[0].rank}) after step "
@@ -179,7 +194,12 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.time()
         print("\nreference run (no fault) ...", flush=True)
         _, ref = _run_job(
-            config, args.steps, os.path.join(workdir, "reference"), None, args.timeout
+            config,
+            args.steps,
+            os.path.join(workdir, "reference"),
+            None,
+            args.timeout,
+            launcher=args.launcher,
         )
         result["reference_weights_sha256"] = _weights(ref)
         print(f"reference run finished in {time.time() - t0:.1f}s")
@@ -193,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         args.timeout,
         timeline.on_event,
         args.spares,
+        args.launcher,
     )
     result.update(_summarise(job.find("recovery"), final, world, job.exit_code))
     if args.verify:

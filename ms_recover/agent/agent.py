@@ -1,5 +1,8 @@
 """The node agent: launches this node's ranks, reports their exits, obeys the manager.
 
+It touches rank processes only through its hands (:mod:`ms_recover.agent.hands`): processes it
+spawns itself, or msrun's callbacks when msrun is the launcher (:mod:`ms_recover.agent.taskd`).
+
 Guarantees:
 
 * every rank exit is reported to the manager within one poll interval (20 ms by default) with
@@ -23,7 +26,8 @@ import time
 import zmq
 
 from ms_recover import exitcodes
-from ms_recover.agent.ranks import Exited, RankSet
+from ms_recover.agent.hands import Exited, LauncherError, RankHands
+from ms_recover.agent.ranks import RankSet
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
@@ -40,11 +44,15 @@ class Agent:
         log_dir: str = "",
         poll_s: float = 0.02,
         spares: int = 0,
+        hands: RankHands | None = None,
     ) -> None:
-        if not command:
+        if not command and hands is None:
             raise ValueError("agent needs a rank command, e.g. -- python train.py")
         self.config = config
-        self.ranks = RankSet(config, command, log_dir, spares)
+        # Our own child processes, unless another launcher (msrun) lends its hands.
+        self.ranks: RankHands = (
+            hands if hands is not None else RankSet(config, command, log_dir, spares)
+        )
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._epoch = 0
@@ -61,7 +69,18 @@ class Agent:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
         self._stop.set()
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
     def run(self) -> int:
+        """Register, start every local rank, and serve until the job ends for this node."""
+        self.hello()
+        return self.serve(start=True)
+
+    def hello(self) -> None:
+        """Announce this node to the manager (ZeroMQ queues it until the manager listens)."""
         cfg = self.config
         is_sched = cfg.node_rank == cfg.sched_node_rank
         self.chan.send(
@@ -70,13 +89,36 @@ class Agent:
             ),
             0,
         )
-        for rank in cfg.ranks_of(cfg.node_rank):
-            self.ranks.start(rank)
-        self.ranks.spares.fill()
-        log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
+
+    def await_welcome(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the manager's answer to :meth:`hello`.
+
+        True once it answered; a refusal sets the exit code, so :meth:`serve` returns at once.
+        False when nothing came: no manager is reachable.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            env = self.chan.recv(int(min(0.1, max(0.0, deadline - time.monotonic())) * 1000))
+            if env is not None:
+                self._epoch = max(self._epoch, env.epoch)
+                self._handle(env.msg)
+                if isinstance(env.msg, M.AgentWelcome):
+                    return True
+        return False
+
+    def serve(self, start: bool = True) -> int:
+        """Start the ranks (unless ``start`` is False) and run the agent loop; the exit code.
+
+        A :class:`LauncherError` (msrun's callbacks failing) is one log line and exit 1:
+        the node stops cleanly instead of retrying a broken launcher in a loop.
+        """
+        cfg = self.config
         next_beat = 0.0
         last_heard = time.monotonic()
         try:
+            if start and self.exit_code is None:
+                self.ranks.start_all(cfg.ranks_of(cfg.node_rank))
+                log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
             while self.exit_code is None and not self._stop.is_set():
                 self._report(self.ranks.poll())
                 if time.monotonic() - last_heard > cfg.phase_timeout_s:
@@ -97,6 +139,9 @@ class Agent:
                     self._handle(env.msg)
                 if self.exit_code is None and self._all_done():
                     self.exit_code = exitcodes.OK
+        except LauncherError as exc:
+            log.error("node %d stops: %s", cfg.node_rank, exc)
+            self.exit_code = exitcodes.FAILED
         finally:
             self.ranks.close()
             self.chan.close()
@@ -106,7 +151,7 @@ class Agent:
     def _all_done(self) -> bool:
         """Every local rank's latest process exited cleanly and none is running."""
         mine = self.config.ranks_of(self.config.node_rank)
-        return not self.ranks.procs and all(self._last_exit.get(r) == 0 for r in mine)
+        return not self.ranks.pids() and all(self._last_exit.get(r) == 0 for r in mine)
 
     def _report(self, exited: list[Exited], requested: bool = False) -> None:
         """Report exits; ``requested``: this agent ended them on the manager's command."""
@@ -138,7 +183,7 @@ class Agent:
                 self.ranks.start(rank)
         elif isinstance(msg, M.AgentExit):
             log.info("manager asks this agent to exit with %d: %s", msg.code, msg.reason)
-            self._report(self.ranks.kill(list(self.ranks.procs)), requested=True)
+            self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
             self.exit_code = msg.code
 
     def _local(self, ranks: list[int]) -> list[int]:

@@ -9,28 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from typing import IO
 
 from ms_recover import env as E
+from ms_recover.agent.hands import Exited
 from ms_recover.agent.spares import SparePool
 from ms_recover.config import JobConfig
 from ms_recover.strategy import format_strategies
 
 PR_SET_PDEATHSIG = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Exited:
-    rank: int
-    pid: int
-    exit_code: int
-    signal: int
-    observed_at: float
 
 
 def rank_env(config: JobConfig, rank: int, incarnation: int) -> dict[str, str]:
@@ -59,7 +51,8 @@ def rank_env(config: JobConfig, rank: int, incarnation: int) -> dict[str, str]:
 
 
 class RankSet:
-    """The rank processes of one node, by global rank id."""
+    """The rank processes of one node, by global rank id: the agent's own hands
+    (:class:`~ms_recover.agent.hands.RankHands`)."""
 
     def __init__(
         self, config: JobConfig, command: list[str], log_dir: str = "", spares: int = 0
@@ -73,6 +66,12 @@ class RankSet:
         self.spares = SparePool(
             command, dict(os.environ), spares, self._log_file(-1), _die_with_parent
         )
+
+    def start_all(self, ranks: Sequence[int]) -> None:
+        """Start every local rank, then warm the spares."""
+        for rank in ranks:
+            self.start(rank)
+        self.spares.fill()
 
     def start(self, rank: int) -> int:
         """Start (or restart) ``rank``; returns its pid. A still-running old process is killed."""

@@ -124,7 +124,10 @@ class FaultInjector:
                 flush()
             os.kill(os.getpid(), signal.SIGKILL)
         elif spec.kind == "node":
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+            # Under msrun each worker has its own session: the node is msrun's process group.
+            launcher = os.environ.get("MS_RECOVER_LAUNCHER_PID", "")
+            group = os.getpgid(int(launcher)) if launcher.isdigit() else os.getpgid(0)
+            os.killpg(group, signal.SIGKILL)
         else:
             os.kill(os.getpid(), signal.SIGSTOP)
 

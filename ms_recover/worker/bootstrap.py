@@ -13,6 +13,7 @@ from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, RecoveryError
 from ms_recover.testing.faults import FaultInjector
+from ms_recover.worker.scheduler import bind_to_launcher, run_scheduler_role
 from ms_recover.worker.session import Session
 from ms_recover.worker.state import StateProvider
 
@@ -53,9 +54,14 @@ def init(
     restarted rank returns from here only after its state was repaired, with
     ``session.next_step`` set to the step to run. Without ``MS_ROLE`` (no agent), or when no
     manager answers in a one-rank job, it warns once and runs as a plain single job.
+    In msrun's scheduler process (``MS_ROLE=MS_SCHED``) it never returns: it serves the manager
+    or exits 0 (:mod:`ms_recover.worker.scheduler`).
     """
     if not await_assignment():  # a pre-warmed spare the agent released unused
         raise SystemExit(0)
+    if os.environ.get(E.ROLE) == E.ROLE_SCHED:
+        run_scheduler_role(os.environ)
+    bind_to_launcher(os.environ)
     if not os.environ.get(E.ROLE):
         return _standalone(state, f"{E.ROLE} is unset (not started by ms-recover agent)")
     config = JobConfig.from_env()

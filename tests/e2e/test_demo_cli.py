@@ -53,6 +53,8 @@ def test_demo_verify_writes_the_result_json(tmp_path):
         (["--nodes", "1", "--procs-per-node", "1"], "at least 2 ranks"),
         (["--strategy", "recover,recover"], "listed twice"),
         (["--fault", "meteor"], "invalid choice: 'meteor'"),
+        (["--launcher", "msrun", "--spares", "1"], "--spares needs --launcher agent"),
+        (["--launcher", "slurm"], "invalid choice: 'slurm'"),
     ],
 )
 def test_demo_bad_flags_exit_2_with_a_reason(args, needle):

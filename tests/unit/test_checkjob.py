@@ -24,6 +24,7 @@ OUR_SAMPLES = [
     "ascendjob-recover.yaml",
     "ascendjob-recover-in-place.yaml",
     "ascendjob-combined.yaml",
+    "ascendjob-msrun.yaml",
 ]
 WORKER = "spec.replicaSpecs.Worker.template.spec.containers[0]"
 SCHEDULER = "spec.replicaSpecs.Scheduler.template.spec.containers[0]"
@@ -116,6 +117,7 @@ def test_samples_carry_what_the_brief_promises() -> None:
         "ascendjob-recover.yaml": "recover",
         "ascendjob-recover-in-place.yaml": "recover-in-place",
         "ascendjob-combined.yaml": "retry,recover,dump,exit",
+        "ascendjob-msrun.yaml": "recover-in-place,recover",
     }
     assert any("wait-reschedule-timeout" in d["metadata"]["annotations"] for d in docs.values())
     for doc in docs.values():
