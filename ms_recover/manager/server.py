@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +27,23 @@ from ms_recover.manager.model import Fault, JobModel, JobState
 from ms_recover.manager.status import status_of
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
-from ms_recover.transport import make_socket, send_frames
+from ms_recover.protocol.replay import ReplayGuard
+from ms_recover.transport import control_server_keys, curve_server, make_socket, send_frames
 
 log = logging.getLogger("ms_recover.manager")
 
 #: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
 CORRUPTING = frozenset({"corrupt", "device_memory"})
+
+#: Heartbeat intervals a registered agent must have been silent before a new incarnation may
+#: take its slot (see ``ManagerServer._takeover``).
+TAKEOVER_BEATS = 2
+
+INSECURE_WARNING = (
+    "INSECURE: no job secret, so anyone who can reach port %d can drive this job (frames are "
+    "signed with a key derived from the job id); set MS_RECOVER_SECRET or "
+    "MS_RECOVER_SECRET_FILE, and MS_RECOVER_REQUIRE_SECRET=1 to refuse to run without one"
+)
 
 
 class ManagerServer(Executor):
@@ -52,9 +64,13 @@ class ManagerServer(Executor):
         self.model = JobModel(config)
         self.codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
         self.drops = DropLog(log)
+        self.replay = ReplayGuard()
+        self.errors = DropLog(log, interval_s=10.0)  # unexpected errors: a traceback per 10 s
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._sock = make_socket(self._ctx, zmq.ROUTER)
+        self._sock = make_socket(self._ctx, zmq.ROUTER, config.max_frame_bytes)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if config.control_curve:
+            curve_server(self._sock, control_server_keys(config.secret, config.job_id))
         host = bind or config.manager_host
         if config.manager_port == 0:
             self.port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -63,6 +79,10 @@ class ManagerServer(Executor):
             self.port = config.manager_port
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
+        self._agent_nonce: dict[int, int] = {}  # node -> incarnation nonce of its agent
+        self._claims: dict[int, tuple[bytes, Envelope]] = {}  # node -> a new agent's hello
+        self._held: dict[int, list[tuple[bytes, Envelope]]] = {}  # node -> its ranks' hellos
+        self._released: list[tuple[bytes, Envelope]] = []  # held hellos of an accepted claim
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
@@ -86,6 +106,8 @@ class ManagerServer(Executor):
             port=self.port,
             config=config.replace(manager_port=self.port).describe(),
         )
+        if config.insecure:
+            log.warning(INSECURE_WARNING, self.port)
         for problem in config_problems(config):  # reported now, not when a fault happens
             log.warning("recover-strategy %s", problem)
             self.events.write("config_warning", epoch=0, problem=problem)
@@ -99,7 +121,7 @@ class ManagerServer(Executor):
                 if self._sock.poll(int(self.tick_s * 1000)):
                     self._drain()
                 with self._lock:
-                    self.execute(decide(self.model, self.clock()))
+                    self._decide_and_execute()
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
                 if done and ended_at is None:
                     ended_at = time.monotonic()
@@ -108,6 +130,17 @@ class ManagerServer(Executor):
         finally:
             self.close()
         return self.exit_code()
+
+    def _decide_and_execute(self) -> None:
+        """One decide + execute; an unexpected error is logged (rate limited), never fatal: the
+        next tick decides again from the model."""
+        try:
+            self.execute(decide(self.model, self.clock()))
+            released, self._released = self._released, []
+            for ident, env in released:
+                self._on_worker_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
+        except Exception as exc:
+            self.errors.drop(f"decide/execute failed: {type(exc).__name__}: {exc}", "-", exc)
 
     def exit_code(self) -> int:
         if self.model.state is JobState.FINISHED:
@@ -139,18 +172,34 @@ class ManagerServer(Executor):
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            identity, body = frames[0], frames[1:]
+            self.dispatch(frames)
+
+    def dispatch(self, frames: list[bytes]) -> None:
+        """Decode, replay-check and handle one ROUTER message. Never raises: whatever a frame
+        holds, it is handled or dropped and logged (rate limited)."""
+        identity, body = frames[0], frames[1:]
+        try:
+            env = self.codec.decode(body)
+        except ProtocolError as exc:
+            self.drops.drop(str(exc), repr(identity[:16]))
+            return
+        except Exception as exc:  # a codec bug must not end the manager either
+            self.errors.drop(f"undecodable frame: {type(exc).__name__}", repr(identity[:16]), exc)
+            return
+        with self._lock:
+            replayed = self.replay.check(env.sender, env.nonce, env.seq)
+            if replayed:
+                self.drops.drop(replayed, env.sender[:64])
+                return
+            handler = self._handlers.get(type(env.msg))
+            if handler is None:  # a manager -> member kind sent to the manager
+                self.drops.drop(f"{env.msg.KIND.decode()} is not for the manager", env.sender)
+                return
             try:
-                env = self.codec.decode(body)
-            except ProtocolError as exc:
-                self.drops.drop(str(exc), repr(identity[:16]))
-                continue
-            with self._lock:
-                try:
-                    self._handlers[type(env.msg)](identity, env, env.msg)
-                except Exception as exc:  # a valid frame with nonsense content: drop, go on
-                    log.exception("handler for %s failed", env.msg.KIND.decode())
-                    self.drops.drop(f"unusable {env.msg.KIND.decode()}: {exc}", env.sender)
+                handler(identity, env, env.msg)
+            except Exception as exc:  # a valid frame with nonsense content: drop, go on
+                what = f"handler for {env.msg.KIND.decode()} failed: {type(exc).__name__}"
+                self.errors.drop(what, env.sender, exc)
 
     def _send(self, identity: bytes, msg: M.Message) -> None:
         self._send_to([identity], msg)
@@ -158,7 +207,11 @@ class ManagerServer(Executor):
     def _send_to(self, identities: list[bytes], msg: M.Message) -> None:
         """Encode once (one seq for the whole broadcast), send to every identity."""
         self._seq += 1
-        frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
+        try:
+            frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
+        except ProtocolError as exc:
+            self.errors.drop(str(exc), "manager")
+            return
         for identity in identities:
             try:
                 send_frames(self._sock, [identity, *frames])
@@ -174,7 +227,9 @@ class ManagerServer(Executor):
             log.warning("rejected agent: %s", reason)
             return
         agent = m.agents[msg.node_rank]
-        if agent.alive and agent.pid != msg.pid:
+        if agent.alive and self._agent_nonce.get(msg.node_rank) != env.nonce:
+            if not self._takeover(ident, env, msg.node_rank, now):
+                return
             # The pod was recreated before its loss was noticed: its old ranks are gone.
             m.pending.append(
                 Fault(
@@ -192,6 +247,8 @@ class ManagerServer(Executor):
         agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
+        self._agent_nonce[msg.node_rank] = env.nonce
+        self._claims.pop(msg.node_rank, None)
         self._send(ident, M.AgentWelcome(True, ""))
         self.events.write(
             "member",
@@ -201,6 +258,45 @@ class ManagerServer(Executor):
             pid=msg.pid,
             pod_ip=msg.pod_ip,
         )
+        # Its ranks' hellos are handled after the next decide, which starts the round that
+        # replaces the node's old ranks (as if they had arrived just after this hello).
+        self._released.extend(self._held.pop(msg.node_rank, []))
+
+    def _takeover(self, ident: bytes, env: Envelope, node_rank: int, now: float) -> bool:
+        """Whether a NEW agent incarnation (another nonce) may take the slot of node
+        ``node_rank`` from the registered agent, which is not known to be gone.
+
+        The rule: only on evidence that the old incarnation is gone. A lost node (silent for
+        ``silence_s``) or an agent told to exit is no longer alive, and its slot is free. Here
+        the old one still counts as alive, so the claim is held until it has been silent for
+        :data:`TAKEOVER_BEATS` heartbeat intervals (a recreated pod: its old agent died with
+        it), and refused as soon as the old one is heard from again (a replayed or forged hello
+        of a live agent). Hellos of the node's ranks wait with the claim. The claimant's
+        heartbeats re-examine it.
+        """
+        agent = self.model.agents[node_rank]
+        silent = now - agent.last_seen
+        if silent >= TAKEOVER_BEATS * self.config.heartbeat_s:
+            self._claims.pop(node_rank, None)
+            return True
+        if self._claims.get(node_rank, (b"",))[0] != ident:
+            self._claims[node_rank] = (ident, env)
+            self.drops.drop(
+                f"hello of a new agent incarnation for node {node_rank} while its agent "
+                f"(pid {agent.pid}) was heard {silent:.1f}s ago: held until that one is gone",
+                env.sender,
+            )
+        return False
+
+    def _refuse_claim(self, node_rank: int) -> None:
+        """The registered agent of ``node_rank`` spoke: a pending claim on its slot is false."""
+        ident, env = self._claims.pop(node_rank)
+        reason = f"node {node_rank} has a live agent (pid {self.model.agents[node_rank].pid})"
+        log.warning("refused a new agent incarnation for node %d: %s", node_rank, reason)
+        self.events.write("reject", epoch=self.model.epoch, node_rank=node_rank, reason=reason)
+        self._send(ident, M.AgentWelcome(False, reason))
+        for held_ident, _ in self._held.pop(node_rank, []):
+            self._send(held_ident, M.Welcome(False, reason, False, self.config.world_size, []))
 
     def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
         agent = self.model.agents.get(node_rank)
@@ -213,9 +309,16 @@ class ManagerServer(Executor):
         return True
 
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
-        if self._agent_ok(ident, msg.node_rank):
-            self.model.agents[msg.node_rank].last_seen = self.clock()
-            self._send(ident, M.ManagerBeat(self.model.state.value))
+        claim = self._claims.get(msg.node_rank)
+        if claim is not None and claim[0] == ident:  # the claimant: is the old one gone now?
+            self._on_agent_hello(ident, claim[1], typing.cast(M.AgentHello, claim[1].msg))
+            return
+        if not self._agent_ok(ident, msg.node_rank):
+            return
+        if claim is not None:
+            self._refuse_claim(msg.node_rank)
+        self.model.agents[msg.node_rank].last_seen = self.clock()
+        self._send(ident, M.ManagerBeat(self.model.state.value))
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
         m, now = self.model, self.clock()
@@ -253,6 +356,10 @@ class ManagerServer(Executor):
     # ------------------------------------------------------------------ worker handlers
     def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
         m, now = self.model, self.clock()
+        node = msg.node_rank
+        if node in self._claims and len(self._held.get(node, ())) < self.config.proc_per_node:
+            self._held.setdefault(node, []).append((ident, env))  # decided with its agent's claim
+            return
         reason = self._reject_worker(msg)
         if reason:
             self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
