@@ -7,7 +7,6 @@ The manager is real (its ROUTER bound on 127.0.0.1); frames are fed to
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import msgpack
@@ -184,7 +183,7 @@ def test_the_frames_that_ended_the_manager_are_dropped(server: ManagerServer) ->
     hostile = [
         _signed(server, RANK[0], b"worker_hb", _envelope(server, step, 1)),
         _signed(server, RANK[0], b"worker_hb", _envelope(server, _nested(1000), 2)),
-        _signed(server, RANK[0], b"resume", _envelope(server, {"step": 1}, 3, job_id=_nested(1000))),
+        _signed(server, RANK[0], b"resume", _envelope(server, {"step": 1}, 3, job_id=_nested(999))),
         _signed(server, RANK[0], b"status_req", _envelope(server, {}, 2**64 - 1)),
         _signed(server, RANK[0], b"group_created", _envelope(server, {"x": _nested(900)}, 4)),
     ]
