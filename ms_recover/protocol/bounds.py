@@ -121,6 +121,7 @@ def check_field(value: Any, hint: Any, name: str = "") -> bool:
         return isinstance(value, list) and all(check_field(v, args[0], name) for v in value)
     if origin is dict:
         return isinstance(value, dict) and all(
-            check_field(k, args[0], name) and check_field(v, args[1], name) for k, v in value.items()
+            check_field(k, args[0], name) and check_field(v, args[1], name)
+            for k, v in value.items()
         )
     return isinstance(value, hint)
