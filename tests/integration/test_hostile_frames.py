@@ -270,3 +270,61 @@ def test_fuzz_reached_the_handlers() -> None:
         pytest.skip("run with test_fuzz_signed_bodies_never_raise")
     print(f"fuzz: {FUZZ['cases']} signed frames, {FUZZ['accepted']} valid, 0 tracebacks")
     assert FUZZ["accepted"] > FUZZ["cases"] // 20
+
+
+# ----------------------------------------------------------------------------- stale commands
+def test_an_agent_ignores_a_stale_command_of_the_same_manager() -> None:
+    from ms_recover.agent.agent import Agent
+    from ms_recover.protocol.codec import Envelope
+
+    agent = Agent(JobConfig(job_id="stale", manager_port=1), ["true"])
+    try:
+        kill = M.KillRanks([0], "old round")
+        assert not agent._stale(Envelope("stale", 3, "manager", 1, M.ManagerBeat("running"), 7))
+        assert agent._stale(Envelope("stale", 2, "manager", 2, kill, 7))  # a replayed kill
+        assert not agent._stale(Envelope("stale", 3, "manager", 3, kill, 7))
+        # A restarted manager (new nonce) counts its own epochs.
+        assert not agent._stale(Envelope("stale", 0, "manager", 1, kill, 8))
+    finally:
+        agent.chan.close()
+        agent._ctx.term()
+
+
+# ----------------------------------------------------------------------------- on a live job
+def test_a_forged_hello_and_hostile_frames_do_not_disturb_a_live_job(tmp_path) -> None:
+    """What ended the job before: a hello for a live node from a new incarnation, signed with
+    the key anyone can derive without a secret, plus the frames that crashed the manager."""
+    import zmq
+
+    from ms_recover.testing.wait import wait_for
+
+    from .jobs import results, run_to_end, trainer_job
+
+    out = str(tmp_path)
+    with trainer_job(out, steps=120, extra=("--step-time", "0.01")) as job:
+        wait_for(lambda: all(r["step"] >= 1 for r in job.status()["ranks"]), 30, "training")
+        server = job.server
+        forged = Codec("itest", job.config.effective_secret())  # derivable from the job id
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(job.config.manager_endpoint)
+        before = server.drops.total
+        try:
+            frames = [
+                forged.encode(M.AgentHello(1, "10.6.6.6", [2, 3], 666, False), 0, "agent:1", 0),
+                _signed(server, b"", b"worker_hb", _envelope(server, _nested(999), 1))[1:],
+                _signed(server, b"", b"worker_hb", _envelope(server, {"x": 2**64 - 1}, 2))[1:],
+            ]
+            for f in frames:
+                sock.send_multipart(f)
+            wait_for(lambda: server.drops.total >= before + len(frames), 10, "three drops")
+        finally:
+            sock.close(0)
+            ctx.term()
+        run_to_end(job)
+    assert job.exit_code == 0
+    assert not job.find("fault")
+    assert job.find("reject", node_rank=1)  # the impostor was refused once the agent spoke
+    assert {r["committed"] for r in results(out)} == {119}
+    assert server.errors.total == 0
