@@ -161,3 +161,13 @@ def test_memory_is_bounded() -> None:
             guard.check(f"s{sender}", nonce, 0)
     assert len(guard._seen) == 3 and all(len(n) == 2 for n in guard._seen.values())
     assert guard.known("s9", 9) and not guard.known("s9", 7) and not guard.known("s0", 9)
+
+
+@pytest.mark.parametrize("where", ["whole", "tag"])
+def test_a_deeply_nested_data_plane_header_is_a_protocol_error(where: str) -> None:
+    from ms_recover.comm.hostwire import Header
+
+    deep = _nested(1000)  # repr() of it raised RecursionError on the training thread
+    fields = deep if where == "whole" else [1, 1, 0, "g", deep, "p2p", 0, ""]
+    with pytest.raises(ProtocolError, match="flat list"):
+        Header.decode(msgpack.packb(fields))
