@@ -83,6 +83,7 @@ class ManagerServer(Executor):
         self._claims: dict[int, tuple[bytes, Envelope]] = {}  # node -> a new agent's hello
         self._held: dict[int, list[tuple[bytes, Envelope]]] = {}  # node -> its ranks' hellos
         self._released: list[tuple[bytes, Envelope]] = []  # held hellos of an accepted claim
+        self._rank_nonce: dict[int, int] = {}  # rank -> incarnation nonce of its process
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
@@ -360,7 +361,7 @@ class ManagerServer(Executor):
         if node in self._claims and len(self._held.get(node, ())) < self.config.proc_per_node:
             self._held.setdefault(node, []).append((ident, env))  # decided with its agent's claim
             return
-        reason = self._reject_worker(msg)
+        reason = self._reject_worker(msg, env.nonce)
         if reason:
             self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
             log.warning("rejected worker: %s", reason)
@@ -375,6 +376,7 @@ class ManagerServer(Executor):
             msg.committed_step,
         )
         info.endpoint_epoch = m.epoch
+        self._rank_nonce[msg.rank] = env.nonce
         info.last_seen = info.last_progress = now
         info.acked, info.repair_failure, info.done = {}, None, False
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
@@ -393,7 +395,10 @@ class ManagerServer(Executor):
             reboot=reboot,
         )
 
-    def _reject_worker(self, msg: M.WorkerHello) -> str:
+    def _reject_worker(self, msg: M.WorkerHello, nonce: int) -> str:
+        """Why a registration is refused, or "". A live rank's slot goes to a new process only
+        once the old one is known gone (its agent reported the exit, its pod was recreated, or
+        it fell silent: each marks it not alive); the same process may register again."""
         world = self.config.world_size
         if not 0 <= msg.rank < world:
             return f"rank {msg.rank} is outside the world 0..{world - 1}"
@@ -401,7 +406,7 @@ class ManagerServer(Executor):
         if msg.node_rank != expected:
             return f"rank {msg.rank} belongs to node {expected}, not node {msg.node_rank}"
         info = self.model.ranks[msg.rank]
-        if info.alive and info.pid != msg.pid:
+        if info.alive and (info.pid != msg.pid or self._rank_nonce.get(msg.rank) != nonce):
             return f"rank {msg.rank} is already registered by pid {info.pid}"
         return ""
 

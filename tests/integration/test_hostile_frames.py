@@ -151,6 +151,16 @@ def test_a_pod_recreated_before_its_loss_is_noticed_takes_over(
     assert server.errors.total == 0
 
 
+def test_a_worker_hello_of_another_incarnation_is_refused_while_the_rank_lives(
+    server: ManagerServer,
+) -> None:
+    _register(server)
+    same_pid = Member(server, "rank:1", b"r1-other")  # the live pid, but another incarnation
+    same_pid.send(M.WorkerHello(1, 0, 201, 0, "tcp://127.0.0.1:6666", -1, 0))
+    assert server.model.ranks[1].endpoint == "tcp://127.0.0.1:5001"
+    assert server.events.recent("reject")[-1]["rank"] == 1
+
+
 def test_the_same_incarnation_may_register_again(server: ManagerServer) -> None:
     agents, _ = _register(server)  # e.g. with a restarted manager, or after a reconnect
     agents[1].send(M.AgentHello(1, "127.0.0.1", [2, 3], 101, False))
