@@ -84,6 +84,7 @@ class ManagerServer(Executor):
         self._held: dict[int, list[tuple[bytes, Envelope]]] = {}  # node -> its ranks' hellos
         self._released: list[tuple[bytes, Envelope]] = []  # held hellos of an accepted claim
         self._rank_nonce: dict[int, int] = {}  # rank -> incarnation nonce of its process
+        self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
@@ -133,15 +134,22 @@ class ManagerServer(Executor):
         return self.exit_code()
 
     def _decide_and_execute(self) -> None:
-        """One decide + execute; an unexpected error is logged (rate limited), never fatal: the
-        next tick decides again from the model."""
+        """One decide + execute. An unexpected error is logged (rate limited) and the next tick
+        decides again from the model; only if every tick fails for ``phase_timeout_s`` does the
+        manager stop (its members then stop too), rather than leave the job hanging."""
         try:
             self.execute(decide(self.model, self.clock()))
             released, self._released = self._released, []
             for ident, env in released:
                 self._on_worker_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
+            self._failing_since = None
         except Exception as exc:
             self.errors.drop(f"decide/execute failed: {type(exc).__name__}: {exc}", "-", exc)
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since > self.config.phase_timeout_s:
+                log.error("decide/execute failed for %.0fs: stopping", now - self._failing_since)
+                self._stop.set()
 
     def exit_code(self) -> int:
         if self.model.state is JobState.FINISHED:

@@ -338,3 +338,20 @@ def test_a_forged_hello_and_hostile_frames_do_not_disturb_a_live_job(tmp_path) -
     assert job.find("reject", node_rank=1)  # the impostor was refused once the agent spoke
     assert {r["committed"] for r in results(out)} == {119}
     assert server.errors.total == 0
+
+
+def test_a_failing_decide_is_survived_then_ends_the_manager(
+    server: ManagerServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ms_recover.manager.server as srv
+
+    def broken(model: Any, now: float) -> list[Any]:
+        raise ValueError("a bug in decide")
+
+    monkeypatch.setattr(srv, "decide", broken)
+    server._decide_and_execute()  # logged, not raised
+    assert server.errors.total == 1 and not server._stop.is_set()
+    assert server._failing_since is not None
+    server._failing_since -= server.config.phase_timeout_s + 1
+    server._decide_and_execute()
+    assert server._stop.is_set()  # no silent hang: the members see the manager go
