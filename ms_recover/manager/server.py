@@ -24,6 +24,7 @@ from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.feasibility import config_problems
 from ms_recover.manager.model import Fault, JobModel, JobState
+from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
@@ -34,10 +35,6 @@ log = logging.getLogger("ms_recover.manager")
 
 #: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
 CORRUPTING = frozenset({"corrupt", "device_memory"})
-
-#: Heartbeat intervals a registered agent must have been silent before a new incarnation may
-#: take its slot (see ``ManagerServer._takeover``).
-TAKEOVER_BEATS = 2
 
 INSECURE_WARNING = (
     "INSECURE: no job secret, so anyone who can reach port %d can drive this job (frames are "
@@ -79,11 +76,7 @@ class ManagerServer(Executor):
             self.port = config.manager_port
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
-        self._agent_nonce: dict[int, int] = {}  # node -> incarnation nonce of its agent
-        self._claims: dict[int, tuple[bytes, Envelope]] = {}  # node -> a new agent's hello
-        self._held: dict[int, list[tuple[bytes, Envelope]]] = {}  # node -> its ranks' hellos
-        self._released: list[tuple[bytes, Envelope]] = []  # held hellos of an accepted claim
-        self._rank_nonce: dict[int, int] = {}  # rank -> incarnation nonce of its process
+        self.slots = Slots(config.heartbeat_s, config.proc_per_node)
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._seq = 0
         self._lock = threading.Lock()
@@ -139,8 +132,7 @@ class ManagerServer(Executor):
         manager stop (its members then stop too), rather than leave the job hanging."""
         try:
             self.execute(decide(self.model, self.clock()))
-            released, self._released = self._released, []
-            for ident, env in released:
+            for ident, env in self.slots.take_released():
                 self._on_worker_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
             self._failing_since = None
         except Exception as exc:
@@ -236,9 +228,18 @@ class ManagerServer(Executor):
             log.warning("rejected agent: %s", reason)
             return
         agent = m.agents[msg.node_rank]
-        if agent.alive and self._agent_nonce.get(msg.node_rank) != env.nonce:
-            if not self._takeover(ident, env, msg.node_rank, now):
-                return
+        verdict = self.slots.agent_hello(
+            msg.node_rank, (ident, env), agent.alive, now - agent.last_seen
+        )
+        if verdict is Hello.HOLD:
+            self.drops.drop(
+                f"hello of a new agent incarnation for node {msg.node_rank} while its agent "
+                f"(pid {agent.pid}) was heard {now - agent.last_seen:.1f}s ago: held until "
+                "that one is gone",
+                env.sender,
+            )
+            return
+        if verdict is Hello.TAKEOVER:
             # The pod was recreated before its loss was noticed: its old ranks are gone.
             m.pending.append(
                 Fault(
@@ -256,8 +257,7 @@ class ManagerServer(Executor):
         agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
-        self._agent_nonce[msg.node_rank] = env.nonce
-        self._claims.pop(msg.node_rank, None)
+        self.slots.agent_registered(msg.node_rank, env.nonce)  # its held ranks: after decide
         self._send(ident, M.AgentWelcome(True, ""))
         self.events.write(
             "member",
@@ -267,45 +267,18 @@ class ManagerServer(Executor):
             pid=msg.pid,
             pod_ip=msg.pod_ip,
         )
-        # Its ranks' hellos are handled after the next decide, which starts the round that
-        # replaces the node's old ranks (as if they had arrived just after this hello).
-        self._released.extend(self._held.pop(msg.node_rank, []))
 
-    def _takeover(self, ident: bytes, env: Envelope, node_rank: int, now: float) -> bool:
-        """Whether a NEW agent incarnation (another nonce) may take the slot of node
-        ``node_rank`` from the registered agent, which is not known to be gone.
-
-        The rule: only on evidence that the old incarnation is gone. A lost node (silent for
-        ``silence_s``) or an agent told to exit is no longer alive, and its slot is free. Here
-        the old one still counts as alive, so the claim is held until it has been silent for
-        :data:`TAKEOVER_BEATS` heartbeat intervals (a recreated pod: its old agent died with
-        it), and refused as soon as the old one is heard from again (a replayed or forged hello
-        of a live agent). Hellos of the node's ranks wait with the claim. The claimant's
-        heartbeats re-examine it.
-        """
-        agent = self.model.agents[node_rank]
-        silent = now - agent.last_seen
-        if silent >= TAKEOVER_BEATS * self.config.heartbeat_s:
-            self._claims.pop(node_rank, None)
-            return True
-        if self._claims.get(node_rank, (b"",))[0] != ident:
-            self._claims[node_rank] = (ident, env)
-            self.drops.drop(
-                f"hello of a new agent incarnation for node {node_rank} while its agent "
-                f"(pid {agent.pid}) was heard {silent:.1f}s ago: held until that one is gone",
-                env.sender,
-            )
-        return False
-
-    def _refuse_claim(self, node_rank: int) -> None:
+    def _refuse_claims(self, node_rank: int) -> None:
         """The registered agent of ``node_rank`` spoke: a pending claim on its slot is false."""
-        ident, env = self._claims.pop(node_rank)
+        refused = self.slots.refuse(node_rank)
+        if not refused:
+            return
         reason = f"node {node_rank} has a live agent (pid {self.model.agents[node_rank].pid})"
         log.warning("refused a new agent incarnation for node %d: %s", node_rank, reason)
         self.events.write("reject", epoch=self.model.epoch, node_rank=node_rank, reason=reason)
-        self._send(ident, M.AgentWelcome(False, reason))
-        for held_ident, _ in self._held.pop(node_rank, []):
-            self._send(held_ident, M.Welcome(False, reason, False, self.config.world_size, []))
+        self._send(refused[0], M.AgentWelcome(False, reason))
+        for ident in refused[1:]:
+            self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
 
     def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
         agent = self.model.agents.get(node_rank)
@@ -318,14 +291,13 @@ class ManagerServer(Executor):
         return True
 
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
-        claim = self._claims.get(msg.node_rank)
-        if claim is not None and claim[0] == ident:  # the claimant: is the old one gone now?
+        claim = self.slots.claimant(msg.node_rank, ident)
+        if claim is not None:  # the claimant: is the old one gone now?
             self._on_agent_hello(ident, claim[1], typing.cast(M.AgentHello, claim[1].msg))
             return
         if not self._agent_ok(ident, msg.node_rank):
             return
-        if claim is not None:
-            self._refuse_claim(msg.node_rank)
+        self._refuse_claims(msg.node_rank)
         self.model.agents[msg.node_rank].last_seen = self.clock()
         self._send(ident, M.ManagerBeat(self.model.state.value))
 
@@ -365,9 +337,7 @@ class ManagerServer(Executor):
     # ------------------------------------------------------------------ worker handlers
     def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
         m, now = self.model, self.clock()
-        node = msg.node_rank
-        if node in self._claims and len(self._held.get(node, ())) < self.config.proc_per_node:
-            self._held.setdefault(node, []).append((ident, env))  # decided with its agent's claim
+        if self.slots.hold_worker(msg.node_rank, (ident, env)):  # decided with its agent's claim
             return
         reason = self._reject_worker(msg, env.nonce)
         if reason:
@@ -384,7 +354,7 @@ class ManagerServer(Executor):
             msg.committed_step,
         )
         info.endpoint_epoch = m.epoch
-        self._rank_nonce[msg.rank] = env.nonce
+        self.slots.rank_nonce[msg.rank] = env.nonce
         info.last_seen = info.last_progress = now
         info.acked, info.repair_failure, info.done = {}, None, False
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
@@ -404,9 +374,7 @@ class ManagerServer(Executor):
         )
 
     def _reject_worker(self, msg: M.WorkerHello, nonce: int) -> str:
-        """Why a registration is refused, or "". A live rank's slot goes to a new process only
-        once the old one is known gone (its agent reported the exit, its pod was recreated, or
-        it fell silent: each marks it not alive); the same process may register again."""
+        """Why a registration is refused, or "" (the slot rule: see :mod:`.slots`)."""
         world = self.config.world_size
         if not 0 <= msg.rank < world:
             return f"rank {msg.rank} is outside the world 0..{world - 1}"
@@ -414,7 +382,7 @@ class ManagerServer(Executor):
         if msg.node_rank != expected:
             return f"rank {msg.rank} belongs to node {expected}, not node {msg.node_rank}"
         info = self.model.ranks[msg.rank]
-        if info.alive and (info.pid != msg.pid or self._rank_nonce.get(msg.rank) != nonce):
+        if self.slots.rank_taken(msg.rank, info.alive, info.pid, msg.pid, nonce):
             return f"rank {msg.rank} is already registered by pid {info.pid}"
         return ""
 
