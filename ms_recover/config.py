@@ -62,6 +62,9 @@ class JobConfig:
     backend: str = "host"  # MS_RECOVER_BACKEND
     dump_dir: str = ""  # MS_RECOVER_DUMP_DIR (shared storage in production)
     max_frame_bytes: int = 4 << 20
+    require_secret: bool = False  # MS_RECOVER_REQUIRE_SECRET: refuse to run without a secret
+    curve: bool = True  # MS_RECOVER_CURVE: encrypt the control plane (only with a secret)
+    data_curve: bool = False  # MS_RECOVER_DATA_CURVE: encrypt the data plane too (costs ~6x)
 
     def __post_init__(self) -> None:
         self._validate()
@@ -86,11 +89,29 @@ class JobConfig:
         first = node_rank * self.proc_per_node
         return tuple(range(first, first + self.proc_per_node))
 
+    @property
+    def insecure(self) -> bool:
+        """No secret is configured: anyone who can reach the manager's port can drive the job."""
+        return not self.secret
+
+    @property
+    def control_curve(self) -> bool:
+        """Whether the control plane is encrypted (ZeroMQ CURVE): with a secret, unless off."""
+        return self.curve and not self.insecure
+
+    @property
+    def data_plane_curve(self) -> bool:
+        """Whether the data plane is encrypted: on request (``data_curve``), with a secret."""
+        return self.data_curve and not self.insecure
+
     def effective_secret(self) -> bytes:
         """The HMAC key: the configured secret, else one derived from the job id.
 
-        The derived key only separates jobs; it is not a secret. Deployments set
-        MS_RECOVER_SECRET (from a Kubernetes Secret).
+        The derived key is NOT a secret: anyone who knows the job id (it is in the pod names)
+        can compute it, sign control frames and derive the data-plane password. It only keeps
+        two jobs on one network from mixing frames by accident. Deployments that need
+        protection set MS_RECOVER_SECRET or MS_RECOVER_SECRET_FILE (from a Kubernetes Secret);
+        ``require_secret`` makes its absence an error.
         """
         return self.secret or b"ms-recover-insecure:" + self.job_id.encode()
 
@@ -115,6 +136,10 @@ class JobConfig:
         }
         if self.dump_dir:
             env[E.DUMP_DIR] = self.dump_dir
+        if not self.curve:
+            env[E.CURVE] = "0"
+        if self.data_curve:
+            env[E.DATA_CURVE] = "1"
         return env
 
     def replace(self, **changes: Any) -> JobConfig:
@@ -141,6 +166,14 @@ class JobConfig:
         _positive_int("max_tries", self.max_tries)
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ConfigError(f"job_id must be a non-empty string, got {self.job_id!r}")
+        for name in ("require_secret", "curve", "data_curve"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.require_secret and self.insecure:
+            raise ConfigError(
+                f"a job secret is required ({E.REQUIRE_SECRET}=1 or --require-secret) but none "
+                f"is set: set {E.SECRET} or {E.SECRET_FILE} (e.g. from a Kubernetes Secret)"
+            )
         if not 0 <= self.node_rank < self.node_nums:
             raise ConfigError(
                 f"node_rank {self.node_rank} is outside 0..{self.node_nums - 1} (node_nums)"
@@ -238,6 +271,19 @@ def _read_secret(environ: Mapping[str, str]) -> bytes | None:
     return secret
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _bool(environ: Mapping[str, str], key: str) -> bool | None:
+    raw = environ.get(key, "").strip().lower()
+    if not raw:
+        return None
+    if raw in _TRUE or raw in _FALSE:
+        return raw in _TRUE
+    raise ConfigError(f"{key}={raw!r} is not one of: {', '.join(_TRUE + _FALSE)}")
+
+
 def _read_strategies(environ: Mapping[str, str]) -> tuple[Strategy, ...] | None:
     if E.STRATEGY in environ:
         return parse_strategies(environ[E.STRATEGY])
@@ -287,5 +333,8 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "sched_node_rank": _int(environ, E.SCHED_NODE_RANK),
         "backend": environ.get(E.BACKEND) or None,
         "dump_dir": environ.get(E.DUMP_DIR) or None,
+        "require_secret": _bool(environ, E.REQUIRE_SECRET),
+        "curve": _bool(environ, E.CURVE),
+        "data_curve": _bool(environ, E.DATA_CURVE),
     }
     return {k: v for k, v in found.items() if v is not None}

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -120,6 +121,7 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         proc_per_node=args.procs_per_node,
         strategies=parse_strategies(args.strategy),
         wait_reschedule_timeout_s=60.0,
+        secret=secrets.token_hex(32).encode(),  # random per run: never the forgeable default
     )
     if fault == "hang":
         config = config.replace(hang_timeout_s=6.0, rank_silence_s=60.0)

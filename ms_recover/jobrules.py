@@ -376,7 +376,8 @@ def rule_env(job: Job) -> Iterator[JobIssue]:
             yield _warning(
                 path,
                 "no MS_RECOVER_SECRET; frames are then signed with a key derived from the job "
-                "id, which is not secret; set it from a Kubernetes Secret (secretKeyRef)",
+                "id, which anyone can compute: whoever reaches the manager's port can drive the "
+                "job; set it from a Kubernetes Secret (secretKeyRef) or MS_RECOVER_SECRET_FILE",
             )
         elif secret is not None and "value" in secret:
             yield _warning(

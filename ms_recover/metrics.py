@@ -63,6 +63,11 @@ class ManagerCollector:
             "ms_recover_world_size", "Ranks in the job", value=status["world_size"]
         )
         yield GaugeMetricFamily("ms_recover_epoch", "Current epoch", value=status["epoch"])
+        yield GaugeMetricFamily(
+            "ms_recover_insecure",
+            "1 when the job has no secret: anyone who can reach the manager can drive it",
+            value=1 if status.get("insecure") else 0,
+        )
 
 
 def serve_metrics(

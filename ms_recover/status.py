@@ -16,8 +16,7 @@ import zmq
 
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import Codec
-from ms_recover.transport import DealerChannel
+from ms_recover.transport import manager_channel
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -31,10 +30,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def query(config: JobConfig, timeout_s: float) -> dict[str, Any] | None:
     """The manager's status snapshot, or None if it did not answer within ``timeout_s``."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
-    chan = DealerChannel(
-        ctx, config.manager_endpoint, codec, "status", f"status.{os.getpid()}".encode()
-    )
+    chan = manager_channel(ctx, config, "status", f"status.{os.getpid()}".encode())
     try:
         chan.send(M.StatusRequest(), 0)
         env = chan.recv(int(timeout_s * 1000))
@@ -46,12 +42,20 @@ def query(config: JobConfig, timeout_s: float) -> dict[str, Any] | None:
         ctx.term()
 
 
+INSECURE_HINT = (
+    "no job secret; anyone who can reach the manager's port can drive this job "
+    "(set MS_RECOVER_SECRET or MS_RECOVER_SECRET_FILE)"
+)
+
+
 def render(status: dict[str, Any]) -> str:
     lines = [
         f"job {status['job_id']}: {status['state']}, epoch {status['epoch']}, "
         f"world {status['world_size']}, strategy {status['strategies']}, "
         f"recoveries {status['recoveries']}"
     ]
+    if status.get("insecure"):
+        lines.append(f"  INSECURE: {INSECURE_HINT}")
     for a in status["agents"]:
         lines.append(
             f"  node {a['node_rank']}: agent {'up' if a['alive'] else 'DOWN'} "

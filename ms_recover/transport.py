@@ -1,21 +1,40 @@
-"""ZeroMQ plumbing shared by the agent, the worker and the status client.
+"""ZeroMQ plumbing shared by the manager, the agent, the worker and the status client.
 
 A :class:`DealerChannel` is one authenticated DEALER connection to the manager. It never raises
-on a bad incoming frame: the frame is dropped and logged (rate limited).
+on a bad incoming frame: the frame is dropped and logged (rate limited), and so is a replayed
+one (:class:`~ms_recover.protocol.replay.ReplayGuard`).
+
+Two socket-level protections (DESIGN.md §5):
+
+* **Size cap at the socket.** Every control-plane socket sets ``ZMQ_MAXMSGSIZE`` to the frame
+  limit plus :data:`SLACK`: libzmq reads a frame's length before its body and drops the
+  connection of a peer announcing a larger one, so an oversize frame costs no memory, whoever
+  sends it (authenticated or not). The codec checks the body size again.
+* **CURVE.** With a job secret, the control plane is encrypted and only peers that know the
+  manager's public key can complete a handshake. Both keys of the manager are derived from the
+  secret (:func:`curve_keys`), so nothing else needs distributing; clients use a fresh key pair
+  per socket. Without a secret there is nothing to derive keys from: the plane stays NULL.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import logging
 
 import zmq
+from zmq.utils import z85
 
+from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.protocol.messages import Message
+from ms_recover.protocol.replay import ReplayGuard
 
 log = logging.getLogger(__name__)
+
+SLACK = 64 << 10  # bytes over the body limit: the magic, kind and MAC frames and msgpack framing
 
 
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
@@ -32,10 +51,49 @@ def send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
     send(frames[-1], _LAST)
 
 
-def make_socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
+def make_socket(
+    ctx: zmq.Context[zmq.Socket[bytes]], kind: int, max_frame_bytes: int = 0
+) -> zmq.Socket[bytes]:
+    """A socket with ``linger=0`` and, if given, the inbound frame cap ``max_frame_bytes``."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    if max_frame_bytes > 0:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes + SLACK)
     return sock
+
+
+def curve_keys(secret: bytes, job_id: str, label: str) -> tuple[bytes, bytes]:
+    """A CURVE key pair (public, secret; Z85) derived from the job secret for ``label``.
+
+    Every process of the job computes the same pair; without the secret it cannot be computed.
+    Any 32 bytes are a valid Curve25519 secret key (libzmq clamps them).
+    """
+    if not secret:
+        raise ValueError("CURVE keys need a non-empty job secret")
+    info = b"ms-recover curve\0" + label.encode() + b"\0" + job_id.encode()
+    secret_key = z85.encode(hmac.new(secret, info, hashlib.sha256).digest())
+    return zmq.curve_public(secret_key), secret_key
+
+
+def curve_server(sock: zmq.Socket[bytes], keys: tuple[bytes, bytes]) -> None:
+    """Make ``sock`` a CURVE server with ``keys`` (before ``bind``)."""
+    sock.curve_server = True
+    sock.curve_publickey, sock.curve_secretkey = keys
+
+
+def curve_client(
+    sock: zmq.Socket[bytes], server_public: bytes, keys: tuple[bytes, bytes] | None = None
+) -> None:
+    """Make ``sock`` a CURVE client of ``server_public`` (before ``connect``); ``keys`` default
+    to a fresh pair."""
+    public, secret = keys or zmq.curve_keypair()
+    sock.curve_serverkey = server_public
+    sock.curve_publickey, sock.curve_secretkey = public, secret
+
+
+def control_server_keys(secret: bytes, job_id: str) -> tuple[bytes, bytes]:
+    """The manager's CURVE key pair."""
+    return curve_keys(secret, job_id, "control")
 
 
 class DealerChannel:
@@ -48,18 +106,24 @@ class DealerChannel:
         codec: Codec,
         sender: str,
         identity: bytes,
+        server_key: bytes | None = None,
     ) -> None:
+        """``server_key``: the manager's CURVE public key (Z85), or None for a NULL socket."""
         self._ctx = ctx
         self.endpoint = endpoint
         self.codec = codec
         self.sender = sender
         self.identity = identity
+        self.server_key = server_key
         self._seq = itertools.count()
         self.drops = DropLog(log)
+        self.replay = ReplayGuard(max_senders=16)
         self.sock = self._connect()
 
     def _connect(self) -> zmq.Socket[bytes]:
-        sock = make_socket(self._ctx, zmq.DEALER)
+        sock = make_socket(self._ctx, zmq.DEALER, self.codec.max_bytes)
+        if self.server_key is not None:
+            curve_client(sock, self.server_key)
         sock.setsockopt(zmq.ROUTING_ID, self.identity)
         sock.connect(self.endpoint)
         return sock
@@ -70,9 +134,11 @@ class DealerChannel:
         self.sock = self._connect()
 
     def send(self, msg: Message, epoch: int) -> None:
-        frames = self.codec.encode(msg, epoch, self.sender, next(self._seq))
         try:
+            frames = self.codec.encode(msg, epoch, self.sender, next(self._seq))
             send_frames(self.sock, frames)
+        except ProtocolError as exc:
+            log.error("not sent to %s: %s", self.endpoint, exc)
         except zmq.Again:
             log.warning("send queue to %s full; dropped %s", self.endpoint, msg.KIND.decode())
 
@@ -88,11 +154,26 @@ class DealerChannel:
         except zmq.Again:
             return None
         try:
-            return self.codec.decode(frames)
+            env = self.codec.decode(frames)
         except ProtocolError as exc:
             self.drops.drop(str(exc), self.endpoint)
             return None
+        replayed = self.replay.check(env.sender, env.nonce, env.seq)
+        if replayed:
+            self.drops.drop(replayed, self.endpoint)
+            return None
+        return env
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket; ``linger_ms`` lets frames already queued leave first."""
         self.sock.close(linger_ms)
+
+
+def manager_channel(
+    ctx: zmq.Context[zmq.Socket[bytes]], config: JobConfig, sender: str, identity: bytes
+) -> DealerChannel:
+    """A member's channel to the manager of ``config``'s job: its codec (a new incarnation
+    nonce), the frame cap, and CURVE when the job has a secret."""
+    codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
+    key = control_server_keys(config.secret, config.job_id)[0] if config.control_curve else None
+    return DealerChannel(ctx, config.manager_endpoint, codec, sender, identity, key)

@@ -30,10 +30,12 @@ from ms_recover.agent.hands import Exited, LauncherError, RankHands
 from ms_recover.agent.ranks import RankSet
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import Codec
-from ms_recover.transport import DealerChannel
+from ms_recover.protocol.codec import Envelope
+from ms_recover.transport import manager_channel
 
 log = logging.getLogger("ms_recover.agent")
+
+_COMMANDS = (M.KillRanks, M.StartRanks, M.AgentExit)
 
 
 class Agent:
@@ -57,11 +59,9 @@ class Agent:
         self._stop = threading.Event()
         self._epoch = 0
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
         ident = f"a{config.node_rank}.{os.getpid()}".encode()
-        self.chan = DealerChannel(
-            self._ctx, config.manager_endpoint, codec, f"agent:{config.node_rank}", ident
-        )
+        self.chan = manager_channel(self._ctx, config, f"agent:{config.node_rank}", ident)
+        self._manager_nonce, self._manager_epoch = -1, 0
         self.exit_code: int | None = None
         self._last_exit: dict[int, int] = {}
 
@@ -133,7 +133,7 @@ class Agent:
                     self.chan.send(M.AgentHeartbeat(cfg.node_rank, self.ranks.pids()), self._epoch)
                     next_beat = time.monotonic() + cfg.heartbeat_s
                 env = self.chan.recv(int(self.poll_s * 1000))
-                if env is not None:
+                if env is not None and not self._stale(env):
                     last_heard = time.monotonic()
                     self._epoch = max(self._epoch, env.epoch)
                     self._handle(env.msg)
@@ -170,6 +170,17 @@ class Agent:
                 ),
                 self._epoch,
             )
+
+    def _stale(self, env: Envelope) -> bool:
+        """A command of an older epoch from the same manager incarnation is never carried out
+        (a restarted manager, with a new nonce, starts its own epoch count)."""
+        if env.nonce != self._manager_nonce:
+            self._manager_nonce, self._manager_epoch = env.nonce, env.epoch
+        elif env.epoch < self._manager_epoch and isinstance(env.msg, _COMMANDS):
+            self.chan.drops.drop(f"stale {env.msg.KIND.decode()} of epoch {env.epoch}", "manager")
+            return True
+        self._manager_epoch = max(self._manager_epoch, env.epoch)
+        return False
 
     def _handle(self, msg: M.Message) -> None:
         if isinstance(msg, M.AgentWelcome) and not msg.ok:

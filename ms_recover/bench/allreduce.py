@@ -16,7 +16,10 @@ Three things are measured:
   and is retried. If it still does not form, its rows say "not measured" and the notes say
   why. ``--no-mindspore`` skips it;
 * **socket copy**: one process copies the same bytes to another through a plain TCP socket
-  (``sendall`` / ``recv_into``; no ZeroMQ, no numpy).
+  (``sendall`` / ``recv_into``; no ZeroMQ, no numpy);
+* **host, CURVE**: the host allreduce again with the data plane encrypted and authenticated by
+  ZeroMQ CURVE (``MS_RECOVER_DATA_CURVE=1``), what it costs; no target applies to it (the
+  targets hold with data-plane encryption off, the default). ``--no-curve`` skips it.
 
 Each allreduce result is checked once. A timed call starts after a barrier, a repetition
 takes as long as its slowest rank, and the reported time is the median over repetitions. Bus
@@ -56,6 +59,7 @@ SETTINGS = (
     "chunk_kb",
     "io_threads",
     "mindspore",
+    "curve",
     "ms_form_timeout",
     "ms_tries",
     "ms_timeout",
@@ -71,6 +75,7 @@ class SizeResult:
     host_s: float
     copy_s: float
     mindspore_s: float | None
+    curve_s: float | None = None  # the host allreduce with CURVE on the data plane
 
 
 def element_count(size_mb: float) -> int:
@@ -116,6 +121,22 @@ def size_measures(r: SizeResult, world: int, repeats: int) -> list[Measure]:
         ),
         Measure(f"{head} loopback socket copy", copy, "GB/s", note=f"{r.copy_s * 1e3:.2f} ms"),
         Measure(f"{head} host busbw / socket copy", host / copy * 100, "%", ">=", VS_COPY_PCT),
+        *_curve_measures(r, world, how, head),
+    ]
+
+
+def _curve_measures(r: SizeResult, world: int, how: str, head: str) -> list[Measure]:
+    if r.curve_s is None:
+        return []
+    curve = busbw_gbps(r.nbytes, world, r.curve_s)
+    return [
+        Measure(
+            f"{head} host allreduce busbw, CURVE",
+            curve,
+            "GB/s",
+            note=f"{r.curve_s * 1e3:.2f} ms, {how}; {r.curve_s / r.host_s:.1f}x the time "
+            "without encryption (MS_RECOVER_DATA_CURVE=1, off by default)",
+        )
     ]
 
 
@@ -176,6 +197,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also time MindSpore's CPU AllReduce, the 5x target's baseline (default on)",
     )
     parser.add_argument(
+        "--curve",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the host allreduce with CURVE encryption on the data plane (default on)",
+    )
+    parser.add_argument(
         "--ms-form-timeout",
         type=float,
         default=120.0,
@@ -203,6 +230,12 @@ def run(args: argparse.Namespace) -> int:
     host = _allreduce_times(
         distinct, args.world, args.repeats, args.chunk_kb * 1024, args.io_threads
     )
+    curve: dict[int, list[list[float]]] = {}
+    if args.curve:
+        print(f"allreduce: host backend with CURVE, {args.world} ranks ...", flush=True)
+        curve = _allreduce_times(
+            distinct, args.world, args.repeats, args.chunk_kb * 1024, args.io_threads, True
+        )
     print("allreduce: loopback socket copy ...", flush=True)
     copy = _socket_copy_times([n * 4 for n in distinct], args.repeats)
     workdir, outcome = _mindspore(args, distinct)
@@ -214,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
             slowest_median(host[n]),
             copy[n * 4],
             slowest_median(ms[n]) if n in ms else None,
+            slowest_median(curve[n]) if n in curve else None,
         )
         for size, n in counts.items()
     ]
@@ -222,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         "host_s": {str(s): host[n] for s, n in counts.items()},
         "mindspore_s": {str(s): ms.get(n) for s, n in counts.items()},
         "socket_copy_s": {str(s): copy[n * 4] for s, n in counts.items()},
+        "host_curve_s": {str(s): curve.get(n) for s, n in counts.items()},
     }
     report = build_report(results, args.world, args.repeats, outcome, settings, samples)
     return report.emit(args.json)
@@ -267,11 +302,20 @@ def _rank_main(
     up: Any,
     down: Any,
     results: Any,
+    curve: bool = False,
 ) -> None:
     from ms_recover.comm.host import HostBackend  # in the child: keep the parent light
+    from ms_recover.comm.hostauth import DataCurve, data_plane_password
 
+    secret = b"bench allreduce"  # the keys of a job with a secret and data-plane CURVE on
     backend = HostBackend(
-        rank, world, chunk_bytes=chunk_bytes, timeout=CHILD_TIMEOUT_S, io_threads=io_threads
+        rank,
+        world,
+        chunk_bytes=chunk_bytes,
+        timeout=CHILD_TIMEOUT_S,
+        io_threads=io_threads,
+        password=data_plane_password(secret, "bench") if curve else None,
+        curve=DataCurve.derive(secret, "bench") if curve else None,
     )
     try:
         up.put((rank, backend.endpoint))
@@ -298,7 +342,12 @@ def _rank_main(
 
 
 def _allreduce_times(
-    counts: list[int], world: int, repeats: int, chunk_bytes: int, io_threads: int
+    counts: list[int],
+    world: int,
+    repeats: int,
+    chunk_bytes: int,
+    io_threads: int,
+    curve: bool = False,
 ) -> dict[int, list[list[float]]]:
     """Element count -> each rank's seconds per repetition of the host allreduce."""
     ctx = mp.get_context("spawn")
@@ -308,7 +357,7 @@ def _allreduce_times(
         ctx.Process(
             target=_rank_main,
             daemon=True,
-            args=(r, world, counts, repeats, chunk_bytes, io_threads, up, downs[r], results),
+            args=(r, world, counts, repeats, chunk_bytes, io_threads, up, downs[r], results, curve),
         )
         for r in range(world)
     ]

@@ -31,7 +31,8 @@ from numpy.typing import NDArray
 from ms_recover.comm import hoststream
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import WORLD, GroupLog
-from ms_recover.comm.hostlink import Link
+from ms_recover.comm.hostauth import DataCurve
+from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
 from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
 from ms_recover.errors import CommError, ConfigError
 
@@ -85,6 +86,7 @@ class HostBackend(CommBackend):
         advertise_host: str | None = None,
         io_threads: int = 2,
         password: bytes | None = None,
+        curve: DataCurve | None = None,
     ) -> None:
         """Bind the inbound socket now, so :attr:`endpoint` is known before :meth:`init`.
 
@@ -94,7 +96,10 @@ class HostBackend(CommBackend):
         ``io_threads``: ZeroMQ I/O threads (native, not Python); 2 lets both directions run at once.
         ``password`` (:func:`~ms_recover.comm.hostauth.data_plane_password`): only peers that
         present it may connect, and this rank presents it. ``ms_recover.init`` always sets it;
-        None (no authentication) is for benchmarks and tests on one host.
+        None (no authentication) is for benchmarks and tests on one host. ``curve`` (with a
+        password) authenticates with the job's CURVE keys instead and encrypts every message.
+        An inbound message part is capped at the larger of ``chunk_bytes`` + 4 KiB and
+        :data:`~ms_recover.comm.hostlink.MAX_MESSAGE_BYTES`: peers must not use larger chunks.
         """
         super().__init__(rank, world_size)
         if chunk_bytes < 64:
@@ -107,8 +112,9 @@ class HostBackend(CommBackend):
         # Must be the same on every member: it picks the algorithm both sides follow.
         self.exchange_max_bytes = EXCHANGE_MAX_BYTES
         self._boxes = Mailboxes()
+        cap = max(MAX_MESSAGE_BYTES, chunk_bytes + 4096)
         self._link = Link(
-            rank, bind_host, advertise_host, timeout, self._boxes, io_threads, password
+            rank, bind_host, advertise_host, timeout, self._boxes, io_threads, password, curve, cap
         )
         self._link.after_send = self._after_send
         self._groups: dict[str, tuple[int, ...]] = {}

@@ -15,23 +15,35 @@ Two ways a connection is refused, both seen here:
   handshake itself; the ROUTER's monitor socket reports it.
 
 PLAIN sends the password in clear over the wire; it authenticates peers, it does not hide the
-data (the data plane is not encrypted: use a private pod network). The password is derived
-per job, so it reveals nothing about the secret, and the control plane's HMAC is unaffected.
-The cost is one handshake per connection, none per frame.
+data (use a private pod network). The password is derived per job, so it reveals nothing about
+the secret, and the control plane's HMAC is unaffected. The cost is one handshake per
+connection, none per frame.
+
+**Without a job secret the password protects nothing**: it is then derived from the job id
+(:meth:`~ms_recover.config.JobConfig.effective_secret`), which anyone can compute, so it only
+keeps two jobs from connecting to each other by mistake.
+
+**CURVE** (``MS_RECOVER_DATA_CURVE=1``, needs a secret): instead of PLAIN, every ROUTER is a
+CURVE server and every DEALER a CURVE client, with both key pairs derived from the secret
+(:class:`DataCurve`); the Gatekeeper admits only the job's client key. Traffic is then
+encrypted and authenticated per message, at a cost (``ms-recover bench allreduce`` shows it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import logging
 import threading
 
 import zmq
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from ms_recover.comm.hostwire import WireStats
 from ms_recover.protocol.codec import DropLog
+from ms_recover.transport import curve_client, curve_keys, curve_server
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +61,33 @@ def data_plane_password(secret: bytes, job_id: str) -> bytes:
     return mac.hexdigest().encode()
 
 
-def configure_client(sock: zmq.Socket[bytes], password: bytes) -> None:
+@dataclasses.dataclass(frozen=True)
+class DataCurve:
+    """The data plane's CURVE keys (Z85): one server pair for every rank's ROUTER, one client
+    pair for every DEALER. Both derive from the job secret, so only the job's ranks hold them."""
+
+    server: tuple[bytes, bytes]
+    client: tuple[bytes, bytes]
+
+    @classmethod
+    def derive(cls, secret: bytes, job_id: str) -> DataCurve:
+        return cls(
+            curve_keys(secret, job_id, "data-server"), curve_keys(secret, job_id, "data-client")
+        )
+
+    @property
+    def client_public_raw(self) -> bytes:
+        """The client public key as ZAP reports it (32 raw bytes)."""
+        return z85.decode(self.client[0])
+
+
+def configure_client(
+    sock: zmq.Socket[bytes], password: bytes, curve: DataCurve | None = None
+) -> None:
     """Make an outbound socket present the job's credentials (before ``connect``)."""
+    if curve is not None:
+        curve_client(sock, curve.server[0], curve.client)
+        return
     sock.plain_username = USER
     sock.plain_password = password
 
@@ -59,7 +96,8 @@ class Gatekeeper:
     """The ZAP handler of one rank's ZeroMQ context, and the log of refused connections.
 
     Build it before ``router`` binds (libzmq consults ZAP only if a handler is bound); it makes
-    the ROUTER a PLAIN server. :meth:`close` it before the context is terminated.
+    the ROUTER a PLAIN server, or with ``curve`` a CURVE server that admits only the job's
+    client key. :meth:`close` it before the context is terminated.
     """
 
     def __init__(
@@ -69,13 +107,17 @@ class Gatekeeper:
         password: bytes,
         rank: int,
         stats: WireStats,
+        curve: DataCurve | None = None,
     ) -> None:
-        self.password, self.rank, self.stats = password, rank, stats
+        self.password, self.rank, self.stats, self.curve = password, rank, stats, curve
         self._drops = DropLog(log)
         self._zap: zmq.Socket[bytes] = ctx.socket(zmq.REP)
         self._zap.linger = 0
         self._zap.bind(ZAP_ENDPOINT)
-        router.plain_server = True
+        if curve is not None:
+            curve_server(router, curve.server)
+        else:
+            router.plain_server = True
         self._router = router
         self._monitor = router.get_monitor_socket(_REFUSED_BY_ZMQ)
         self._stop = threading.Event()
@@ -121,18 +163,27 @@ class Gatekeeper:
             self._zap.send_multipart([b"1.0", request_id, b"500", b"", b"", b""])
             return
         request_id, address, mechanism, creds = request[1], request[3], request[5], request[6:]
-        ok = (
-            mechanism == b"PLAIN"
-            and len(creds) == 2
-            and creds[0] == USER
-            and hmac.compare_digest(creds[1], self.password)
-        )
+        ok = self._admits(mechanism, creds)
         status = (b"200", b"OK") if ok else (b"400", b"wrong data-plane credentials")
         self._zap.send_multipart([b"1.0", request_id, *status, b"", b""])
         if not ok:
             what = "a wrong password" if creds[:1] == [USER] else "unknown credentials"
             peer = address.decode(errors="replace")
             self._refused(peer, f"{mechanism.decode(errors='replace')} with {what}")
+
+    def _admits(self, mechanism: bytes, creds: list[bytes]) -> bool:
+        if self.curve is not None:
+            return (
+                mechanism == b"CURVE"
+                and len(creds) == 1
+                and hmac.compare_digest(creds[0], self.curve.client_public_raw)
+            )
+        return (
+            mechanism == b"PLAIN"
+            and len(creds) == 2
+            and creds[0] == USER
+            and hmac.compare_digest(creds[1], self.password)
+        )
 
     def _refused(self, peer: str, reason: str) -> None:
         self.stats.refused_connections += 1

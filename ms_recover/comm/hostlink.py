@@ -6,7 +6,11 @@
   case), recreated on every build. DEALERs carry no fixed routing id: a restarted peer must
   never collide with the id of its dead predecessor; the sender's rank is in the header.
 * With a password (see :mod:`~ms_recover.comm.hostauth`), the ROUTER accepts only peers that
-  present it, and the DEALERs present it.
+  present it, and the DEALERs present it; with ``curve`` the same holds for the job's CURVE
+  keys, and every message is encrypted.
+* Every socket caps an inbound message part at ``max_message_bytes`` (``ZMQ_MAXMSGSIZE``):
+  libzmq drops a peer that announces a larger one before reading it, so no peer, authenticated
+  or not, can make a rank allocate more than that per message.
 * Every socket has ``linger=0`` and generous high-water marks; only a graceful :meth:`Link.close`
   lets queued outbound data drain for a bounded time (see there).
 
@@ -26,7 +30,7 @@ from typing import Any
 
 import zmq
 
-from ms_recover.comm.hostauth import Gatekeeper, configure_client
+from ms_recover.comm.hostauth import DataCurve, Gatekeeper, configure_client
 from ms_recover.comm.hostwire import Header, Key, Mailboxes
 from ms_recover.errors import CommError, Interrupted
 
@@ -34,6 +38,7 @@ POLL_SLICE_MS = 50
 CLOSE_LINGER_MS = 2000
 TRACK_SLICE_S = 0.02
 HWM = 100_000  # messages per pipe; a chunk is <= chunk_bytes, so this is not a real limit
+MAX_MESSAGE_BYTES = 64 << 20  # default cap of one inbound message part: chunks, manifests
 DRAIN_BATCH = 256  # inbound messages read per drain before looking at the caller's mailbox
 Payload = Any  # bytes, a C-contiguous numpy array, or a received zmq.Frame (forwarded)
 
@@ -50,6 +55,8 @@ class Link:
         sink: Mailboxes,
         io_threads: int = 1,
         password: bytes | None = None,
+        curve: DataCurve | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.rank = rank
         self.timeout = timeout
@@ -57,11 +64,13 @@ class Link:
         self.after_send: Callable[[], None] | None = None  # test hook, see CommBackend.chunk_hook
         self._sink = sink
         self._password = password
+        self._curve = curve
+        self._max_message = max_message_bytes
         self._ctx = zmq.Context(io_threads=io_threads)
         self._router = self._socket(zmq.ROUTER)
         self._gate: Gatekeeper | None = None
         if password is not None:
-            self._gate = Gatekeeper(self._ctx, self._router, password, rank, sink.stats)
+            self._gate = Gatekeeper(self._ctx, self._router, password, rank, sink.stats, curve)
         try:
             port = self._router.bind_to_random_port(f"tcp://{bind_host}")
         except zmq.ZMQError as exc:
@@ -89,6 +98,7 @@ class Link:
         sock.linger = 0
         sock.sndhwm = HWM
         sock.rcvhwm = HWM
+        sock.setsockopt(zmq.MAXMSGSIZE, self._max_message)
         return sock
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -103,7 +113,7 @@ class Link:
             endpoint = self.endpoint if rank == self.rank else endpoint
             sock = self._socket(zmq.DEALER)
             if self._password is not None:
-                configure_client(sock, self._password)
+                configure_client(sock, self._password, self._curve)
             try:
                 sock.connect(endpoint)
             except zmq.ZMQError as exc:

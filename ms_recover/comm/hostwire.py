@@ -26,6 +26,7 @@ import msgpack
 import zmq
 
 from ms_recover.errors import ProtocolError
+from ms_recover.protocol.bounds import depth_ok, show
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +76,19 @@ class Header:
             fields = msgpack.unpackb(data, raw=False, use_list=True)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
             raise ProtocolError(f"malformed header: {exc}") from exc
+        if not depth_ok(fields, 1):  # a header is flat; repr() of a deep value would recurse
+            raise ProtocolError("header must be a flat list of 8 fields, got a nested value")
         if not isinstance(fields, list) or len(fields) != 8:
-            raise ProtocolError(f"header must be a list of 8 fields, got {fields!r:.80}")
+            raise ProtocolError(f"header must be a list of 8 fields, got {show(fields)}")
         version, epoch, src, group, tag, kind, offset, meta = fields
         if version != VERSION or not _is_int(version):
-            raise ProtocolError(f"header version {version!r:.20} is not {VERSION}")
+            raise ProtocolError(f"header version {show(version)} is not {VERSION}")
         if not (_is_int(epoch) and _is_int(src) and _is_int(offset)) or min(epoch, offset) < 0:
             raise ProtocolError("header epoch/src/offset must be ints, epoch/offset >= 0")
         if not (isinstance(group, str) and isinstance(meta, str)):
             raise ProtocolError("header group/meta must be strings")
         if not (_is_int(tag) or isinstance(tag, str)) or kind not in KINDS:
-            raise ProtocolError(f"bad header tag {tag!r:.40} or kind {kind!r:.40}")
+            raise ProtocolError(f"bad header tag {show(tag)} or kind {show(kind)}")
         return cls(epoch, src, group, tag, kind, offset, meta)
 
 

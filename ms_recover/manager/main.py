@@ -41,6 +41,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="seconds to wait for a rescheduled pod (default 270)",
     )
     p.add_argument(
+        "--require-secret",
+        action="store_true",
+        default=None,
+        help="refuse to run without a job secret (env MS_RECOVER_REQUIRE_SECRET=1)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -58,6 +64,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         strategies=args.strategy,
         events_path=args.events,
         wait_reschedule_timeout_s=args.wait_reschedule_timeout,
+        require_secret=args.require_secret,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,16 +23,24 @@ from ms_recover.events import EventLog
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState
+from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.manager.strategies.registry import config_problems
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
-from ms_recover.transport import make_socket, send_frames
+from ms_recover.protocol.replay import ReplayGuard
+from ms_recover.transport import control_server_keys, curve_server, make_socket, send_frames
 
 log = logging.getLogger("ms_recover.manager")
 
 #: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
 CORRUPTING = frozenset({"corrupt", "device_memory"})
+
+INSECURE_WARNING = (
+    "INSECURE: no job secret, so anyone who can reach port %d can drive this job (frames are "
+    "signed with a key derived from the job id); set MS_RECOVER_SECRET or "
+    "MS_RECOVER_SECRET_FILE, and MS_RECOVER_REQUIRE_SECRET=1 to refuse to run without one"
+)
 
 
 class ManagerServer:
@@ -52,9 +61,13 @@ class ManagerServer:
         self.model = JobModel(config)
         self.codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
         self.drops = DropLog(log)
+        self.replay = ReplayGuard()
+        self.errors = DropLog(log, interval_s=10.0)  # unexpected errors: a traceback per 10 s
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._sock = make_socket(self._ctx, zmq.ROUTER)
+        self._sock = make_socket(self._ctx, zmq.ROUTER, config.max_frame_bytes)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if config.control_curve:
+            curve_server(self._sock, control_server_keys(config.secret, config.job_id))
         host = bind or config.manager_host
         if config.manager_port == 0:
             self.port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -64,6 +77,8 @@ class ManagerServer:
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
         self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)
+        self.slots = Slots(config.heartbeat_s, config.proc_per_node)
+        self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
@@ -87,6 +102,8 @@ class ManagerServer:
             port=self.port,
             config=config.replace(manager_port=self.port).describe(),
         )
+        if config.insecure:
+            log.warning(INSECURE_WARNING, self.port)
         for problem in config_problems(config):  # reported now, not when a fault happens
             log.warning("recover-strategy %s", problem)
             self.events.write("config_warning", epoch=0, problem=problem)
@@ -100,7 +117,7 @@ class ManagerServer:
                 if self._sock.poll(int(self.tick_s * 1000)):
                     self._drain()
                 with self._lock:
-                    self.executor.execute(decide(self.model, self.clock()))
+                    self._decide_and_execute()
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
                 if done and ended_at is None:
                     ended_at = time.monotonic()
@@ -109,6 +126,23 @@ class ManagerServer:
         finally:
             self.close()
         return self.exit_code()
+
+    def _decide_and_execute(self) -> None:
+        """One decide + execute. An unexpected error is logged (rate limited) and the next tick
+        decides again from the model; only if every tick fails for ``phase_timeout_s`` does the
+        manager stop (its members then stop too), rather than leave the job hanging."""
+        try:
+            self.executor.execute(decide(self.model, self.clock()))
+            for ident, env in self.slots.take_released():
+                self._on_worker_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
+            self._failing_since = None
+        except Exception as exc:
+            self.errors.drop(f"decide/execute failed: {type(exc).__name__}: {exc}", "-", exc)
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since > self.config.phase_timeout_s:
+                log.error("decide/execute failed for %.0fs: stopping", now - self._failing_since)
+                self._stop.set()
 
     def exit_code(self) -> int:
         return self.executor.exit_code()
@@ -138,18 +172,34 @@ class ManagerServer:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            identity, body = frames[0], frames[1:]
+            self.dispatch(frames)
+
+    def dispatch(self, frames: list[bytes]) -> None:
+        """Decode, replay-check and handle one ROUTER message. Never raises: whatever a frame
+        holds, it is handled or dropped and logged (rate limited)."""
+        identity, body = frames[0], frames[1:]
+        try:
+            env = self.codec.decode(body)
+        except ProtocolError as exc:
+            self.drops.drop(str(exc), repr(identity[:16]))
+            return
+        except Exception as exc:  # a codec bug must not end the manager either
+            self.errors.drop(f"undecodable frame: {type(exc).__name__}", repr(identity[:16]), exc)
+            return
+        with self._lock:
+            replayed = self.replay.check(env.sender, env.nonce, env.seq)
+            if replayed:
+                self.drops.drop(replayed, env.sender[:64])
+                return
+            handler = self._handlers.get(type(env.msg))
+            if handler is None:  # a manager -> member kind sent to the manager
+                self.drops.drop(f"{env.msg.KIND.decode()} is not for the manager", env.sender)
+                return
             try:
-                env = self.codec.decode(body)
-            except ProtocolError as exc:
-                self.drops.drop(str(exc), repr(identity[:16]))
-                continue
-            with self._lock:
-                try:
-                    self._handlers[type(env.msg)](identity, env, env.msg)
-                except Exception as exc:  # a valid frame with nonsense content: drop, go on
-                    log.exception("handler for %s failed", env.msg.KIND.decode())
-                    self.drops.drop(f"unusable {env.msg.KIND.decode()}: {exc}", env.sender)
+                handler(identity, env, env.msg)
+            except Exception as exc:  # a valid frame with nonsense content: drop, go on
+                what = f"handler for {env.msg.KIND.decode()} failed: {type(exc).__name__}"
+                self.errors.drop(what, env.sender, exc)
 
     def _send(self, identity: bytes, msg: M.Message) -> None:
         self.send([identity], msg)
@@ -157,7 +207,11 @@ class ManagerServer:
     def send(self, identities: Sequence[bytes], msg: M.Message) -> None:
         """Encode once (one seq for the whole broadcast), send to every identity."""
         self._seq += 1
-        frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
+        try:
+            frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
+        except ProtocolError as exc:
+            self.errors.drop(str(exc), "manager")
+            return
         for identity in identities:
             try:
                 send_frames(self._sock, [identity, *frames])
@@ -173,7 +227,18 @@ class ManagerServer:
             log.warning("rejected agent: %s", reason)
             return
         agent = m.agents[msg.node_rank]
-        if agent.alive and agent.pid != msg.pid:
+        verdict = self.slots.agent_hello(
+            msg.node_rank, (ident, env), agent.alive, now - agent.last_seen
+        )
+        if verdict is Hello.HOLD:
+            self.drops.drop(
+                f"hello of a new agent incarnation for node {msg.node_rank} while its agent "
+                f"(pid {agent.pid}) was heard {now - agent.last_seen:.1f}s ago: held until "
+                "that one is gone",
+                env.sender,
+            )
+            return
+        if verdict is Hello.TAKEOVER:
             # The pod was recreated before its loss was noticed: its old ranks are gone.
             m.pending.append(
                 Fault(
@@ -191,6 +256,7 @@ class ManagerServer:
         agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
+        self.slots.agent_registered(msg.node_rank, env.nonce)  # its held ranks: after decide
         self._send(ident, M.AgentWelcome(True, ""))
         self.events.write(
             "member",
@@ -200,6 +266,18 @@ class ManagerServer:
             pid=msg.pid,
             pod_ip=msg.pod_ip,
         )
+
+    def _refuse_claims(self, node_rank: int) -> None:
+        """The registered agent of ``node_rank`` spoke: a pending claim on its slot is false."""
+        refused = self.slots.refuse(node_rank)
+        if not refused:
+            return
+        reason = f"node {node_rank} has a live agent (pid {self.model.agents[node_rank].pid})"
+        log.warning("refused a new agent incarnation for node %d: %s", node_rank, reason)
+        self.events.write("reject", epoch=self.model.epoch, node_rank=node_rank, reason=reason)
+        self._send(refused[0], M.AgentWelcome(False, reason))
+        for ident in refused[1:]:
+            self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
 
     def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
         agent = self.model.agents.get(node_rank)
@@ -212,9 +290,15 @@ class ManagerServer:
         return True
 
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
-        if self._agent_ok(ident, msg.node_rank):
-            self.model.agents[msg.node_rank].last_seen = self.clock()
-            self._send(ident, M.ManagerBeat(self.model.state.value))
+        claim = self.slots.claimant(msg.node_rank, ident)
+        if claim is not None:  # the claimant: is the old one gone now?
+            self._on_agent_hello(ident, claim[1], typing.cast(M.AgentHello, claim[1].msg))
+            return
+        if not self._agent_ok(ident, msg.node_rank):
+            return
+        self._refuse_claims(msg.node_rank)
+        self.model.agents[msg.node_rank].last_seen = self.clock()
+        self._send(ident, M.ManagerBeat(self.model.state.value))
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
         m, now = self.model, self.clock()
@@ -256,7 +340,9 @@ class ManagerServer:
     # ------------------------------------------------------------------ worker handlers
     def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
         m, now = self.model, self.clock()
-        reason = self._reject_worker(msg)
+        if self.slots.hold_worker(msg.node_rank, (ident, env)):  # decided with its agent's claim
+            return
+        reason = self._reject_worker(msg, env.nonce)
         if reason:
             self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
             log.warning("rejected worker: %s", reason)
@@ -271,6 +357,7 @@ class ManagerServer:
             msg.committed_step,
         )
         info.endpoint_epoch = m.epoch
+        self.slots.rank_nonce[msg.rank] = env.nonce
         info.last_seen = info.last_progress = now
         info.acks, info.repair_failure, info.done = {}, None, False
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
@@ -289,7 +376,8 @@ class ManagerServer:
             reboot=reboot,
         )
 
-    def _reject_worker(self, msg: M.WorkerHello) -> str:
+    def _reject_worker(self, msg: M.WorkerHello, nonce: int) -> str:
+        """Why a registration is refused, or "" (the slot rule: see :mod:`.slots`)."""
         world = self.config.world_size
         if not 0 <= msg.rank < world:
             return f"rank {msg.rank} is outside the world 0..{world - 1}"
@@ -297,7 +385,7 @@ class ManagerServer:
         if msg.node_rank != expected:
             return f"rank {msg.rank} belongs to node {expected}, not node {msg.node_rank}"
         info = self.model.ranks[msg.rank]
-        if info.alive and info.pid != msg.pid:
+        if self.slots.rank_taken(msg.rank, info.alive, info.pid, msg.pid, nonce):
             return f"rank {msg.rank} is already registered by pid {info.pid}"
         return ""
 

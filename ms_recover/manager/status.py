@@ -17,6 +17,8 @@ def status_of(m: JobModel, now: float) -> dict[str, Any]:
         "world_size": m.config.world_size,
         "strategies": format_strategies(m.config.strategies),
         "recoveries": m.recoveries,
+        "insecure": m.config.insecure,  # no secret: anyone reaching the port can drive the job
+        "encrypted": m.config.control_curve,
         "last_recovery": m.last_recovery,
         "ranks": [
             {

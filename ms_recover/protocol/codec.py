@@ -2,7 +2,13 @@
 
 :meth:`Codec.decode` either returns a fully validated :class:`Envelope` or raises
 :class:`ProtocolError`; receivers log the error (rate limited, see :class:`DropLog`) and drop
-the frame. Nothing here can crash a receiver on hostile input.
+the frame. Nothing here can crash a receiver on hostile input, even a validly signed one: every
+value is bounded in type, size, nesting and range (:mod:`~ms_recover.protocol.bounds`) before
+anything else touches it.
+
+Every envelope carries the sender's **incarnation nonce**, a random 63-bit number each
+:class:`Codec` (one per process) draws at construction and signs into every frame; receivers
+use it with ``seq`` to drop replays (:class:`~ms_recover.protocol.replay.ReplayGuard`).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import hashlib
 import hmac
 import logging
 import re
+import secrets
 import time
 import typing
 from typing import Any
@@ -19,10 +26,12 @@ from typing import Any
 import msgpack
 
 from ms_recover.errors import ProtocolError
+from ms_recover.protocol import bounds as B
 from ms_recover.protocol.messages import KINDS, Message, field_types
 
 MAGIC = b"msr1"
-HEADER_KEYS = ("job_id", "epoch", "sender", "seq", "body")
+HEADER_KEYS = ("job_id", "epoch", "sender", "seq", "nonce", "body")
+MAX_SENDER = 64  # characters of a sender name ("rank:65535", "agent:8191", "status")
 _TYPES = {kind: field_types(cls) for kind, cls in KINDS.items()}
 
 
@@ -35,25 +44,40 @@ class Envelope:
     sender: str
     seq: int
     msg: Message
+    nonce: int = 0  # the sender's incarnation nonce
+
+
+def new_nonce() -> int:
+    """A random incarnation nonce (63 bits: a positive msgpack int64)."""
+    return secrets.randbits(63)
 
 
 class Codec:
-    """Encodes and authenticates frames for one job."""
+    """Encodes and authenticates frames for one job, as one process incarnation (``nonce``)."""
 
-    def __init__(self, job_id: str, secret: bytes, max_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self, job_id: str, secret: bytes, max_bytes: int = 4 << 20, nonce: int | None = None
+    ) -> None:
         self.job_id = job_id
         self._key = secret
         self.max_bytes = max_bytes
+        self.nonce = new_nonce() if nonce is None else nonce
 
     def encode(self, msg: Message, epoch: int, sender: str, seq: int) -> list[bytes]:
+        """The signed frames of ``msg``. Raises ProtocolError (never crashes the caller's loop
+        with msgpack's OverflowError/TypeError) if a value cannot be encoded."""
         body = {
             "job_id": self.job_id,
             "epoch": epoch,
             "sender": sender,
             "seq": seq,
+            "nonce": self.nonce,
             "body": msg.to_wire(),
         }
-        payload = msgpack.packb(body, use_bin_type=True)
+        try:
+            payload = msgpack.packb(body, use_bin_type=True)
+        except (OverflowError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"cannot encode {msg.KIND.decode()}: {exc}") from exc
         return [MAGIC, msg.KIND, payload, self._mac(msg.KIND, payload)]
 
     def decode(self, frames: list[bytes]) -> Envelope:
@@ -70,9 +94,11 @@ class Codec:
         if kind not in KINDS:
             raise ProtocolError(f"unknown kind {kind[:32]!r}")
         try:
-            data = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            data = msgpack.unpackb(payload, raw=False, strict_map_key=False, **B.UNPACK_LIMITS)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
-            raise ProtocolError(f"malformed msgpack body: {exc}") from exc
+            raise ProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") from exc
+        if not B.depth_ok(data, B.MAX_DEPTH):
+            raise ProtocolError(f"body nests deeper than {B.MAX_DEPTH} levels")
         return self._envelope(kind, data)
 
     def _envelope(self, kind: bytes, data: Any) -> Envelope:
@@ -80,35 +106,18 @@ class Codec:
             raise ProtocolError(f"envelope must be a map with keys {HEADER_KEYS}")
         if data["job_id"] != self.job_id:
             raise ProtocolError(
-                f"foreign job_id {str(data['job_id'])[:64]!r} (this job: {self.job_id!r})"
+                f"foreign job_id {B.show(data['job_id'])} (this job: {self.job_id!r})"
             )
-        for key, typ in (("epoch", int), ("seq", int), ("sender", str)):
-            if not _is(data[key], typ):
-                raise ProtocolError(f"envelope field {key!r} must be {typ.__name__}")
-        return Envelope(
-            self.job_id, data["epoch"], data["sender"], data["seq"], _message(kind, data["body"])
-        )
+        for key, typ in (("epoch", int), ("seq", int), ("nonce", int), ("sender", str)):
+            if not B.check_field(data[key], typ, key):
+                raise ProtocolError(f"envelope field {key!r} must be {typ.__name__} in range")
+        if len(data["sender"]) > MAX_SENDER:
+            raise ProtocolError(f"envelope field 'sender' is longer than {MAX_SENDER}")
+        msg = _message(kind, data["body"])
+        return Envelope(self.job_id, data["epoch"], data["sender"], data["seq"], msg, data["nonce"])
 
     def _mac(self, kind: bytes, payload: bytes) -> bytes:
         return hmac.new(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256).digest()
-
-
-def _is(value: Any, hint: Any) -> bool:
-    """Whether a decoded value matches a field's type hint, elements and keys included."""
-    if hint is Any:
-        return True
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is list:
-        return isinstance(value, list) and all(_is(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            _is(k, args[0]) and _is(v, args[1]) for k, v in value.items()
-        )
-    return isinstance(value, hint)
 
 
 def _message(kind: bytes, body: Any) -> Message:
@@ -116,9 +125,11 @@ def _message(kind: bytes, body: Any) -> Message:
     if not isinstance(body, dict) or set(body) != set(types):
         raise ProtocolError(f"{kind.decode()} body must have exactly the fields {sorted(types)}")
     for name, hint in types.items():
-        if not _is(body[name], hint):
+        if not B.check_field(body[name], hint, name):
             shown = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
-            raise ProtocolError(f"{kind.decode()}.{name} must be {shown or hint}")
+            lo, hi = B.INT_RANGES.get(name, B.INT64)
+            bound = f" in {lo}..{hi}" if "int" in str(hint) else ""
+            raise ProtocolError(f"{kind.decode()}.{name} must be {shown or hint}{bound}")
     return KINDS[kind](**body)
 
 
@@ -132,8 +143,9 @@ class DropLog:
         self._count: dict[str, int] = {}
         self.total = 0
 
-    def drop(self, reason: str, peer: str = "?") -> None:
-        """Count a dropped frame; the rate limit is per reason, ignoring numbers and quotes."""
+    def drop(self, reason: str, peer: str = "?", exc: BaseException | None = None) -> None:
+        """Count a dropped frame; the rate limit is per reason, ignoring numbers and quotes.
+        With ``exc`` (an unexpected error while handling it) the report carries its traceback."""
         self.total += 1
         key = re.sub(r"[0-9]+|'[^']*'|\"[^\"]*\"", "#", reason)[:60]
         self._count[key] = self._count.get(key, 0) + 1
@@ -142,5 +154,9 @@ class DropLog:
             self._last[key] = now
             n = self._count.pop(key)
             self._log.warning(
-                "dropped frame from %s: %s (%d dropped since last report)", peer, reason, n
+                "dropped frame from %s: %s (%d dropped since last report)",
+                peer,
+                reason,
+                n,
+                exc_info=exc,
             )

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ms_recover import env as E
 from ms_recover.agent.pods import LocalPods
 from ms_recover.config import JobConfig
 from ms_recover.events import Event, EventLog
@@ -37,6 +38,8 @@ class LocalJob:
         self.config = config.replace(
             manager_port=self.server.port, manager_host="127.0.0.1", pod_ip="127.0.0.1"
         )
+        if config.secret:  # the members learn it as from a Kubernetes Secret
+            env = {**(env or {}), E.SECRET: config.secret.decode()}
         self.pods = LocalPods(self.config, command, env, log_dir, reschedule_delay_s, spares=spares)
         self._thread: threading.Thread | None = None
         self.exit_code: int | None = None

@@ -27,10 +27,13 @@ def make_backend(config: JobConfig, rank: int) -> CommBackend:
 
         return AscendBackend(rank, config.world_size)
     from ms_recover.comm.host import HostBackend
-    from ms_recover.comm.hostauth import data_plane_password
+    from ms_recover.comm.hostauth import DataCurve, data_plane_password
 
     password = data_plane_password(config.effective_secret(), config.job_id)
-    return HostBackend(rank, config.world_size, bind_host=config.pod_ip, password=password)
+    curve = DataCurve.derive(config.secret, config.job_id) if config.data_plane_curve else None
+    return HostBackend(
+        rank, config.world_size, bind_host=config.pod_ip, password=password, curve=curve
+    )
 
 
 def _standalone(state: StateProvider | None, why: str) -> Session:

@@ -22,8 +22,8 @@ import zmq
 
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import Codec, Envelope
-from ms_recover.transport import DealerChannel
+from ms_recover.protocol.codec import Envelope
+from ms_recover.transport import manager_channel
 
 log = logging.getLogger("ms_recover.worker")
 
@@ -38,10 +38,7 @@ class ManagerLink:
         self.rank = rank
         self._on_abort = on_abort
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
-        self._chan = DealerChannel(
-            self._ctx, config.manager_endpoint, codec, f"rank:{rank}", identity
-        )
+        self._chan = manager_channel(self._ctx, config, f"rank:{rank}", identity)
         self._out: queue.SimpleQueue[tuple[M.Message, int | None]] = queue.SimpleQueue()
         self._inbox: collections.deque[Envelope] = collections.deque()
         self._cond = threading.Condition()

@@ -119,6 +119,9 @@ def test_allreduce_without_mindspore_reports_host_and_socket_copy(tmp_path: Path
     assert (ratio["value"], ratio["limit"], ratio["pass"]) == (None, 5, None)
     copy = m["0.25 MiB: host busbw / socket copy"]
     assert copy["limit"] == 50 and copy["pass"] in (True, False)
+    curve = m["0.25 MiB: host allreduce busbw, CURVE"]  # what data-plane encryption costs
+    assert curve["value"] > 0 and "MS_RECOVER_DATA_CURVE=1" in curve["note"]
+    assert len(report["samples"]["host_curve_s"]["0.25"]) == 2
 
 
 def test_allreduce_rejects_bad_settings() -> None:

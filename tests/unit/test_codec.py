@@ -112,7 +112,7 @@ def _frames(codec: Codec, kind: bytes, envelope: Any) -> list[bytes]:
 
 
 def _envelope(body: Any, **changes: Any) -> dict[str, Any]:
-    env = {"job_id": JOB, "epoch": 1, "sender": "rank:0", "seq": 7, "body": body}
+    env = {"job_id": JOB, "epoch": 1, "sender": "rank:0", "seq": 7, "nonce": 3, "body": body}
     env.update(changes)
     return env
 
@@ -127,7 +127,7 @@ def test_round_trip(codec: Codec, kind: bytes) -> None:
     frames = codec.encode(msg, epoch=5, sender="agent:1", seq=42)
     assert len(frames) == 4 and frames[0] == MAGIC and frames[1] == kind
     env = codec.decode(frames)
-    assert env == Envelope(JOB, 5, "agent:1", 42, msg)
+    assert env == Envelope(JOB, 5, "agent:1", 42, msg, codec.nonce)
     assert type(env.msg) is type(msg)
 
 
@@ -223,7 +223,7 @@ def test_trailing_garbage_after_the_body_is_malformed(codec: Codec) -> None:
         codec.decode(_sign(codec, M.Resume.KIND, payload))
 
 
-@pytest.mark.parametrize("missing", ["job_id", "epoch", "sender", "seq", "body"])
+@pytest.mark.parametrize("missing", ["job_id", "epoch", "sender", "seq", "nonce", "body"])
 def test_envelope_missing_key(codec: Codec, missing: str) -> None:
     env = _envelope({"step": 1})
     del env[missing]
@@ -244,7 +244,17 @@ def test_envelope_extra_key(codec: Codec) -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("epoch", "1"), ("epoch", True), ("epoch", 1.0), ("seq", None), ("sender", 3)],
+    [
+        ("epoch", "1"),
+        ("epoch", True),
+        ("epoch", 1.0),
+        ("seq", None),
+        ("sender", 3),
+        ("nonce", "n"),
+        ("nonce", -1),
+        ("seq", 2**64 - 1),
+        ("epoch", -(2**63)),
+    ],
 )
 def test_envelope_field_types(codec: Codec, key: str, value: Any) -> None:
     env = _envelope({"step": 1}, **{key: value})

@@ -1,0 +1,127 @@
+"""Bounds on every decoded value, so no single frame can make a receiver fail or overreach.
+
+:func:`check_field` is the one type-and-range check for message fields; :data:`UNPACK_LIMITS`
+caps what msgpack may allocate for one frame before any of our code runs; :func:`depth_ok` is
+the nesting check, done without recursion before anything else walks or prints a value (a
+deeply nested value otherwise raises ``RecursionError`` in ``repr`` and ``==``).
+
+Guaranteed, for a value that passes: nesting at most :data:`MAX_DEPTH`; every int within int64
+(and within the field's own range, see :data:`INT_RANGES`), so arithmetic on a step and
+re-encoding it never overflows msgpack; every float finite; every str at most
+:data:`MAX_STR` characters; every list and map at most :data:`MAX_ITEMS` entries.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from typing import Any
+
+MAX_DEPTH = 8  # envelope > body > status > ranks list > rank map > value: 6 levels in use
+MAX_STR = 65536  # characters of one string: a fault message, a path, an endpoint list entry
+MAX_ITEMS = 1 << 17  # entries of one list or map: every rank of a 65,536-rank job, twice
+INT64 = (-(2**63), 2**63 - 1)
+STEP_MAX = 2**53  # steps, seqs and epochs stay exact as JSON numbers and can be incremented
+_ID = (-1, 2**31 - 1)  # ranks, nodes, pids, exit codes and signals are C ints; -1 means none
+
+#: The range of each int field by name; any other int must be within int64.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("step", "committed_step", "target_step"), (-1, STEP_MAX)),
+    **dict.fromkeys(("epoch", "seq", "attempt", "incarnation", "size"), (0, STEP_MAX)),
+    "nonce": (0, INT64[1]),
+    **dict.fromkeys(("rank", "node_rank", "recv_from", "failed_peer", "pid", "shard"), _ID),
+    **dict.fromkeys(("ranks", "send_to", "world", "pids"), _ID),
+    **dict.fromkeys(("exit_code", "code", "signal"), (-(2**31), 2**31 - 1)),
+    "world_size": (0, 2**31 - 1),
+}
+
+#: msgpack's own caps for one frame: strings, binaries, lists and maps; no extension types.
+UNPACK_LIMITS: dict[str, int] = {
+    "max_str_len": MAX_STR * 4,  # bytes of UTF-8; MAX_STR characters is checked afterwards
+    "max_bin_len": MAX_STR,
+    "max_array_len": MAX_ITEMS,
+    "max_map_len": MAX_ITEMS,
+    "max_ext_len": 0,
+}
+
+
+def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests lists and maps at most ``limit`` deep (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            if level > limit:
+                return False
+            children = item.items() if isinstance(item, dict) else ((v, None) for v in item)
+            for key, child in children:
+                stack.append((key, level + 1))
+                stack.append((child, level + 1))
+    return True
+
+
+def show(value: Any) -> str:
+    """A short, safe rendering of an untrusted value for an error message (never recurses)."""
+    if isinstance(value, (str, bytes)):
+        return repr(value[:64])
+    if isinstance(value, (bool, int, float)) or value is None:
+        return repr(value)[:64]
+    return f"a {type(value).__name__}"
+
+
+def int_in(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def scalar_ok(value: Any) -> bool:
+    """An untyped (``Any``) leaf: None, bool, an int64, a finite float, a bounded str/bytes."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return INT64[0] <= value <= INT64[1]
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (str, bytes)):
+        return len(value) <= MAX_STR
+    return isinstance(value, (list, dict)) and all_ok(value)
+
+
+def all_ok(value: list[Any] | dict[Any, Any]) -> bool:
+    """Every leaf of a container is :func:`scalar_ok` (iterative; depth checked before)."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif not scalar_ok(item):
+            return False
+    return True
+
+
+def check_field(value: Any, hint: Any, name: str = "") -> bool:
+    """Whether a decoded value matches a field's type hint and bounds, elements included."""
+    if hint is Any:
+        return scalar_ok(value)
+    if hint is float:
+        return (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and abs(value) < 2.0**63
+        )
+    if hint is int:
+        return int_in(value, *INT_RANGES.get(name, INT64))
+    if hint is str:
+        return isinstance(value, str) and len(value) <= MAX_STR
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        return isinstance(value, list) and all(check_field(v, args[0], name) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            check_field(k, args[0], name) and check_field(v, args[1], name)
+            for k, v in value.items()
+        )
+    return isinstance(value, hint)
