@@ -77,7 +77,15 @@ def test_out_of_range_fields_are_refused(
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 1e300])
 def test_non_finite_or_huge_floats_are_refused(codec: Codec, value: float) -> None:
-    body = {"node_rank": 0, "rank": 0, "pid": 1, "exit_code": 1, "signal": 0, "observed_at": value}
+    body = {
+        "node_rank": 0,
+        "rank": 0,
+        "pid": 1,
+        "exit_code": 1,
+        "signal": 0,
+        "observed_at": value,
+        "requested": False,
+    }
     with pytest.raises(ProtocolError, match="rank_exited.observed_at must be float"):
         codec.decode(_signed(codec, M.RankExited.KIND, body))
 
