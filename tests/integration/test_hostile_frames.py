@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
 from ms_recover.events import EventLog
+from ms_recover.manager.model import Ack
 from ms_recover.manager.server import ManagerServer
 from ms_recover.manager.slots import TAKEOVER_BEATS
 from ms_recover.protocol import messages as M
@@ -99,10 +100,10 @@ def test_a_replayed_agent_hello_is_dropped_and_takes_no_slot(server: ManagerServ
 def test_a_replayed_worker_hello_is_dropped(server: ManagerServer) -> None:
     _, ranks = _register(server)
     ranks[2].send(M.WorkerHeartbeat(2, 7))
-    server.model.ranks[2].acked["stop"] = 3
+    server.model.ranks[2].ack(Ack.STOP, 3)
     assert _dropped(server, ranks[2].sent[0])  # re-registering would reset its acks and step
     assert server.model.ranks[2].committed_step == 7
-    assert server.model.ranks[2].acked == {"stop": 3}
+    assert server.model.ranks[2].acks == {(Ack.STOP, 0): 3}
 
 
 def test_a_restarted_process_starts_again_at_seq_zero(server: ManagerServer, clock: Clock) -> None:
