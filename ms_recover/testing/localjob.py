@@ -40,6 +40,7 @@ class LocalJob:
         )
         if config.secret:  # the members learn it as from a Kubernetes Secret
             env = {**(env or {}), E.SECRET: config.secret.decode()}
+        self.member_env = env
         self.pods = LocalPods(self.config, command, env, log_dir, reschedule_delay_s, spares=spares)
         self._thread: threading.Thread | None = None
         self.exit_code: int | None = None

@@ -127,6 +127,6 @@ class MsrunJob(LocalJob):
         node_env: bool = True,
     ) -> None:
         super().__init__(config, command, env, log_dir, reschedule_delay_s, on_event)
-        self.pods = MsrunPods(
-            self.config, command, env, log_dir, reschedule_delay_s, node_env=node_env
+        self.pods = MsrunPods(  # member_env: the caller's env plus the job secret
+            self.config, command, self.member_env, log_dir, reschedule_delay_s, node_env=node_env
         )
