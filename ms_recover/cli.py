@@ -23,7 +23,7 @@ COMMANDS: list[tuple[str, str, str]] = [
         "run a local MindSpore job, kill a rank, recover, show the timeline",
     ),
     ("status", "ms_recover.status", "ask a running manager for the job's state"),
-    ("check-job", "ms_recover.checkjob", "validate AscendJob YAML files before submission"),
+    ("check-job", "ms_recover.jobcheck.check", "validate AscendJob YAML files before submission"),
     ("report", "ms_recover.report", "print a recovery timeline from a manager event log"),
     ("bench", "ms_recover.bench.main", "measure recovery, detection, overhead and bandwidth"),
 ]
