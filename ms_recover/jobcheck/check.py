@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from collections.abc import Iterator
 from typing import Any
 
-import yaml
-
 from ms_recover.jobcheck import rules as jobrules
 from ms_recover.jobcheck import schema as crdschema
+from ms_recover.jobcheck import yamlread
 from ms_recover.jobcheck.rules import ERROR, WARNING
 from ms_recover.jobcheck.schema import Path, format_path
 
@@ -76,47 +74,13 @@ class FileReport:
         return sum(f.severity == severity for f in self.findings)
 
 
-class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """A safe loader that rejects duplicate mapping keys, as Kubernetes' YAML decoder does."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, (str, int, float, bool)):
-                continue
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
 def check_file(name: str) -> FileReport:
     """Check one file (``-`` is stdin). Never raises for unreadable or malformed input."""
     try:
-        text = sys.stdin.read() if name == "-" else _read(name)
-    except (OSError, UnicodeDecodeError) as exc:
-        return FileReport(name, 0, (Finding(name, None, "", ERROR, _describe_os_error(exc)),))
+        text = yamlread.read_text(name)
+    except yamlread.ReadError as exc:
+        return FileReport(name, 0, (Finding(name, None, "", ERROR, str(exc)),))
     return check_text(text, name)
-
-
-def _read(name: str) -> str:
-    with open(name, encoding="utf-8") as fh:
-        return fh.read()
-
-
-def _describe_os_error(exc: OSError | UnicodeDecodeError) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "no such file"
-    if isinstance(exc, IsADirectoryError):
-        return "is a directory, not a YAML file"
-    if isinstance(exc, UnicodeDecodeError):
-        return f"is not UTF-8 text ({exc.reason} at byte {exc.start})"
-    return f"cannot be read: {exc.strerror or exc}"
 
 
 def check_text(text: str, name: str) -> FileReport:
@@ -145,22 +109,11 @@ def check_text(text: str, name: str) -> FileReport:
 
 
 def _documents(text: str, name: str, findings: list[Finding]) -> Iterator[tuple[int, Any]]:
-    """Non-empty documents with their 1-based numbers; a parse error ends the stream."""
-    index = 0
+    """Non-empty documents with their 1-based numbers; a bad document ends the stream."""
     try:
-        for index, doc in enumerate(yaml.load_all(text, Loader=_StrictLoader), start=1):
-            if doc is not None:
-                yield index, doc
-    except yaml.YAMLError as exc:
-        findings.append(Finding(name, None, "", ERROR, f"is not valid YAML: {_yaml_error(exc)}"))
-
-
-def _yaml_error(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    context = getattr(exc, "context", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + (f"{problem} ({context})" if context else str(problem))
+        yield from yamlread.documents(text)
+    except yamlread.ReadError as exc:
+        findings.append(Finding(name, None, "", ERROR, str(exc)))
 
 
 def check_job(doc: dict[str, Any]) -> list[Issue]:
@@ -170,11 +123,14 @@ def check_job(doc: dict[str, Any]) -> list[Issue]:
     out += _check_metadata(doc.get("metadata"))
     out += [(ERROR, i.path, i.message) for i in crdschema.validate(doc, crd.schema)]
     spec = doc.get("spec")
+    if spec is None:
+        out.append((ERROR, ("spec",), "is missing; an AscendJob needs spec.replicaSpecs"))
     specs = spec.get("replicaSpecs") if isinstance(spec, dict) else None
-    if isinstance(specs, dict):
-        if not specs:
-            out.append((ERROR, ("spec", "replicaSpecs"), "is empty; add Scheduler and Worker"))
-        out += [(i.severity, i.path, i.message) for i in jobrules.check_job(doc)]
+    if isinstance(specs, dict) and not specs:
+        out.append((ERROR, ("spec", "replicaSpecs"), "is empty; add Scheduler and Worker"))
+    # The rules read only what they can and skip malformed parts (the schema reports those),
+    # so they run on every job: a job without replicas still needs its framework label.
+    out += [(i.severity, i.path, i.message) for i in jobrules.check_job(doc)]
     return out
 
 

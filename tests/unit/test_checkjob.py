@@ -384,3 +384,21 @@ def test_mistyped_documents_are_reported_not_raised(
     code, out = check(capsys, str(path))
     assert code == 1
     assert "apiVersion: error: is missing; valid: mindxdl.gitee.com/v1" in out
+
+
+# --- a job without spec (issue 9 #10) ----------------------------------------------------------
+
+
+def test_a_job_without_spec_is_an_error_and_its_labels_are_still_checked(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, sample: dict[str, Any]
+) -> None:
+    doc = copy.deepcopy(sample)
+    del doc["spec"]
+    del doc["metadata"]["labels"]["framework"]
+    path = tmp_path / "nospec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, report = check_json(capsys, str(path))
+    assert code == 1
+    errors = findings(report, "error")
+    assert ("spec", "is missing; an AscendJob") in errors
+    assert ("metadata.labels.framework", "is missing; the Ascend") in errors
