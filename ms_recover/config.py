@@ -213,6 +213,7 @@ class JobConfig:
 
 
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(JobConfig))
+_MAX_SECRET_BYTES = 4096
 _ENV_KEYS = tuple(v for k, v in vars(E).items() if k.isupper() and isinstance(v, str))
 
 
@@ -261,12 +262,17 @@ def _read_secret(environ: Mapping[str, str]) -> bytes | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as fh:
-            secret = fh.read().strip()
+        with inputs.open_regular(path) as fh:  # /dev/zero or a FIFO would never end
+            secret = fh.read(_MAX_SECRET_BYTES + 1).strip()
     except OSError as exc:
         raise ConfigError(f"{E.SECRET_FILE}={path!r} cannot be read: {exc.strerror}") from exc
     if not secret:
         raise ConfigError(f"{E.SECRET_FILE}={path!r} is empty: the job would run unauthenticated")
+    if len(secret) > _MAX_SECRET_BYTES:
+        raise ConfigError(
+            f"{E.SECRET_FILE}={path!r} holds over {_MAX_SECRET_BYTES} bytes; give a file with "
+            "just the secret"
+        )
     return secret
 
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from ms_recover.inputs import open_regular
+from ms_recover.inputs import check_output_file, open_regular
 
 Event = dict[str, Any]
 PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
@@ -294,6 +294,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the timeline (and write the plot); return the exit status."""
+    if args.plot:
+        check_output_file("--plot", args.plot)
     try:
         with io.TextIOWrapper(open_regular(args.events), "utf-8", errors="replace") as fh:
             # Bounded lines: one huge line costs at most MAX_LINE at a time and is skipped.

@@ -79,6 +79,9 @@ CASES: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("manager-world-too-big", ["manager", "--port", "0"],
      {"MS_WORKER_NUM": "2000000", "MS_LOCAL_WORKER": "125"}, USAGE,
      "world size 16000x125=2000000 is above the maximum 131072 ranks"),
+    ("manager-secret-file-device", ["manager", "--port", "0"],
+     {"MS_RECOVER_SECRET_FILE": "/dev/zero"}, USAGE,
+     "MS_RECOVER_SECRET_FILE='/dev/zero' cannot be read: is not a regular file"),
     ("manager-unknown-flag", ["manager", "--bogus"], {}, USAGE, "unrecognized arguments: --bogus"),
     # agent
     ("agent-command-missing", ["agent", "--", "/no/such/command"], {}, USAGE,
@@ -123,6 +126,8 @@ CASES: list[tuple[str, list[str], dict[str, str], int, str]] = [
     ("report-directory", ["report", "{tmp}/dir"], {}, 1, "is a directory"),
     ("report-device", ["report", "/dev/zero"], {}, 1, "is not a regular file"),
     ("report-no-events", ["report", "{tmp}/bad.jsonl"], {}, 1, "no events"),
+    ("report-plot-is-dir", ["report", "{tmp}/bad.jsonl", "--plot", "{tmp}/dir"], {}, USAGE,
+     "--plot '{tmp}/dir' must be a file path"),
     # demo (all refused before any process starts)
     ("demo-timeout-negative", ["demo", "--timeout", "-1"], {}, USAGE,
      "argument --timeout: '-1' is not a number of seconds"),
