@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from typing import NoReturn
 
 from ms_recover.errors import MsRecoverError
 
@@ -23,20 +25,27 @@ COMMANDS: list[tuple[str, str, str]] = [
         "run a local MindSpore job, kill a rank, recover, show the timeline",
     ),
     ("status", "ms_recover.status", "ask a running manager for the job's state"),
-    ("check-job", "ms_recover.checkjob", "validate AscendJob YAML files before submission"),
+    ("check-job", "ms_recover.jobcheck.check", "validate AscendJob YAML files before submission"),
     ("report", "ms_recover.report", "print a recovery timeline from a manager event log"),
     ("bench", "ms_recover.bench.main", "measure recovery, detection, overhead and bandwidth"),
     ("shim-path", "ms_recover.shimpath", "print the directory that makes msrun use ms_recover"),
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line naming the command and its --help, and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ms-recover",
         description="Process-level fault recovery for MindSpore training jobs.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for name, module_name, help_text in COMMANDS:
         module = importlib.import_module(module_name)
         child = sub.add_parser(name, help=help_text, description=module.__doc__)
@@ -55,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except MsRecoverError as exc:
-        print(f"ms-recover {args.command}: error: {exc}", file=sys.stderr)
+        print(f"ms-recover {args.subcommand}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

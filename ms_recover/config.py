@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ms_recover import env as E
+from ms_recover import inputs
 from ms_recover.errors import ConfigError
 from ms_recover.strategy import (
     Strategy,
@@ -151,7 +152,9 @@ class JobConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> JobConfig:
         """Defaults, then the environment (DESIGN.md §6), then ``overrides``."""
         _check_keys(overrides)
-        values = _read_env(os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        inputs.check_env_text(environ, _ENV_KEYS)
+        values = _read_env(environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(values.get("strategies"), str):
             values["strategies"] = parse_strategies(values["strategies"])
@@ -205,6 +208,34 @@ class JobConfig:
                 f"heartbeat_s*liveness ({self.silence_s:g}s) must be below hang_timeout_s "
                 f"({self.hang_timeout_s:g}s) and phase_timeout_s ({self.phase_timeout_s:g}s)"
             )
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        """Ranges a real job stays inside, and the timing order poll < heartbeat < silence <
+        hang/phase: outside them a job dies at start or the manager exhausts memory."""
+        inputs.check_job_id(self.job_id)
+        inputs.check_host("manager_host (MS_SCHED_HOST / --host)", self.manager_host)
+        inputs.check_host("pod_ip (POD_IP)", self.pod_ip)
+        inputs.check_int_range("node_nums", self.node_nums, 1, inputs.MAX_NODES)
+        inputs.check_int_range("proc_per_node", self.proc_per_node, 1, inputs.MAX_PROCS_PER_NODE)
+        if self.world_size > inputs.MAX_WORLD:
+            raise ConfigError(
+                f"world size {self.node_nums}x{self.proc_per_node}={self.world_size} is above "
+                f"the maximum {inputs.MAX_WORLD} ranks"
+            )
+        inputs.check_int_range("liveness", self.liveness, 2, inputs.MAX_LIVENESS)
+        inputs.check_int_range("max_tries", self.max_tries, 1, inputs.MAX_TRIES)
+        inputs.check_int_range("max_frame_bytes", self.max_frame_bytes, *inputs.MAX_FRAME_BYTES)
+        for name in ("hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s"):
+            inputs.check_seconds(name, getattr(self, name))
+        inputs.check_seconds("rank_silence_s", self.rank_silence_s)
+        # liveness >= 2 gives heartbeat < silence; _validate checked silence < hang, phase.
+        if not inputs.MIN_HEARTBEAT_S <= self.heartbeat_s:
+            raise ConfigError(
+                f"heartbeat_s {self.heartbeat_s:g}s is below the minimum "
+                f"{inputs.MIN_HEARTBEAT_S:g}s (members poll every 20 ms; a faster heartbeat "
+                "makes every member look lost at start)"
+            )
 
     def describe(self) -> str:
         return (
@@ -215,6 +246,8 @@ class JobConfig:
 
 
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(JobConfig))
+_MAX_SECRET_BYTES = 4096
+_ENV_KEYS = tuple(v for k, v in vars(E).items() if k.isupper() and isinstance(v, str))
 
 
 def _check_keys(keys: Mapping[str, Any]) -> None:
@@ -262,12 +295,17 @@ def _read_secret(environ: Mapping[str, str]) -> bytes | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as fh:
-            secret = fh.read().strip()
+        with inputs.open_regular(path) as fh:  # /dev/zero or a FIFO would never end
+            secret = fh.read(_MAX_SECRET_BYTES + 1).strip()
     except OSError as exc:
         raise ConfigError(f"{E.SECRET_FILE}={path!r} cannot be read: {exc.strerror}") from exc
     if not secret:
         raise ConfigError(f"{E.SECRET_FILE}={path!r} is empty: the job would run unauthenticated")
+    if len(secret) > _MAX_SECRET_BYTES:
+        raise ConfigError(
+            f"{E.SECRET_FILE}={path!r} holds over {_MAX_SECRET_BYTES} bytes; give a file with "
+            "just the secret"
+        )
     return secret
 
 

@@ -22,15 +22,19 @@ import tempfile
 import time
 from typing import Any
 
+from ms_recover import inputs
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.events import Event
+from ms_recover.inputs import int_arg, seconds_arg
 from ms_recover.strategy import format_strategies, parse_strategies
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.testing.msrunjob import MsrunJob
 from ms_recover.timeline import Timeline
 
+MAX_DEMO_RANKS = 32
+MAX_STEPS = 1_000_000
 FAULTS = {
     "kill": "SIGKILL one rank after --kill-step",
     "node": "SIGKILL a whole node (its agent and ranks)",
@@ -48,7 +52,9 @@ LAUNCHERS = {
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
     p.add_argument("--procs-per-node", type=int, default=2, help="ranks per node (default 2)")
-    p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    p.add_argument(
+        "--steps", type=int_arg(1, MAX_STEPS), default=40, help="training steps (default 40)"
+    )
     p.add_argument(
         "--strategy",
         default="recover-in-place,recover,exit",
@@ -84,7 +90,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="; ".join(f"{k}: {v}" for k, v in LAUNCHERS.items()) + " (default agent)",
     )
     p.add_argument("--workdir", help="where rank logs and outputs go (default: a temp dir)")
-    p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    p.add_argument(
+        "--timeout",
+        type=seconds_arg(high=86400.0),
+        default=300.0,
+        help="give up after this many seconds (default 300)",
+    )
 
 
 def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
@@ -96,6 +107,12 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     world = args.nodes * args.procs_per_node
     if world < 2:
         raise ConfigError("recovery needs a healthy replica: use at least 2 ranks in total")
+    if world > MAX_DEMO_RANKS:
+        raise ConfigError(
+            f"--nodes x --procs-per-node is {world}; the demo runs every rank on this machine "
+            f"(~0.4 GB each): use at most {MAX_DEMO_RANKS} ranks in total"
+        )
+    _check_outputs(args.workdir, args.json)
     if args.spares < 0:
         raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
     if args.launcher == "msrun" and args.spares:
@@ -126,6 +143,14 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     if fault == "hang":
         config = config.replace(hang_timeout_s=6.0, rank_silence_s=60.0)
     return config, faults
+
+
+def _check_outputs(workdir: str | None, json_path: str | None) -> None:
+    """Fail before training, not after it, when the results could not be written."""
+    if workdir:
+        inputs.check_output_dir("--workdir", workdir)
+    if json_path:
+        inputs.check_output_file("--json", json_path)
 
 
 def _run_job(

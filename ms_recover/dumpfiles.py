@@ -32,6 +32,7 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 FORMATS = {"mindspore": ".ckpt", "npz": ".npz"}
 _CHUNK = 1 << 20
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600  # dumps hold the whole training state
 
 
 @dataclass(frozen=True)
@@ -115,13 +116,14 @@ def _atomic_write(directory: str, name: str, write: Callable[[str], None]) -> st
     The temporary is removed if anything fails. (fsync through a fresh descriptor flushes the
     file's data too: it acts on the inode, so writers need not fsync their own handle.)
     """
-    os.makedirs(directory, exist_ok=True)
+    make_private_dirs(directory)
     tmp = _temp_name(directory, name)
     final = os.path.join(directory, name)
     try:
         write(tmp)
         if not os.path.isfile(tmp):
             raise RepairError(f"writing {final} produced no file at the temporary path {tmp}")
+        os.chmod(tmp, PRIVATE_FILE)  # a dump is the job's whole state: owner only
         fsync_path(tmp)
         os.replace(tmp, final)
     except BaseException:
@@ -129,6 +131,22 @@ def _atomic_write(directory: str, name: str, write: Callable[[str], None]) -> st
         raise
     fsync_path(directory)
     return final
+
+
+def make_private_dirs(directory: str) -> None:
+    """Create ``directory`` and any missing parents with mode 0o700 (existing ones are kept)."""
+    missing: list[str] = []
+    path = os.path.abspath(directory)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    for level in reversed(missing):
+        try:
+            os.mkdir(level, PRIVATE_DIR)
+        except FileExistsError:
+            if not os.path.isdir(level):
+                raise
+        os.chmod(level, PRIVATE_DIR)  # mkdir's mode is masked by the umask
 
 
 def _remove_quietly(path: str) -> None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import math
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
+from ms_recover.inputs import check_output_file, open_regular
 from ms_recover.manager.records import PHASES
 
 Event = dict[str, Any]
@@ -282,6 +284,9 @@ def _draw_row(ax: Any, row: int, incident: Incident, t0: float) -> None:
         )
 
 
+MAX_LINE = 1 << 20
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("events", metavar="EVENTS.jsonl", help="the manager's event log")
     parser.add_argument("--plot", metavar="PNG", help="also draw a Gantt chart of the phases")
@@ -289,9 +294,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the timeline (and write the plot); return the exit status."""
+    if args.plot:
+        check_output_file("--plot", args.plot)
     try:
-        with open(args.events, encoding="utf-8", errors="replace") as fh:
-            loaded = load_events(fh)
+        with io.TextIOWrapper(open_regular(args.events), "utf-8", errors="replace") as fh:
+            # Bounded lines: one huge line costs at most MAX_LINE at a time and is skipped.
+            loaded = load_events(iter(lambda: fh.readline(MAX_LINE), ""))
     except OSError as exc:
         reason = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
         print(f"ms-recover report: error: {args.events}: {reason}", file=sys.stderr)

@@ -15,15 +15,24 @@ from typing import Any
 import zmq
 
 from ms_recover.config import JobConfig
+from ms_recover.errors import ConfigError
+from ms_recover.inputs import seconds_arg
 from ms_recover.protocol import messages as M
 from ms_recover.transport import manager_channel
+
+MAX_WAIT_S = 3600.0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="manager host (env MS_SCHED_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="manager port (env MS_RECOVER_PORT, default 9601)")
     p.add_argument("--job-id", help="job id (env MINDX_TASK_ID)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
+    p.add_argument(
+        "--timeout",
+        type=seconds_arg(high=MAX_WAIT_S),
+        default=3.0,
+        help=f"seconds to wait, above 0 and at most {MAX_WAIT_S:g} (default 3)",
+    )
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
 
 
@@ -79,7 +88,10 @@ def render(status: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = JobConfig.from_env(manager_host=args.host, manager_port=args.port, job_id=args.job_id)
-    status = query(config, args.timeout)
+    try:
+        status = query(config, args.timeout)
+    except zmq.ZMQError as exc:
+        raise ConfigError(f"cannot reach {config.manager_endpoint}: {exc.strerror}") from exc
     if status is None:
         print(
             f"ms-recover status: no manager answered at {config.manager_endpoint} within "

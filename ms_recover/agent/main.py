@@ -11,12 +11,18 @@ Exit codes: 0 when every local rank finished, 86 when the pod must be reschedule
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
 import types
 
 from ms_recover.agent.agent import Agent
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
+from ms_recover.inputs import int_arg
+
+#: Spare processes per node: each holds an imported framework (~0.4 GB with MindSpore).
+MAX_SPARES = 64
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -35,10 +41,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", default="", help="write each rank's output to DIR/rank_N.log")
     p.add_argument(
         "--spares",
-        type=int,
+        type=int_arg(0, MAX_SPARES),
         default=0,
         help="keep N pre-warmed spare processes (script run up to ms_recover.init) "
-        "to replace failed ranks without a cold start (default 0)",
+        f"to replace failed ranks without a cold start (0..{MAX_SPARES}, default 0)",
     )
     p.add_argument(
         "command",
@@ -59,15 +65,38 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     )
 
 
+def _check_command(command: list[str]) -> None:
+    """The rank command must be runnable: a missing program is a usage error, not a traceback
+    from every rank start."""
+    if shutil.which(command[0]) is None:
+        where = "is not an executable file" if os.sep in command[0] else "is not found on PATH"
+        raise ConfigError(f"rank command {command[0]!r} {where}; give e.g. -- python train.py")
+
+
+def _check_log_dir(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--log-dir {path!r} exists and is not a directory; give a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--log-dir {path!r} cannot be created: {exc.strerror or exc}; give a directory"
+        ) from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--log-dir {path!r} is not writable; give a writable directory")
+
+
 def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise ConfigError("missing the rank command: ms-recover agent [options] -- python train.py")
-    if args.spares < 0:
-        raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
-    agent = Agent(config_from_args(args), command, log_dir=args.log_dir, spares=args.spares)
+    config = config_from_args(args)
+    _check_command(command)
+    if args.log_dir:
+        _check_log_dir(args.log_dir)
+    agent = Agent(config, command, log_dir=args.log_dir, spares=args.spares)
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
         agent.stop()

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 from collections.abc import Callable
 
+from ms_recover import inputs
 from ms_recover.errors import ConfigError
 
 # (name, module, one-line help); each module exposes configure(parser) and run(args) -> int.
@@ -71,6 +73,31 @@ def _unavailable(module_name: str, exc: Exception) -> Callable[[argparse.Namespa
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_common(args)
     if not getattr(args, "verbose", False):  # the table tells the story; manager logs with -v
         logging.getLogger("ms_recover").setLevel(logging.WARNING)
     return int(args._bench(args))
+
+
+#: Flags several benchmarks share, checked here once, before anything runs.
+_SECONDS = ("timeout", "heartbeat", "reschedule_delay")
+_MAX_WORLD = 64  # bench allreduce: one process per rank on this machine
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    for name in _SECONDS:
+        value = getattr(args, name, None)
+        if value is not None:
+            inputs.check_seconds(f"--{name.replace('_', '-')}", value)
+    if getattr(args, "json", None):
+        inputs.check_output_file("--json", args.json)
+    if getattr(args, "workdir", None):
+        inputs.check_output_dir("--workdir", args.workdir)
+    sizes = getattr(args, "sizes", None) or []
+    if not all(math.isfinite(s) and s > 0 for s in sizes):
+        raise ConfigError(f"--sizes must be positive numbers of MB, got {sizes}")
+    if getattr(args, "ranks_per_agent", 1) < 1:
+        raise ConfigError(f"--ranks-per-agent must be at least 1, got {args.ranks_per_agent}")
+    world = getattr(args, "world", None)
+    if world is not None and world > _MAX_WORLD:  # the low bound is the benchmark's own check
+        raise ConfigError(f"--world must be at most {_MAX_WORLD} (a process per rank), got {world}")

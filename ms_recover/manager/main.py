@@ -13,8 +13,13 @@ import os
 import signal
 import types
 
+import zmq
+
+from ms_recover import inputs
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
+from ms_recover.events import EventLog
+from ms_recover.inputs import int_arg, seconds_arg
 from ms_recover.manager.server import ManagerServer
 from ms_recover.metrics import serve_metrics
 
@@ -24,7 +29,9 @@ log = logging.getLogger("ms_recover.manager")
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="address to bind (env POD_IP / MS_SCHED_HOST, default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, help="port to bind (env MS_RECOVER_PORT, default 9601; 0 = any)"
+        "--port",
+        type=int_arg(0, 65535),
+        help="port to bind (env MS_RECOVER_PORT, default 9601; 0 = any)",
     )
     p.add_argument("--job-id", help="job id (env MINDX_TASK_ID, default 'default')")
     p.add_argument("--node-nums", type=int, help="number of nodes (env MS_RECOVER_NODE_NUMS)")
@@ -37,7 +44,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events", help="JSONL event log path (env MS_RECOVER_EVENTS)")
     p.add_argument(
         "--wait-reschedule-timeout",
-        type=float,
+        type=seconds_arg(),
         help="seconds to wait for a rescheduled pod (default 270)",
     )
     p.add_argument(
@@ -48,7 +55,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=int_arg(1, 65535),
         default=None,
         help="serve Prometheus metrics on this port (env MS_RECOVER_METRICS_PORT; "
         "needs ms-recover[metrics])",
@@ -70,13 +77,40 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    server = ManagerServer(config, bind=args.host or config.pod_ip)
-    log.info("manager for %s listening on port %d", config.describe(), server.port)
     metrics_port = args.metrics_port or _env_port("MS_RECOVER_METRICS_PORT")
+    server = _listen(config, args.host or config.pod_ip)
+    log.info("manager for %s listening on port %d", config.describe(), server.port)
     if metrics_port:
-        serve_metrics(metrics_port, server.status, server.events)
+        try:
+            serve_metrics(metrics_port, server.status, server.events)
+        except OSError as exc:
+            server.close()
+            raise ConfigError(
+                f"cannot serve metrics on port {metrics_port}: {exc.strerror or exc}; choose "
+                "a free port in 1..65535 (--metrics-port / MS_RECOVER_METRICS_PORT)"
+            ) from exc
         log.info("Prometheus metrics on port %d", metrics_port)
     return serve_in_foreground(server)
+
+
+def _listen(config: JobConfig, host: str) -> ManagerServer:
+    """The bound server; ConfigError naming the address or file when it cannot start."""
+    inputs.check_host("--host", host)
+    try:
+        events = EventLog(config.events_path)
+    except OSError as exc:
+        raise ConfigError(
+            f"event log {config.events_path!r} cannot be opened for appending: "
+            f"{exc.strerror or exc}; give a writable file path (--events / MS_RECOVER_EVENTS)"
+        ) from exc
+    try:
+        return ManagerServer(config, events=events, bind=host)
+    except zmq.ZMQError as exc:
+        events.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{config.manager_port}: {exc.strerror}; --host must be an "
+            "address or interface of this machine (or 0.0.0.0) and --port a free port (0: any)"
+        ) from exc
 
 
 def serve_in_foreground(server: ManagerServer) -> int:

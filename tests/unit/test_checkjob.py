@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from ms_recover import cli, crdschema
+from tests.shared_data import shared_data
 
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
-MINDCLUSTER = pathlib.Path("/work/shared/data/ascendjob")
 OUR_SAMPLES = [
     "ascendjob-recover.yaml",
     "ascendjob-recover-in-place.yaml",
@@ -57,7 +57,6 @@ def findings(report: dict[str, Any], severity: str) -> set[tuple[str, str]]:
 # --- MindCluster's own samples -----------------------------------------------------------------
 
 
-@pytest.mark.skipif(not MINDCLUSTER.is_dir(), reason="MindCluster samples not available")
 @pytest.mark.parametrize(
     ("name", "expected_warnings"),
     [
@@ -87,16 +86,17 @@ def findings(report: dict[str, Any], severity: str) -> set[tuple[str, str]]:
 def test_mindcluster_samples_have_no_errors(
     capsys: pytest.CaptureFixture[str], name: str, expected_warnings: set[tuple[str, str]]
 ) -> None:
-    code, report = check_json(capsys, str(MINDCLUSTER / name))
+    code, report = check_json(capsys, str(shared_data("ascendjob", name)))
     assert code == 0
     assert findings(report, "error") == set()
     assert findings(report, "warning") == expected_warnings
     assert report["files"][0]["jobs"] == 1
 
 
-@pytest.mark.skipif(not MINDCLUSTER.is_dir(), reason="MindCluster samples not available")
 def test_config_maps_are_skipped_and_documents_numbered(capsys: pytest.CaptureFixture[str]) -> None:
-    code, text = check(capsys, str(MINDCLUSTER / "qwen3_ms_multinodes_acjob_superpod.yaml"))
+    code, text = check(
+        capsys, str(shared_data("ascendjob", "qwen3_ms_multinodes_acjob_superpod.yaml"))
+    )
     assert code == 0
     assert f"qwen3_ms_multinodes_acjob_superpod.yaml: doc 3: {WORKER}.env: warning:" in text
 
@@ -386,3 +386,21 @@ def test_mistyped_documents_are_reported_not_raised(
     code, out = check(capsys, str(path))
     assert code == 1
     assert "apiVersion: error: is missing; valid: mindxdl.gitee.com/v1" in out
+
+
+# --- a job without spec (issue 9 #10) ----------------------------------------------------------
+
+
+def test_a_job_without_spec_is_an_error_and_its_labels_are_still_checked(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, sample: dict[str, Any]
+) -> None:
+    doc = copy.deepcopy(sample)
+    del doc["spec"]
+    del doc["metadata"]["labels"]["framework"]
+    path = tmp_path / "nospec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, report = check_json(capsys, str(path))
+    assert code == 1
+    errors = findings(report, "error")
+    assert ("spec", "is missing; an AscendJob") in errors
+    assert ("metadata.labels.framework", "is missing; the Ascend") in errors

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -242,3 +243,16 @@ def test_dump_file_from_dict_round_trips_and_checks_its_fields() -> None:
     ]:
         with pytest.raises(RepairError, match=message):
             DumpFile.from_dict(bad)
+
+
+def test_dumps_are_private(tmp_path: Any) -> None:
+    """Every directory the dump creates is 0o700, every file 0o600 (issue 9 #11)."""
+    root = tmp_path / "ms-recover" / "job" / "dump"
+    tmp_path.chmod(0o755)
+    files = {r: write_rank_dump(ArrayState(state(r)), str(root), r, 3) for r in (0, 3)}
+    write_manifest(str(root), "job", 3, 4, list(files.values()), {0: 0, 1: 1, 2: 0, 3: 1})
+    for level in (tmp_path / "ms-recover", tmp_path / "ms-recover" / "job", root):
+        assert stat.S_IMODE(level.stat().st_mode) == 0o700, level
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755  # an existing parent is left alone
+    for name in [f.file for f in files.values()] + [MANIFEST_NAME]:
+        assert stat.S_IMODE((root / name).stat().st_mode) == 0o600, name
