@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, Interrupted, RecoveryError, RepairError
+from ms_recover.faulthooks import NO_FAULTS, FaultHooks
 from ms_recover.protocol import messages as M
-from ms_recover.testing.faults import FaultInjector
 from ms_recover.worker import repair
 from ms_recover.worker.dump import write_rank_dump
 from ms_recover.worker.link import ManagerLink
@@ -54,7 +52,7 @@ class Session:
         state: StateProvider | None = None,
         shard: int = 0,
         incarnation: int = 0,
-        faults: FaultInjector | None = None,
+        faults: FaultHooks | None = None,
         standalone: bool = False,
     ) -> None:
         self.config = config
@@ -63,7 +61,7 @@ class Session:
         self.state = state
         self.shard = shard
         self.incarnation = incarnation
-        self.faults = faults or FaultInjector((), rank, incarnation)
+        self.faults = faults if faults is not None else NO_FAULTS
         self.standalone = standalone
         self.committed = -1
         self.next_step = 0
@@ -83,6 +81,7 @@ class Session:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
             self.link = ManagerLink(config, rank, ident, backend.abort)
             backend.on_group_created = self._group_created
+        backend.faults = self.faults
 
     @property
     def world_size(self) -> int:
@@ -203,29 +202,10 @@ class Session:
         return self.committed
 
     def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.MEAN) -> NDArray[Any]:
-        """The world allreduce of the current step, with the fault-injection points."""
+        """The world allreduce of the current step, with its fault-injection point."""
         if self.faults.armed:
-            self._inject(self.next_step)
+            self.faults.at_allreduce(self.next_step, self)
         return self.comm.allreduce(array, op)
-
-    def _inject(self, step: int) -> None:
-        """The fault-injection points of :meth:`allreduce` (tests and the demo)."""
-        self.faults.before_allreduce(step)
-        if self.faults.in_allreduce(step):
-            self._die_in_collective()
-        if self.faults.memory_error(step):
-            self._corrupt_state()
-            self.report_fault("device_memory", f"injected memory error at step {step}")
-            raise Interrupted(f"rank {self.rank}: device memory error at step {step}")
-
-    def _corrupt_state(self) -> None:
-        """Fault injection: overwrite this rank's state, as a device memory error would."""
-        state = self._state()
-        state.load_state_dict({n: np.zeros_like(a) for n, a in state.state_dict().items()})
-
-    def _die_in_collective(self) -> None:
-        """Arm the backend so this process is SIGKILLed after its first chunk is on the wire."""
-        self.comm.chunk_hook = lambda: os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
@@ -315,10 +295,8 @@ class Session:
         try:
             if msg.send_to:
                 payload = repair.pack(self._state().state_dict(), self.committed)
-                if self.faults.corrupt_repair():
-                    _flip_one_byte(payload)
-                if self.faults.die_in_repair():
-                    self._die_in_collective()
+                if self.faults.armed:
+                    self.faults.before_repair_send(payload)
                 for dst in msg.send_to:
                     self.comm.send(payload, dst, tag)
             if msg.recv_from >= 0:
@@ -389,10 +367,3 @@ class _Guard:
             session.report_fault("comm", str(exc))
             return True
         return False
-
-
-def _flip_one_byte(payload: dict[str, NDArray[Any]]) -> None:
-    name = next(n for n in sorted(payload) if n != repair.MANIFEST and payload[n].nbytes)
-    corrupted = np.array(payload[name], copy=True)
-    corrupted.view(np.uint8).reshape(-1)[0] ^= 0xFF
-    payload[name] = corrupted
