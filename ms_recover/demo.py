@@ -124,7 +124,7 @@ def _run_job(
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.demo_train",
+        "ms_recover.mindspore.programs.demo_train",
         "--steps",
         str(steps),
         "--out",

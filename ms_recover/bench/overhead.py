@@ -46,7 +46,7 @@ from ms_recover.strategy import parse_strategies
 from ms_recover.testing.localjob import LocalJob
 
 TARGET_PCT = 1.0
-PROGRAM = [sys.executable, "-m", "ms_recover.bench.overhead_train"]
+PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.programs.overhead_train"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:

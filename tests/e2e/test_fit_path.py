@@ -29,9 +29,9 @@ from mindspore.train import Callback, Model
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, Interrupted
-from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
 from ms_recover.mindspore.fit import fit
-from ms_recover.mindspore.fit_train import StepRecorder
+from ms_recover.mindspore.programs.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
+from ms_recover.mindspore.programs.fit_train import StepRecorder
 from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
@@ -245,7 +245,7 @@ def _job(out: str, faults: Faults | None) -> LocalJob:
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.fit_train",
+        "ms_recover.mindspore.programs.fit_train",
         "--epochs",
         str(EPOCHS),
         "--samples",

@@ -1,16 +1,18 @@
 """Rank program of the recovery benchmark's baseline: the demo job, restartable from a checkpoint.
 
-It is :mod:`ms_recover.mindspore.demo_train` (same seeded MLP, data, batch and Adam step, same
-launcher and host data plane), plus what a job-level restart needs: rank 0 saves the whole state
-(weights and optimizer moments) with ``mindspore.save_checkpoint`` every ``--ckpt-every`` steps,
-and at start every rank loads the latest checkpoint with ``mindspore.load_checkpoint`` and
+It is :mod:`ms_recover.mindspore.programs.demo_train` (same seeded MLP, data, batch and Adam step,
+same launcher and host data plane), plus what a job-level restart needs: rank 0 saves the whole
+state (weights and optimizer moments) with ``mindspore.save_checkpoint`` every ``--ckpt-every``
+steps, and at start every rank loads the latest checkpoint with ``mindspore.load_checkpoint`` and
 continues at the step after it. Each process writes ``OUT/timing_R_PID.json`` once it has
 committed its first step: wall-clock times of interpreter start, MindSpore imported, model built,
 checkpoint loaded, job joined and first step done.
 
     python -m ms_recover.bench.ckpt_train --steps 100000 --out OUT --ckpt-dir CKPT
 
-This module imports MindSpore: it is a benchmark's rank program, run only as a process.
+That launcher notes the time of the first line of Python and only then imports this module
+(importing the ``ms_recover.mindspore`` package imports MindSpore), so "MindSpore imported"
+keeps its meaning. This module is a benchmark's rank program, run only as a process.
 """
 
 from __future__ import annotations
@@ -49,20 +51,28 @@ def load(mindspore: Any, ckpt_dir: str) -> tuple[dict[str, Any], int]:
     return {name: p.asnumpy() for name, p in params.items()}, step
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float = T_START) -> int:
+    """Run the program; ``started``: when the process's first line of Python ran."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--ckpt-every", type=int, default=100)
     args = ap.parse_args(argv)
-    times = {"start": T_START}
+    times = {"start": started}
 
     import mindspore
 
     times["imported"] = time.time()
     import ms_recover
-    from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SAMPLES, SEED, build
+    from ms_recover.mindspore.programs.demo_train import (
+        CLASSES,
+        GLOBAL_BATCH,
+        IN_DIM,
+        SAMPLES,
+        SEED,
+        build,
+    )
     from ms_recover.mindspore.state import MindSporeState
     from ms_recover.mindspore.step import DataParallelStep
     from ms_recover.worker.sampler import make_dataset, shard_indices
