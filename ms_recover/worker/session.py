@@ -36,6 +36,7 @@ from ms_recover.protocol import messages as M
 from ms_recover.worker import repair
 from ms_recover.worker.dump import write_rank_dump
 from ms_recover.worker.link import ManagerLink
+from ms_recover.worker.phase import COMMANDS, Phase, check
 from ms_recover.worker.state import StateProvider
 
 log = logging.getLogger("ms_recover.worker")
@@ -67,6 +68,7 @@ class Session:
         self.next_step = 0
         self.reboot = False
         self.recoveries = 0
+        self.phase = Phase.NEW  # moved only through the table of ms_recover.worker.phase
         # (first, last) step ranges whose state this rank received by repair instead of running
         # them: its own step code (and a fit() callback) never saw those steps.
         self.skipped: list[tuple[int, int]] = []
@@ -104,8 +106,10 @@ class Session:
         Raises RecoveryError if the manager does not answer within ``timeout_s``.
         """
         if self.link is None:
+            self.phase = check(self.rank, self.phase, Phase.TRAINING, "a run without a manager")
             self.comm.init(0, {0: self.comm.endpoint})
             return
+        self.phase = check(self.rank, self.phase, Phase.REGISTERING, "registration")
         self.link.send(
             M.WorkerHello(
                 self.rank,
@@ -228,8 +232,14 @@ class Session:
                 log.info("rank %d: recovery step interrupted by a newer command", self.rank)
 
     def _handle(self, epoch: int, msg: M.Message) -> bool:
-        """Carry out one command; True when training resumes."""
+        """Carry out one command; True when training resumes. A command the rank's phase does
+        not allow raises RecoveryError (:mod:`ms_recover.worker.phase`)."""
         assert self.link is not None
+        target = COMMANDS.get(type(msg))
+        if target is None:
+            return False
+        log.debug("rank %d: %s -> %s (epoch %d)", self.rank, self.phase, target, epoch)
+        self.phase = check(self.rank, self.phase, target, msg.KIND.decode())
         if isinstance(msg, M.Welcome):
             if not msg.ok:
                 raise RecoveryError(f"manager rejected rank {self.rank}: {msg.reason}", 2)
