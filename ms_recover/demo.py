@@ -22,11 +22,11 @@ from typing import Any
 
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
-from ms_recover.events import Event
+from ms_recover.observability.events import Event
+from ms_recover.observability.timeline import Timeline
 from ms_recover.strategy import format_strategies, parse_strategies
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
-from ms_recover.timeline import Timeline
 
 FAULTS = {
     "kill": "SIGKILL one rank after --kill-step",

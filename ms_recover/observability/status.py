@@ -17,7 +17,7 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
-from ms_recover.transport import DealerChannel
+from ms_recover.protocol.transport import DealerChannel
 
 
 def configure(p: argparse.ArgumentParser) -> None:

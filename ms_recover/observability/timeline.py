@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from ms_recover.events import Event
+from ms_recover.observability.events import Event
 
 PHASES = ("detect", "stop", "replace", "rebuild", "repair", "resume")
 
