@@ -115,6 +115,25 @@ def test_an_old_path_is_the_moved_module_itself(old: str, new: str) -> None:
     assert getattr(importlib.import_module(package), name) is importlib.import_module(new)
 
 
+def test_every_old_path_is_served_and_has_no_file_left() -> None:
+    from ms_recover import _moved
+
+    assert set(MOVED.items()) <= set(_moved.MOVED.items())
+    package = ROOT / "ms_recover"
+    for old, new in _moved.MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new)
+        relative = old.split(".", 1)[1].replace(".", "/")
+        assert not (package / f"{relative}.py").exists(), f"{old}: a file would hide the move"
+    for old in MOVED:  # the public old paths keep their names for type checkers
+        stub = package / f"{old.split('.', 1)[1]}.pyi"
+        assert f"from {MOVED[old]} import *" in stub.read_text(encoding="utf-8")
+
+
+def test_an_unknown_submodule_is_still_not_found() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("ms_recover.no_such_module")
+
+
 def test_old_paths_resolve_in_a_fresh_interpreter() -> None:
     code = (
         "import ms_recover.events, ms_recover.api, ms_recover.hooks\n"

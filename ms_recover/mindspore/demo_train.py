@@ -1,8 +1,0 @@
-"""Moved to :mod:`ms_recover.mindspore.programs.demo_train`; this old path re-exports it and runs it
-(``python -m ms_recover.mindspore.demo_train`` still works)."""
-
-from ms_recover.mindspore.programs.demo_train import *  # noqa: F403
-from ms_recover.mindspore.programs.demo_train import main
-
-if __name__ == "__main__":
-    raise SystemExit(main())
