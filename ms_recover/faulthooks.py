@@ -36,8 +36,11 @@ FAULT_KIT = "ms_recover.testing.faults"
 class FaultHooks:
     """The points where a fault may be injected. Every method of this class does nothing."""
 
-    #: True when some hook may act in this process; hot paths skip the calls when False.
-    armed: bool = False
+    def __init__(self) -> None:
+        # True when some hook may act in this process; hot paths skip the calls when False.
+        # An instance attribute: it is read twice per training step, and an instance lookup
+        # is faster than a miss that falls through to the class.
+        self.armed = False
 
     def at_registration(self) -> None:
         """The manager has just accepted this rank's registration."""

@@ -108,6 +108,7 @@ class FaultInjector(FaultHooks):
     """Fires this rank's faults at the named points of the worker's step loop."""
 
     def __init__(self, specs: tuple[FaultSpec, ...], rank: int, incarnation: int) -> None:
+        super().__init__()
         self._specs = [s for s in specs if s.rank == rank and s.inc == incarnation]
         self._fired: set[FaultSpec] = set()
         self.armed = bool(self._specs)  # False: every hook is a no-op (skipped on hot paths)
