@@ -29,7 +29,11 @@ MOVED: dict[str, str] = {
     "ms_recover.transport": "ms_recover.protocol.transport",
     "ms_recover.mindspore.demo_train": "ms_recover.mindspore.programs.demo_train",
     "ms_recover.mindspore.fit_train": "ms_recover.mindspore.programs.fit_train",
+    "ms_recover.mindspore.allreduce_bench": "ms_recover.mindspore.programs.allreduce_bench",
+    "ms_recover.bench.overhead_train": "ms_recover.mindspore.programs.overhead_train",
     "ms_recover.testing.record": "ms_recover.worker.record",
+    # Served from here, so that nothing under agent/ imports the test kit.
+    "ms_recover.agent.pods": "ms_recover.testing.pods",
 }
 
 
