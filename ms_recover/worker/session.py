@@ -9,6 +9,9 @@ manager are latched by the link thread and acted on here, at a safe point betwee
 * RESUME: continue at the given step;
 * EXIT: close and leave the process with the manager's code.
 
+The rank's :attr:`Session.phase` follows these commands through the transition table of
+:mod:`ms_recover.worker.phase`; a command out of order raises RecoveryError and does nothing.
+
 A collective interrupted by a STOP raises :class:`Interrupted`; the step is not committed and
 is redone after recovery, so no rank ever goes backwards. A rank whose step was interrupted
 while a peer committed it is behind the recovery's target: REPAIR gives it that step's state from
