@@ -24,9 +24,13 @@ COMMANDS: list[tuple[str, str, str]] = [
         "ms_recover.demo",
         "run a local MindSpore job, kill a rank, recover, show the timeline",
     ),
-    ("status", "ms_recover.status", "ask a running manager for the job's state"),
+    ("status", "ms_recover.observability.status", "ask a running manager for the job's state"),
     ("check-job", "ms_recover.jobcheck.check", "validate AscendJob YAML files before submission"),
-    ("report", "ms_recover.report", "print a recovery timeline from a manager event log"),
+    (
+        "report",
+        "ms_recover.observability.report",
+        "print a recovery timeline from a manager event log",
+    ),
     ("bench", "ms_recover.bench.main", "measure recovery, detection, overhead and bandwidth"),
     ("shim-path", "ms_recover.shimpath", "print the directory that makes msrun use ms_recover"),
 ]

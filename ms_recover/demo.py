@@ -25,13 +25,13 @@ from typing import Any
 from ms_recover import inputs
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
-from ms_recover.events import Event
 from ms_recover.inputs import int_arg, seconds_arg
+from ms_recover.observability.events import Event
+from ms_recover.observability.timeline import Timeline
 from ms_recover.strategy import format_strategies, parse_strategies
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.testing.msrunjob import MsrunJob
-from ms_recover.timeline import Timeline
 
 MAX_DEMO_RANKS = 32
 MAX_STEPS = 1_000_000
@@ -166,7 +166,7 @@ def _run_job(
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.demo_train",
+        "ms_recover.mindspore.programs.demo_train",
         "--steps",
         str(steps),
         "--out",

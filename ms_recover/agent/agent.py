@@ -31,7 +31,7 @@ from ms_recover.agent.ranks import RankSet
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
-from ms_recover.transport import manager_channel
+from ms_recover.protocol.transport import manager_channel
 
 log = logging.getLogger("ms_recover.agent")
 

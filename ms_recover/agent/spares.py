@@ -4,7 +4,7 @@ A spare runs the training script up to ``ms_recover.init()`` (so MindSpore is im
 the model built) and then blocks reading a pipe. To replace a failed rank, the agent writes
 that rank's environment to the pipe and closes it; the spare takes the rank and registers
 like any restarted process, skipping the cold start. Closing the pipe with nothing written
-tells an unused spare to exit.
+tells an unused spare to exit. The spare's side is :mod:`ms_recover.worker.spare`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable
 from typing import IO
 
-SPARE_FD = "MS_RECOVER_SPARE_FD"
+from ms_recover.env import SPARE_FD
 
 
 @dataclasses.dataclass
@@ -86,22 +86,3 @@ def _close(spare: Spare) -> bool:
     except OSError:
         pass
     return False
-
-
-def await_assignment() -> bool:
-    """In a spare process: block until the agent assigns a rank, and adopt its environment.
-
-    Returns False (the caller should exit) when the agent released the spare unused; True
-    right away in an ordinary rank process.
-    """
-    fd = os.environ.pop(SPARE_FD, "")
-    if not fd:
-        return True
-    chunks = []
-    with os.fdopen(int(fd), "rb") as pipe:
-        for chunk in iter(lambda: pipe.read(65536), b""):
-            chunks.append(chunk)
-    if not chunks:
-        return False
-    os.environ.update(json.loads(b"".join(chunks)))
-    return True

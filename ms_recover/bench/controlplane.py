@@ -46,9 +46,9 @@ from typing import Any
 from ms_recover.bench.fakecluster import FakeSpec, fake_main
 from ms_recover.bench.table import Measure, Report, summary
 from ms_recover.config import JobConfig
-from ms_recover.events import EventLog
 from ms_recover.manager.model import JobState
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import EventLog
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.wait import wait_for
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ms_recover.agent.spares import SPARE_FD
+from ms_recover.env import SPARE_FD
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.testing.wait import wait_for
 

@@ -4,7 +4,7 @@ The cluster is formed the way msrun forms one: a scheduler process (``MS_ROLE=MS
 ``world`` workers (``MS_ROLE=MS_WORKER``, ``MS_NODE_ID=<rank>``), all with
 ``MS_SCHED_HOST=127.0.0.1``, ``MS_SCHED_PORT=<a free ephemeral port>``, ``MS_WORKER_NUM=<world>``
 and ``MS_TOPO_TIMEOUT=<the formation deadline>``. Each runs
-:mod:`ms_recover.mindspore.allreduce_bench`, which calls
+:mod:`ms_recover.mindspore.programs.allreduce_bench`, which calls
 ``mindspore.set_context(device_target="CPU")`` and ``mindspore.communication.init()``; on CPU
 the backend is mccl.
 
@@ -47,7 +47,7 @@ from ms_recover.errors import MsRecoverError
 
 log = logging.getLogger(__name__)
 
-PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.allreduce_bench"]
+PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.programs.allreduce_bench"]
 SCHEDULER = "scheduler"
 POLL_S = 0.1
 EXIT_GRACE_S = 3.0  # after every report is in; then the processes are killed
@@ -140,7 +140,8 @@ class Outcome:
 
 
 def event_line(event: str, **fields: Any) -> str:
-    """One line of a worker's event file (written by the worker, read by :func:`parse_progress`)."""
+    """One line of a worker's event file, as the worker program writes it
+    (:func:`ms_recover.mindspore.programs.allreduce_bench.event_line`; a test holds them equal)."""
     return json.dumps({"event": event, **fields}, sort_keys=True) + "\n"
 
 

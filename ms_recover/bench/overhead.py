@@ -51,7 +51,7 @@ from ms_recover.strategy import parse_strategies
 from ms_recover.testing.localjob import LocalJob
 
 VS_CELL_TARGET_PCT = 10.0
-PROGRAM = [sys.executable, "-m", "ms_recover.bench.overhead_train"]
+PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.programs.overhead_train"]
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -1,8 +1,8 @@
 """Recovery time against a job-level restart from a disk checkpoint (``ms-recover bench recovery``).
 
-Both sides run the same real MindSpore job: :mod:`ms_recover.mindspore.demo_train`'s MLP, data
-and Adam step, 2 nodes x 2 ranks by default, under a LocalJob (manager, one agent per node, the
-host data plane), on this host's CPU.
+Both sides run the same real MindSpore job: :mod:`ms_recover.mindspore.programs.demo_train`'s
+MLP, data and Adam step, 2 nodes x 2 ranks by default, under a LocalJob (manager, one agent per
+node, the host data plane), on this host's CPU.
 
 **recover-in-place.** Once training is warm, one rank is SIGKILLed (by pid; ranks 1, 2, 3, ...
 in turn, each kill after the previous recovery finished). MTTR is the manager's ``recovery``
@@ -152,7 +152,7 @@ def _recover_in_place(
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.demo_train",
+        "ms_recover.mindspore.programs.demo_train",
         "--steps",
         str(LONG_RUN_STEPS),
         "--out",

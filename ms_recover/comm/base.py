@@ -21,6 +21,7 @@ from typing import Any
 from numpy.typing import NDArray
 
 from ms_recover.comm.grouplog import WORLD, GroupLog
+from ms_recover.faulthooks import NO_FAULTS, FaultHooks
 
 
 class ReduceOp(str, enum.Enum):
@@ -38,8 +39,8 @@ class CommBackend(abc.ABC):
         self.group_log = GroupLog()
         # Called after a user-created group exists, so the worker can mirror it to the manager.
         self.on_group_created: Callable[[str, tuple[int, ...]], None] | None = None
-        # Fault-injection hook for tests: called after each data-plane chunk this rank sends.
-        self.chunk_hook: Callable[[], None] | None = None
+        # Fault-injection points (the worker sets its own); the default does nothing.
+        self.faults: FaultHooks = NO_FAULTS
 
     @property
     @abc.abstractmethod

@@ -122,8 +122,8 @@ class HostBackend(CommBackend):
         self._built = False
 
     def _after_send(self) -> None:
-        if self.chunk_hook is not None:
-            self.chunk_hook()
+        if self.faults.armed:
+            self.faults.after_chunk_sent()
 
     @property
     def endpoint(self) -> str:

@@ -43,7 +43,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ms_recover.comm.hostwire import WireStats
 from ms_recover.protocol.codec import DropLog
-from ms_recover.transport import curve_client, curve_keys, curve_server
+from ms_recover.protocol.transport import curve_client, curve_keys, curve_server
 
 log = logging.getLogger(__name__)
 

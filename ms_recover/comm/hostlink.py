@@ -61,7 +61,7 @@ class Link:
         self.rank = rank
         self.timeout = timeout
         self.epoch = 0
-        self.after_send: Callable[[], None] | None = None  # test hook, see CommBackend.chunk_hook
+        self.after_send: Callable[[], None] | None = None  # the backend's FaultHooks point
         self._sink = sink
         self._password = password
         self._curve = curve

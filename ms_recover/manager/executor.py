@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from ms_recover import exitcodes
 from ms_recover.dumpfiles import DumpFile, write_manifest
-from ms_recover.events import EventLog
 from ms_recover.manager import actions as A
 from ms_recover.manager.model import JobModel, JobState
 from ms_recover.manager.records import (
@@ -28,6 +27,7 @@ from ms_recover.manager.records import (
     RecoveryRecord,
     WorldRecord,
 )
+from ms_recover.observability.events import EventLog
 from ms_recover.protocol.messages import AgentExit, Message
 
 log = logging.getLogger("ms_recover.manager")

@@ -18,10 +18,10 @@ import zmq
 from ms_recover import inputs
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
-from ms_recover.events import EventLog
 from ms_recover.inputs import int_arg, seconds_arg
 from ms_recover.manager.server import ManagerServer
-from ms_recover.metrics import serve_metrics
+from ms_recover.observability.events import EventLog
+from ms_recover.observability.metrics import serve_metrics
 
 log = logging.getLogger("ms_recover.manager")
 

@@ -19,17 +19,22 @@ import zmq
 
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
-from ms_recover.events import EventLog
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.manager.strategies.registry import config_problems
+from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.protocol.replay import ReplayGuard
-from ms_recover.transport import control_server_keys, curve_server, make_socket, send_frames
+from ms_recover.protocol.transport import (
+    control_server_keys,
+    curve_server,
+    make_socket,
+    send_frames,
+)
 
 log = logging.getLogger("ms_recover.manager")
 

@@ -1,4 +1,5 @@
-"""Fault injection for tests and the demo: a small builder and its env encoding.
+"""Fault injection for tests and the demo: a small builder, its env encoding, and the
+:class:`~ms_recover.faulthooks.FaultHooks` implementation that fires the faults.
 
 A fault plan travels to rank processes in ``MS_RECOVER_FAULTS`` as ``;``-separated specs,
 ``kind:rank=R:step=K[:inc=N]``. A spec fires only in incarnation ``inc`` (0 by default, the
@@ -25,8 +26,17 @@ import dataclasses
 import os
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ms_recover.errors import CommError, ConfigError
+import numpy as np
+from numpy.typing import NDArray
+
+from ms_recover.errors import CommError, ConfigError, Interrupted
+from ms_recover.faulthooks import FaultHooks
+from ms_recover.worker import repair
+
+if TYPE_CHECKING:
+    from ms_recover.worker.session import Session
 
 KINDS = ("kill", "node", "hang", "allreduce", "transient", "memory", "corrupt", "boot", "repairdie")
 
@@ -94,13 +104,15 @@ def parse(text: str) -> tuple[FaultSpec, ...]:
     return tuple(specs)
 
 
-class FaultInjector:
+class FaultInjector(FaultHooks):
     """Fires this rank's faults at the named points of the worker's step loop."""
 
     def __init__(self, specs: tuple[FaultSpec, ...], rank: int, incarnation: int) -> None:
+        super().__init__()
         self._specs = [s for s in specs if s.rank == rank and s.inc == incarnation]
         self._fired: set[FaultSpec] = set()
         self.armed = bool(self._specs)  # False: every hook is a no-op (skipped on hot paths)
+        self._die_at_next_chunk = False
 
     @classmethod
     def from_env(cls, rank: int, incarnation: int) -> FaultInjector:
@@ -151,3 +163,35 @@ class FaultInjector:
     def at_registration(self) -> None:
         if self._take(("boot",), -1) is not None:
             os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- the FaultHooks points: each fires the faults above where the worker calls it -------
+
+    def at_allreduce(self, step: int, session: Session) -> None:
+        """``transient`` raises CommError; ``allreduce`` dies once the first chunk of this
+        allreduce is on the wire; ``memory`` zeroes the state, reports it and interrupts."""
+        self.before_allreduce(step)
+        if self.in_allreduce(step):
+            self._die_at_next_chunk = True
+        if self.memory_error(step):
+            state = session._state()  # no provider: the error a repair would give
+            state.load_state_dict({n: np.zeros_like(a) for n, a in state.state_dict().items()})
+            session.report_fault("device_memory", f"injected memory error at step {step}")
+            raise Interrupted(f"rank {session.rank}: device memory error at step {step}")
+
+    def before_repair_send(self, payload: dict[str, NDArray[Any]]) -> None:
+        """``corrupt`` flips one byte of the state sent; ``repairdie`` dies mid-send."""
+        if self.corrupt_repair():
+            _flip_one_byte(payload)
+        if self.die_in_repair():
+            self._die_at_next_chunk = True
+
+    def after_chunk_sent(self) -> None:
+        if self._die_at_next_chunk:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _flip_one_byte(payload: dict[str, NDArray[Any]]) -> None:
+    name = next(n for n in sorted(payload) if n != repair.MANIFEST and payload[n].nbytes)
+    corrupted = np.array(payload[name], copy=True)
+    corrupted.view(np.uint8).reshape(-1)[0] ^= 0xFF
+    payload[name] = corrupted

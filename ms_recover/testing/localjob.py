@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ms_recover import env as E
-from ms_recover.agent.pods import LocalPods
 from ms_recover.config import JobConfig
-from ms_recover.events import Event, EventLog
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import Event, EventLog
+from ms_recover.testing.pods import LocalPods
 
 
 class LocalJob:

@@ -20,12 +20,12 @@ from collections.abc import Callable
 
 from ms_recover import env as E
 from ms_recover import shims
-from ms_recover.agent.pods import LocalPods
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
-from ms_recover.events import Event
+from ms_recover.observability.events import Event
 from ms_recover.strategy import format_strategies
 from ms_recover.testing.localjob import LocalJob
+from ms_recover.testing.pods import LocalPods
 
 
 def msrun_path() -> str:

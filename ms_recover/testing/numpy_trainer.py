@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 import ms_recover
 from ms_recover.errors import RepairError
-from ms_recover.testing.record import write_rank_record
+from ms_recover.worker.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset, split_indices
 
 IN_DIM, CLASSES, SAMPLES, GLOBAL_BATCH, SEED = 64, 8, 4096, 64, 7

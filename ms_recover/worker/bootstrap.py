@@ -7,14 +7,14 @@ import os
 import warnings
 
 from ms_recover import env as E
-from ms_recover.agent.spares import await_assignment
+from ms_recover import faulthooks
 from ms_recover.comm.base import CommBackend
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, RecoveryError
-from ms_recover.testing.faults import FaultInjector
 from ms_recover.worker.scheduler import bind_to_launcher, run_scheduler_role
 from ms_recover.worker.session import Session
+from ms_recover.worker.spare import await_assignment
 from ms_recover.worker.state import StateProvider
 
 log = logging.getLogger("ms_recover.worker")
@@ -78,9 +78,8 @@ def init(
         ) from exc
     timeout = connect_timeout_s if connect_timeout_s is not None else config.phase_timeout_s
     backend = make_backend(config, rank)
-    session = Session(
-        config, rank, backend, state, shard, incarnation, FaultInjector.from_env(rank, incarnation)
-    )
+    faults = faulthooks.from_env(rank, incarnation)
+    session = Session(config, rank, backend, state, shard, incarnation, faults)
     try:
         session.connect(timeout)
     except RecoveryError:

@@ -23,7 +23,7 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
-from ms_recover.transport import manager_channel
+from ms_recover.protocol.transport import manager_channel
 
 log = logging.getLogger("ms_recover.worker")
 

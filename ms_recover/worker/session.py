@@ -9,6 +9,9 @@ manager are latched by the link thread and acted on here, at a safe point betwee
 * RESUME: continue at the given step;
 * EXIT: close and leave the process with the manager's code.
 
+The rank's :attr:`Session.phase` follows these commands through the transition table of
+:mod:`ms_recover.worker.phase`; a command out of order raises RecoveryError and does nothing.
+
 A collective interrupted by a STOP raises :class:`Interrupted`; the step is not committed and
 is redone after recovery, so no rank ever goes backwards. A rank whose step was interrupted
 while a peer committed it is behind the recovery's target: REPAIR gives it that step's state from
@@ -19,25 +22,24 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, Interrupted, RecoveryError, RepairError
+from ms_recover.faulthooks import NO_FAULTS, FaultHooks
 from ms_recover.protocol import messages as M
-from ms_recover.testing.faults import FaultInjector
 from ms_recover.worker import repair
 from ms_recover.worker.dump import write_rank_dump
 from ms_recover.worker.link import ManagerLink
+from ms_recover.worker.phase import COMMANDS, Phase, check
 from ms_recover.worker.state import StateProvider
 
 log = logging.getLogger("ms_recover.worker")
@@ -54,7 +56,7 @@ class Session:
         state: StateProvider | None = None,
         shard: int = 0,
         incarnation: int = 0,
-        faults: FaultInjector | None = None,
+        faults: FaultHooks | None = None,
         standalone: bool = False,
     ) -> None:
         self.config = config
@@ -63,12 +65,13 @@ class Session:
         self.state = state
         self.shard = shard
         self.incarnation = incarnation
-        self.faults = faults or FaultInjector((), rank, incarnation)
+        self.faults = faults if faults is not None else NO_FAULTS
         self.standalone = standalone
         self.committed = -1
         self.next_step = 0
         self.reboot = False
         self.recoveries = 0
+        self.phase = Phase.NEW  # moved only through the table of ms_recover.worker.phase
         # (first, last) step ranges whose state this rank received by repair instead of running
         # them: its own step code (and a fit() callback) never saw those steps.
         self.skipped: list[tuple[int, int]] = []
@@ -83,6 +86,7 @@ class Session:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
             self.link = ManagerLink(config, rank, ident, backend.abort)
             backend.on_group_created = self._group_created
+        backend.faults = self.faults
 
     @property
     def world_size(self) -> int:
@@ -105,8 +109,10 @@ class Session:
         Raises RecoveryError if the manager does not answer within ``timeout_s``.
         """
         if self.link is None:
+            self.phase = check(self.rank, self.phase, Phase.TRAINING, "a run without a manager")
             self.comm.init(0, {0: self.comm.endpoint})
             return
+        self.phase = check(self.rank, self.phase, Phase.REGISTERING, "registration")
         self.link.send(
             M.WorkerHello(
                 self.rank,
@@ -203,29 +209,10 @@ class Session:
         return self.committed
 
     def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.MEAN) -> NDArray[Any]:
-        """The world allreduce of the current step, with the fault-injection points."""
+        """The world allreduce of the current step, with its fault-injection point."""
         if self.faults.armed:
-            self._inject(self.next_step)
+            self.faults.at_allreduce(self.next_step, self)
         return self.comm.allreduce(array, op)
-
-    def _inject(self, step: int) -> None:
-        """The fault-injection points of :meth:`allreduce` (tests and the demo)."""
-        self.faults.before_allreduce(step)
-        if self.faults.in_allreduce(step):
-            self._die_in_collective()
-        if self.faults.memory_error(step):
-            self._corrupt_state()
-            self.report_fault("device_memory", f"injected memory error at step {step}")
-            raise Interrupted(f"rank {self.rank}: device memory error at step {step}")
-
-    def _corrupt_state(self) -> None:
-        """Fault injection: overwrite this rank's state, as a device memory error would."""
-        state = self._state()
-        state.load_state_dict({n: np.zeros_like(a) for n, a in state.state_dict().items()})
-
-    def _die_in_collective(self) -> None:
-        """Arm the backend so this process is SIGKILLed after its first chunk is on the wire."""
-        self.comm.chunk_hook = lambda: os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
@@ -248,8 +235,14 @@ class Session:
                 log.info("rank %d: recovery step interrupted by a newer command", self.rank)
 
     def _handle(self, epoch: int, msg: M.Message) -> bool:
-        """Carry out one command; True when training resumes."""
+        """Carry out one command; True when training resumes. A command the rank's phase does
+        not allow raises RecoveryError (:mod:`ms_recover.worker.phase`)."""
         assert self.link is not None
+        target = COMMANDS.get(type(msg))
+        if target is None:
+            return False
+        log.debug("rank %d: %s -> %s (epoch %d)", self.rank, self.phase, target, epoch)
+        self.phase = check(self.rank, self.phase, target, msg.KIND.decode())
         if isinstance(msg, M.Welcome):
             if not msg.ok:
                 raise RecoveryError(f"manager rejected rank {self.rank}: {msg.reason}", 2)
@@ -315,10 +308,8 @@ class Session:
         try:
             if msg.send_to:
                 payload = repair.pack(self._state().state_dict(), self.committed)
-                if self.faults.corrupt_repair():
-                    _flip_one_byte(payload)
-                if self.faults.die_in_repair():
-                    self._die_in_collective()
+                if self.faults.armed:
+                    self.faults.before_repair_send(payload)
                 for dst in msg.send_to:
                     self.comm.send(payload, dst, tag)
             if msg.recv_from >= 0:
@@ -389,10 +380,3 @@ class _Guard:
             session.report_fault("comm", str(exc))
             return True
         return False
-
-
-def _flip_one_byte(payload: dict[str, NDArray[Any]]) -> None:
-    name = next(n for n in sorted(payload) if n != repair.MANIFEST and payload[n].nbytes)
-    corrupted = np.array(payload[name], copy=True)
-    corrupted.view(np.uint8).reshape(-1)[0] ^= 0xFF
-    payload[name] = corrupted

@@ -1,7 +1,8 @@
 """Real MindSpore jobs (2 nodes x 2 ranks) that survive SIGKILL with bit-identical weights.
 
-These run `ms_recover.mindspore.demo_train`, the demo's training program, as real processes:
-MindSpore computes forward, backward and Adam; ms_recover's host backend averages gradients.
+These run `ms_recover.mindspore.programs.demo_train`, the demo's training program, as real
+processes: MindSpore computes forward, backward and Adam; ms_recover's host backend averages
+gradients.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _job(
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.demo_train",
+        "ms_recover.mindspore.programs.demo_train",
         "--steps",
         str(STEPS),
         "--out",
@@ -122,13 +123,20 @@ def test_dump_writes_mindspore_checkpoints_a_restart_can_load(tmp_path):
     import mindspore
 
     from ms_recover.mindspore.checkpoint import load_dump
-    from ms_recover.mindspore.demo_train import build
+    from ms_recover.mindspore.programs.demo_train import build
     from ms_recover.mindspore.state import MindSporeState
     from ms_recover.worker.repair import sha256_of
 
     ref_out, out, dump_dir = str(tmp_path / "ref"), str(tmp_path / "run"), str(tmp_path / "dump")
     config = JobConfig(job_id="e2e-ref", node_nums=2, proc_per_node=2)
-    command = [sys.executable, "-m", "ms_recover.mindspore.demo_train", "--steps", "10", "--out"]
+    command = [
+        sys.executable,
+        "-m",
+        "ms_recover.mindspore.programs.demo_train",
+        "--steps",
+        "10",
+        "--out",
+    ]
     with LocalJob(config, command + [ref_out], {}, log_dir=ref_out) as job:  # steps 0..9
         assert job.wait(240)
     faulty = config.replace(
@@ -165,7 +173,7 @@ def test_elastic_training_on_mindspore_shrinks_and_grows_back(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.demo_train",
+        "ms_recover.mindspore.programs.demo_train",
         "--steps",
         "120",
         "--step-time",

@@ -29,9 +29,9 @@ from mindspore.train import Callback, Model
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, Interrupted
-from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
 from ms_recover.mindspore.fit import fit
-from ms_recover.mindspore.fit_train import StepRecorder
+from ms_recover.mindspore.programs.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
+from ms_recover.mindspore.programs.fit_train import StepRecorder
 from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
@@ -50,11 +50,14 @@ STEPS = EPOCHS * SAMPLES // GLOBAL_BATCH
 
 # ---------------------------------------------------------------------- one process
 class FakeLink:
-    """Stands in for ManagerLink: latches one command after chosen commits, then RESUME."""
+    """Stands in for ManagerLink: after chosen commits, latches a recovery in the order a
+    manager sends it (STOP, REBUILD, REPAIR with nothing to copy, RESUME at the next step)."""
 
     def __init__(self, session: Session, latch_after: set[int]) -> None:
         self.session, self.latch_after, self.committed = session, set(latch_after), -1
         self.sent: list[M.Message] = []
+        self.epoch = 0
+        self.queue: list[M.Message] = []
 
     def send(self, msg: M.Message, epoch: int | None = None) -> None:
         self.sent.append(msg)
@@ -63,8 +66,17 @@ class FakeLink:
         return self.committed in self.latch_after
 
     def next_command(self, timeout_s: float) -> Any:
-        self.latch_after.discard(self.committed)
-        return types.SimpleNamespace(epoch=1, msg=M.Resume(self.committed + 1))
+        if not self.queue:
+            self.latch_after.discard(self.committed)
+            self.epoch += 1
+            step = self.committed
+            self.queue = [
+                M.Stop("test"),
+                M.Rebuild([[0, 0]], {0: "local"}, True, []),
+                M.Repair(step, 0, [], -1),
+                M.Resume(step + 1),
+            ]
+        return types.SimpleNamespace(epoch=self.epoch, msg=self.queue.pop(0))
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +257,7 @@ def _job(out: str, faults: Faults | None) -> LocalJob:
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.fit_train",
+        "ms_recover.mindspore.programs.fit_train",
         "--epochs",
         str(EPOCHS),
         "--samples",

@@ -13,6 +13,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import RecoveryError
 from ms_recover.protocol import messages as M
 from ms_recover.worker import repair
+from ms_recover.worker.phase import Phase
 from ms_recover.worker.session import Session
 
 
@@ -56,6 +57,7 @@ def _session(committed: int, inbox: dict[int, Any]) -> tuple[Session, ArrayState
     link = Link()
     session.link = link  # type: ignore[assignment]
     session.committed = link.committed = committed
+    session.phase = Phase.REBUILT  # a REPAIR follows a REBUILD
     return session, state, link
 
 
@@ -113,6 +115,7 @@ def test_a_rebuild_delta_is_applied_over_the_endpoints_known():
     backend = RebuildRecorder(4)
     session = Session(JobConfig(), 0, backend, ArrayState(0.0), standalone=True)
     session.link = Link()  # type: ignore[assignment]
+    session.phase = Phase.STOPPED  # a REBUILD follows a STOP
     full = {r: f"tcp://h{r}:1" for r in range(4)}
     session._handle(1, M.Rebuild([[0, 3]], full, True, []))
     session._handle(2, M.Rebuild([[0, 3]], {3: "tcp://h3:2"}, False, []))
@@ -137,5 +140,6 @@ def test_a_rebuild_delta_is_applied_over_the_endpoints_known():
 def test_a_rebuild_the_rank_cannot_follow_is_a_recovery_error(msg, problem):
     session = Session(JobConfig(), 0, RebuildRecorder(4), ArrayState(0.0), standalone=True)
     session.link = Link()  # type: ignore[assignment]
+    session.phase = Phase.STOPPED
     with pytest.raises(RecoveryError, match=problem):
         session._handle(1, msg)

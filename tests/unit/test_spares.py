@@ -15,7 +15,7 @@ SPARE = [
     "-c",
     (
         "import os, sys\n"
-        "from ms_recover.agent.spares import await_assignment\n"
+        "from ms_recover.worker.spare import await_assignment\n"
         "print('warm', flush=True)\n"
         "if not await_assignment(): sys.exit(3)\n"
         "fd = 'fd' if 'MS_RECOVER_SPARE_FD' in os.environ else ''\n"

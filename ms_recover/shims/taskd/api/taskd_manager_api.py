@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ms_recover.api import init_taskd_manager, start_taskd_manager
+from ms_recover.scheduler.api import init_taskd_manager, start_taskd_manager
 
 __all__ = ["init_taskd_manager", "start_taskd_manager"]

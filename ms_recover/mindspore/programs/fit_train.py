@@ -1,13 +1,13 @@
 """A training program on the ``Model.train`` path: :func:`ms_recover.mindspore.fit.fit`.
 
-The same MLP, optimizer and seed as :mod:`ms_recover.mindspore.demo_train`, trained with
+The same MLP, optimizer and seed as :mod:`ms_recover.mindspore.programs.demo_train`, trained with
 ``mindspore.train.Model`` and a user callback instead of a hand-written loop. At the end each rank
 writes ``OUT/rank_R.json`` in demo_train's format (SHA-256 of the whole state, committed step,
 per-step losses), plus ``view``: the (cur_epoch_num, cur_step_num) a user callback saw at each
 step, so a recovered run can be compared with an uninterrupted one bit for bit, and ``skipped``:
 the step ranges this rank received by repair instead of running (``Session.skipped``).
 
-    python -m ms_recover.mindspore.fit_train --epochs 3 --samples 512 --out /tmp/run
+    python -m ms_recover.mindspore.programs.fit_train --epochs 3 --samples 512 --out /tmp/run
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import mindspore
 from mindspore.train import Callback, Model, RunContext
 
 import ms_recover
-from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
 from ms_recover.mindspore.fit import fit
+from ms_recover.mindspore.programs.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
 from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
-from ms_recover.testing.record import write_rank_record
+from ms_recover.worker.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset
 
 

@@ -18,7 +18,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import seconds_arg
 from ms_recover.protocol import messages as M
-from ms_recover.transport import manager_channel
+from ms_recover.protocol.transport import manager_channel
 
 MAX_WAIT_S = 3600.0
 

@@ -6,7 +6,7 @@ chosen by (step, position in the data-parallel world, its size), so the math sur
 elastic shrink. At the end each rank writes ``OUT/rank_R.json`` with the SHA-256 of its
 whole state (weights and optimizer moments), so runs can be compared bit for bit.
 
-    python -m ms_recover.mindspore.demo_train --steps 40 --out /tmp/run
+    python -m ms_recover.mindspore.programs.demo_train --steps 40 --out /tmp/run
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 import ms_recover
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
-from ms_recover.testing.record import write_rank_record
+from ms_recover.worker.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset, split_indices
 
 IN_DIM, HIDDEN, CLASSES, SAMPLES, GLOBAL_BATCH, SEED = 64, 128, 8, 8192, 64, 1234

@@ -2,7 +2,7 @@
 
 MindCluster's documented ``manager.py`` works by changing one import line::
 
-    from ms_recover.api import init_taskd_manager, start_taskd_manager
+    from ms_recover.scheduler.api import init_taskd_manager, start_taskd_manager
 
     job_id = os.getenv("MINDX_TASK_ID")
     init_taskd_manager({"job_id": job_id, "node_nums": 2, "proc_per_node": 8})

@@ -16,7 +16,7 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
-    python -m ms_recover.bench.overhead_train --mode plain --steps 2000 --out OUT
+    python -m ms_recover.mindspore.programs.overhead_train --mode plain --steps 2000 --out OUT
 """
 
 from __future__ import annotations
@@ -34,7 +34,14 @@ import numpy as np
 from mindspore import nn
 from numpy.typing import NDArray
 
-from ms_recover.mindspore.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SAMPLES, SEED, build
+from ms_recover.mindspore.programs.demo_train import (
+    CLASSES,
+    GLOBAL_BATCH,
+    IN_DIM,
+    SAMPLES,
+    SEED,
+    build,
+)
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.worker.sampler import make_dataset, shard_indices

@@ -13,13 +13,15 @@ shares the tensor's memory, so no copy is timed. The barrier is a one-element Al
 because ``ops.Barrier`` is Ascend only. A last barrier after the report keeps a rank from
 leaving while a peer's last AllReduce still needs it.
 
-Events go to ``<out>/rank-<r>.jsonl`` in the format of
-:func:`ms_recover.bench.mscluster.event_line`: ``formed``, then ``result`` or ``error``.
+Events go to ``<out>/rank-<r>.jsonl``, one JSON object a line (:func:`event_line`, the format
+:func:`ms_recover.bench.mscluster.parse_progress` reads): ``formed``, then ``result`` or
+``error``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -31,11 +33,15 @@ from mindspore import Tensor, ops
 from mindspore.communication import get_group_size, get_rank, init
 
 from ms_recover import env as E
-from ms_recover.bench.mscluster import event_line
+
+
+def event_line(event: str, **fields: Any) -> str:
+    """One line of this worker's event file."""
+    return json.dumps({"event": event, **fields}, sort_keys=True) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ms_recover.mindspore.allreduce_bench")
+    p = argparse.ArgumentParser(prog="python -m ms_recover.mindspore.programs.allreduce_bench")
     p.add_argument("--counts", type=int, nargs="+", required=True, help="float32 elements")
     p.add_argument("--repeats", type=int, required=True, help="timed calls per count")
     p.add_argument("--out", required=True, help="directory for rank-<r>.jsonl")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ms_recover.errors import ConfigError
-from ms_recover.events import Event, EventLog
+from ms_recover.observability.events import Event, EventLog
 
 
 class ManagerCollector:

@@ -37,7 +37,7 @@ def maybe_start(environ: Mapping[str, str] | None = None) -> bool:
     if not enabled(env):
         return False
     try:
-        from ms_recover import hooks
+        from ms_recover.scheduler import hooks
 
         pid, started = hooks.launch(env)
     except Exception as exc:  # noqa: BLE001 - must never break the host interpreter

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from ms_recover.events import Event
 from ms_recover.manager.records import PHASES
+from ms_recover.observability.events import Event
 
 
 class Timeline:
