@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("check-job", "ms_recover.checkjob", "validate AscendJob YAML files before submission"),
     ("report", "ms_recover.report", "print a recovery timeline from a manager event log"),
     ("bench", "ms_recover.bench.main", "measure recovery, detection, overhead and bandwidth"),
+    ("shim-path", "ms_recover.shims", "print the directory of the opt-in mindio_ttp/taskd shims"),
 ]
 
 

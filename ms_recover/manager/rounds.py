@@ -40,7 +40,8 @@ def on_faults(
     for f in faults:
         ranks = cfg.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
         hit.update(ranks)
-        lost = () if f.kind == "worker_error" else tuple(ranks)  # that rank is still alive
+        # A rank that reported its own error is still alive (and reachable).
+        lost = () if f.kind in ("worker_error", "worker_fatal") else tuple(ranks)
         actions.append(MarkLost(f"{f.kind}: {f.detail}", f, lost, f.kind == "node_lost"))
         steps = [m.ranks[r].committed_step for r in ranks]
         actions.append(

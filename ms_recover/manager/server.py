@@ -32,6 +32,9 @@ log = logging.getLogger("ms_recover.manager")
 
 #: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
 CORRUPTING = frozenset({"corrupt", "device_memory"})
+#: WorkerFault kinds after which the rank cannot redo its step (MindSpore's RS_UNKNOWN):
+#: the rank stays reachable, but ``retry`` no longer applies.
+FATAL = frozenset({"fatal"})
 
 
 class ManagerServer(Executor):
@@ -353,13 +356,13 @@ class ManagerServer(Executor):
         if info is not None:
             self.model.pending.append(
                 Fault(
-                    "worker_error",
+                    "worker_fatal" if msg.kind in FATAL else "worker_error",
                     info.node_rank,
                     msg.rank,
                     f"rank {msg.rank} {msg.kind}: {msg.message}",
                     self.clock(),
                     0.0,
-                    corrupt=msg.kind in CORRUPTING,
+                    corrupt=msg.kind in CORRUPTING | FATAL,
                 )
             )
 
