@@ -282,10 +282,12 @@ class Processor:
             reported = self._report is not None
         if not self._formed or reported:
             return  # not training yet, or the training thread already left its step
-        if "stop" in self.handlers:
-            fn, ctx = self.handlers["stop"]
-            self._call("stop", fn, self.step_args, ctx)
-        self.reset_limit_step()  # the prelock lets the thread reach its safe point
+        try:
+            if "stop" in self.handlers:
+                fn, ctx = self.handlers["stop"]
+                self._call("stop", fn, self.step_args, ctx)
+        finally:
+            self.reset_limit_step()  # the prelock lets the thread reach its safe point
         if not self._wait(lambda: self._report is not None, self.action_timeout_s):
             raise HandlerFailed(
                 f"rank {self.rank}: the training thread did not report within "
@@ -350,8 +352,8 @@ class Processor:
             return
         self.repair_step = msg.step
         self._announce = True
-        with self._cv:
-            self._report, self._stopping = None, False
+        with self._cv:  # the incident is over, and so is its prelock
+            self._report, self._stopping, self._limit = None, False, None
         log.info("rank %d: resume at step %d", self.rank, msg.step)
         self._release(Action.RETRY)
 
@@ -372,6 +374,7 @@ class Processor:
             with contextlib.suppress(HandlerFailed):
                 self._call("rename", fn, self._dump[0] + 1, ctx)
         self._release(Action.EXIT)
+        self.reset_limit_step()
         if self.on_exit is not None:
             self.on_exit()
         if "exit" in self.handlers:
