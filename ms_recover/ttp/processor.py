@@ -116,6 +116,7 @@ class Processor:
         self._announce = False
         self._dump: tuple[int, str] | None = None
         self._done = False
+        self._endpoints: dict[int, str] = {}
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -253,8 +254,8 @@ class Processor:
                 continue
             try:
                 self._handle(env.epoch, env.msg)
-            except HandlerFailed as exc:
-                log.error("rank %d: %s", self.rank, exc)
+            except Exception as exc:  # a handler or the data plane failed: the manager decides
+                log.error("rank %d: %s failed: %s", self.rank, env.msg.KIND.decode(), exc)
                 if self.link is not None:
                     self.link.send(M.WorkerFault(self.rank, "fatal", str(exc)), env.epoch)
 
@@ -295,7 +296,11 @@ class Processor:
             )
 
     def _on_rebuild(self, epoch: int, msg: M.Rebuild) -> None:
-        members = {r: msg.endpoints.get(r, "") for r in M.ranks_of(msg.world, self.world_size)}
+        if msg.full:  # else only the endpoints that changed are sent: keep the others
+            self._endpoints = {}
+        self._endpoints.update(msg.endpoints)
+        world = M.ranks_of(msg.world, self.world_size)
+        members = {r: self._endpoints.get(r, "") for r in world}
         if self._formed and not self.reboot:
             fn, ctx = self._handler("clean")
             is_uce = self._report in (ReportState.RS_UCE, ReportState.RS_UCE_CORRUPTED)
@@ -347,11 +352,11 @@ class Processor:
         return M.Repaired(self.rank, msg.attempt, True, self.committed, -1, "")
 
     def _on_resume(self, msg: M.Resume) -> None:
+        self._announce = True  # the first commit closes the round: report it at once
         if not self._formed:
             self._formed = True
             return
         self.repair_step = msg.step
-        self._announce = True
         with self._cv:  # the incident is over, and so is its prelock
             self._report, self._stopping, self._limit = None, False, None
         log.info("rank %d: resume at step %d", self.rank, msg.step)
