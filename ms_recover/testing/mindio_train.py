@@ -123,6 +123,7 @@ def main() -> int:
         callbacks.append(Fault(int(frank), int(fstep), kind, net))
     callbacks += [tft, kit.SafePoint(), Record(net, os.path.join(args.out, f"steps_{rank}.jsonl"))]
     foreign = kit.foreign_handlers()
+    controller_here = framework.STATE.controller is not None  # gone once training ended
     started = time.time()
     model.train(1, dataset(rank, world), callbacks=callbacks, dataset_sink_mode=False)
     record = {
@@ -131,7 +132,7 @@ def main() -> int:
         "repair_step": proc.repair_step,
         "trace": proc.trace,
         "foreign_handlers": foreign,
-        "controller_here": framework.STATE.controller is not None,
+        "controller_here": controller_here,
         "lifts": list(kit.LIFTS),
         "train_s": time.time() - started,
     }
