@@ -154,3 +154,22 @@ def test_mindio_not_importable_without_the_opt_in() -> None:
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert Path(out.stdout.strip(), "mindio_ttp", "framework_ttp.py").is_file()
+
+
+def test_mindio_other_mindspore_release_is_named_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import types
+
+    monkeypatch.setitem(sys.modules, "mindspore", types.SimpleNamespace(__version__="2.11.0"))
+    monkeypatch.setattr(framework_ttp._impl.STATE, "pending", None)  # restored afterwards
+    framework_ttp.tft_init_processor(0, 2, False, False, "", enable_arf=False)
+    assert "follows MindSpore 2.10's calls; this is MindSpore 2.11.0" in caplog.text
+
+
+def test_mindio_bad_port_is_a_one_line_error() -> None:
+    from ms_recover.ttp.controller import ttp_config
+    from ms_recover.ttp.processor import TtpError
+
+    with pytest.raises(TtpError, match=r"MS_TFT_PORT=70000: need a TCP port 1..65535"):
+        ttp_config("127.0.0.1", 70000, 2)
