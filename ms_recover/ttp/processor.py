@@ -26,9 +26,11 @@ already built by then.
 from __future__ import annotations
 
 import contextlib
+import glob
 import inspect
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +43,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
 from ms_recover.protocol import messages as M
 from ms_recover.ttp.enums import Action, RepairType, ReportState
+from ms_recover.worker.dump import file_sha256
 from ms_recover.worker.link import ManagerLink
 
 log = logging.getLogger("ms_recover.ttp")
@@ -369,8 +372,22 @@ class Processor:
         except HandlerFailed as exc:
             return M.Dumped(self.rank, False, msg.step, "", "", "", 0, str(exc))
         self._dump = (msg.step, msg.directory)
-        name = f"rank_{self.rank}.ckpt"  # MindSpore's files are under its ckpt_save_path
-        return M.Dumped(self.rank, True, msg.step, name, "mindspore", "", 0, "")
+        name = f"rank_{self.rank}.ckpt"
+        saved = _saved_checkpoint(ctx, msg.step + 1, self.rank)
+        if saved is None:  # a user save callback: its files are where it put them
+            return M.Dumped(self.rank, True, msg.step, name, "mindspore", "", 0, "")
+        # The manifest names files in the dump directory: link MindSpore's file there (its
+        # directory is renamed later; the link stays valid), copying across file systems.
+        os.makedirs(msg.directory, exist_ok=True)
+        target = os.path.join(msg.directory, name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+        try:
+            os.link(saved, target)
+        except OSError:
+            shutil.copyfile(saved, target)
+        sha256, size = file_sha256(target)
+        return M.Dumped(self.rank, True, msg.step, name, "mindspore", sha256, size, "")
 
     def _on_exit(self, msg: M.Exit) -> None:
         log.warning("rank %d: manager says exit %d: %s", self.rank, msg.code, msg.reason)
@@ -442,6 +459,20 @@ class Processor:
 
 def _info(kind: RepairType, src: list[int], dst: list[int]) -> dict[str, Any]:
     return {"repair_type": kind.value, "src": list(src), "dst": list(dst)}
+
+
+def _saved_checkpoint(ctx: Any, step: int, rank: int) -> str | None:
+    """The file MindSpore's default save handler wrote for ``step`` (its layout under the
+    callback's ``ckpt_save_path``), or None (a user save callback, or nothing found)."""
+    root = getattr(ctx, "ckpt_save_path", None)
+    if not isinstance(root, str) or getattr(ctx, "save_cb", None):
+        return None
+    found = sorted(
+        glob.glob(
+            os.path.join(root, f"ttp_saved_checkpoints-step_{step}_tmp", f"rank_{rank}", "*.ckpt")
+        )
+    )
+    return found[-1] if found else None
 
 
 def _claim_rename(step: int, directory: str) -> bool:

@@ -8,6 +8,7 @@ unknown error with no strategy left (manager mode).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,11 @@ def test_mindio_e2e_dump_saved_by_mindspore_renamed_once_loads_bit_identical(
     weights = {n: params[n].asnumpy() for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")}
     assert sha256_of(weights) == reference.steps(0)[FAULT_STEP]
     assert int(params["step_num"].asnumpy()) == FAULT_STEP
+    # The manager's manifest names the same file, linked into its dump directory.
+    manifest = json.loads((tmp_path / "dump" / "manifest.json").read_text())
+    assert [f["file"] for f in manifest["files"]] == ["rank_0.ckpt"]
+    assert manifest["step"] == FAULT_STEP - 1  # ms_recover counts from 0
+    assert (tmp_path / "dump" / "rank_0.ckpt").read_bytes() == files[0].read_bytes()
 
 
 def test_mindio_e2e_unknown_error_no_strategy_left_exits_with_final_event(
