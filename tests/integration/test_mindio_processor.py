@@ -122,6 +122,11 @@ def job(tmp_path: Any) -> Iterator[Any]:
             r.proc.close()
 
 
+def _job_end(server: ManagerServer) -> dict[str, Any]:
+    """The job_end event (written just after the Exit it follows went out)."""
+    return wait_for(lambda: server.events.recent("job_end"), 10, "job_end")[-1]
+
+
 def _run(ranks: list[Rank], fail_rank: int, fail_at: int, state: ReportState) -> None:
     threads = [
         threading.Thread(
@@ -161,10 +166,11 @@ def test_mindio_hccl_fault_runs_mindio_order_and_repairs_by_send_recv(job: Any) 
 
 def test_mindio_unknown_error_with_no_strategy_left_exits(job: Any) -> None:
     server, ranks = job("retry,exit")
+    ranks[0].proc.set_limit_step(2)  # still training when the decision comes
     _run(ranks, fail_rank=1, fail_at=2, state=ReportState.RS_UNKNOWN)
     assert all(r.exited.is_set() for r in ranks)
     assert ranks[1].actions == [Action.EXIT.value]
-    end = server.events.recent("job_end")[-1]
+    end = _job_end(server)
     assert end["exit_code"] == exitcodes.JOB_EXIT
     assert "retry: needs a fault the rank survives" in end["reason"]
     assert "worker_fatal" in end["reason"]
@@ -180,14 +186,14 @@ def test_mindio_dump_saves_on_one_replica_renames_once_then_exits(job: Any) -> N
     step, save_info, args, ctx = saved[0].calls[saved[0].names().index("save_ckpt")][1]
     assert step == saved[0].proc.committed + 1 and ctx == f"ctx{saved[0].proc.rank}"
     assert all(r.exited.is_set() for r in ranks)
-    assert server.events.recent("job_end")[-1]["exit_code"] == exitcodes.DUMPED
+    assert _job_end(server)["exit_code"] == exitcodes.DUMPED
 
 
 def test_mindio_hung_stop_handler_is_bounded_and_escalates(job: Any) -> None:
     server, ranks = job("retry,exit", hang_stop=True)
     ranks[0].proc.set_limit_step(2)
     _run(ranks, fail_rank=1, fail_at=2, state=ReportState.RS_HCCL_FAILED)
-    end = server.events.recent("job_end")[-1]
+    end = _job_end(server)
     assert end["exit_code"] == exitcodes.JOB_EXIT
     faults = [e["detail"] for e in server.events.recent("fault")]
     assert any("stop handler hung past 3s" in d for d in faults), faults
