@@ -26,7 +26,7 @@ from ms_recover.errors import ConfigError
 from ms_recover.events import Event, EventLog
 from ms_recover.manager.model import JobState
 from ms_recover.manager.server import ManagerServer
-from ms_recover.ttp.processor import TtpError, _positional_count
+from ms_recover.ttp.handlers import TtpError, positional_count
 
 log = logging.getLogger("ms_recover.ttp")
 
@@ -128,7 +128,7 @@ class Controller:
         fn = self.callbacks.get(name)
         if fn is None:
             return
-        n = _positional_count(fn)
+        n = positional_count(fn)
         try:
             fn(*(args if n is None else args[:n]))
         except Exception:  # a MindX callback must not stop the manager

@@ -14,7 +14,8 @@ from typing import Any
 from ms_recover.errors import MsRecoverError
 from ms_recover.ttp.controller import Controller, ttp_config
 from ms_recover.ttp.enums import REPAIR_TYPES, Action, RepairType, ReportState
-from ms_recover.ttp.processor import Processor, TtpError
+from ms_recover.ttp.handlers import TtpError
+from ms_recover.ttp.processor import Processor
 
 log = logging.getLogger("ms_recover.ttp")
 

@@ -26,8 +26,6 @@ already built by then.
 from __future__ import annotations
 
 import contextlib
-import glob
-import inspect
 import logging
 import os
 import shutil
@@ -40,25 +38,21 @@ from ms_recover import exitcodes
 from ms_recover.comm.base import CommBackend
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
-from ms_recover.errors import MsRecoverError
 from ms_recover.protocol import messages as M
 from ms_recover.ttp.enums import Action, RepairType, ReportState
+from ms_recover.ttp.handlers import (
+    HANDLER_ARITY,
+    HandlerFailed,
+    TtpError,
+    call_bounded,
+    claim_rename,
+    positional_count,
+    saved_checkpoint,
+)
 from ms_recover.worker.dump import file_sha256
 from ms_recover.worker.link import ManagerLink
 
 log = logging.getLogger("ms_recover.ttp")
-
-#: Handler name -> the number of positional parameters MindIO passes (MindSpore 2.10's).
-HANDLER_ARITY: dict[str, int | None] = {
-    "save_ckpt": 4,  # (step, save_info, args, ctx)
-    "rename": 2,  # (step, ctx)
-    "exit": 1,  # (ctx)
-    "stop": 2,  # (args, ctx)
-    "clean": 3,  # (is_uce, args, ctx) -> 0 | 1 | 2
-    "repair": 6,  # (step, need_rebuild, error_ranks, repair_info, args, ctx)
-    "rebuild_group": 3,  # (fault_ranks, args, ctx)
-    "stream_sync": None,  # runtime.synchronize: called as MindSpore registered it
-}
 
 #: The strategy at the head of the manager's STOP reason -> MindIO's repair type. Our retry
 #: rebuilds the communicators (MindIO's ``retry`` would only resume them), so it is MindIO's
@@ -79,14 +73,6 @@ FAULT_KIND = {
     ReportState.RS_HCCL_FAILED: "comm",
     ReportState.RS_UNKNOWN: "fatal",
 }
-
-
-class TtpError(MsRecoverError):
-    """A misuse of the framework_ttp API, or a handler that failed."""
-
-
-class HandlerFailed(TtpError):
-    """A registered handler raised, hung past the action timeout, or returned failure."""
 
 
 class Processor:
@@ -131,7 +117,7 @@ class Processor:
         if not callable(fn):
             raise TtpError(f"the {name} handler must be callable, got {type(fn).__name__}")
         want = HANDLER_ARITY[name]
-        got = _positional_count(fn)
+        got = positional_count(fn)
         if want is not None and got is not None and got != want:
             raise TtpError(
                 f"the {name} handler {getattr(fn, '__qualname__', fn)!r} takes {got} "
@@ -373,7 +359,7 @@ class Processor:
             return M.Dumped(self.rank, False, msg.step, "", "", "", 0, str(exc))
         self._dump = (msg.step, msg.directory)
         name = f"rank_{self.rank}.ckpt"
-        saved = _saved_checkpoint(ctx, msg.step + 1, self.rank)
+        saved = saved_checkpoint(ctx, msg.step + 1, self.rank)
         if saved is None:  # a user save callback: its files are where it put them
             return M.Dumped(self.rank, True, msg.step, name, "mindspore", "", 0, "")
         # The manifest names files in the dump directory: link MindSpore's file there (its
@@ -391,7 +377,7 @@ class Processor:
 
     def _on_exit(self, msg: M.Exit) -> None:
         log.warning("rank %d: manager says exit %d: %s", self.rank, msg.code, msg.reason)
-        if self._dump is not None and msg.code == exitcodes.DUMPED and _claim_rename(*self._dump):
+        if self._dump is not None and msg.code == exitcodes.DUMPED and claim_rename(*self._dump):
             fn, ctx = self._handler("rename")
             with contextlib.suppress(HandlerFailed):
                 self._call("rename", fn, self._dump[0] + 1, ctx)
@@ -413,26 +399,10 @@ class Processor:
         return self.handlers[name]
 
     def _call(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a handler on a helper thread, bounded by the action timeout."""
         self.trace.append(name)
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["ret"] = fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - reported, never lost
-                box["exc"] = exc
-
-        worker = threading.Thread(target=run, name=f"ttp-{name}", daemon=True)
-        worker.start()
-        worker.join(self.action_timeout_s)
-        if worker.is_alive():
-            raise HandlerFailed(
-                f"rank {self.rank}: the {name} handler hung past {self.action_timeout_s:g}s"
-            )
-        if "exc" in box:
-            raise HandlerFailed(f"rank {self.rank}: the {name} handler raised {box['exc']!r}")
-        return box.get("ret")
+        return call_bounded(
+            f"rank {self.rank}: the {name} handler", fn, args, self.action_timeout_s
+        )
 
     def _release(self, action: Action) -> None:
         with self._cv:
@@ -459,40 +429,3 @@ class Processor:
 
 def _info(kind: RepairType, src: list[int], dst: list[int]) -> dict[str, Any]:
     return {"repair_type": kind.value, "src": list(src), "dst": list(dst)}
-
-
-def _saved_checkpoint(ctx: Any, step: int, rank: int) -> str | None:
-    """The file MindSpore's default save handler wrote for ``step`` (its layout under the
-    callback's ``ckpt_save_path``), or None (a user save callback, or nothing found)."""
-    root = getattr(ctx, "ckpt_save_path", None)
-    if not isinstance(root, str) or getattr(ctx, "save_cb", None):
-        return None
-    found = sorted(
-        glob.glob(
-            os.path.join(root, f"ttp_saved_checkpoints-step_{step}_tmp", f"rank_{rank}", "*.ckpt")
-        )
-    )
-    return found[-1] if found else None
-
-
-def _claim_rename(step: int, directory: str) -> bool:
-    """True for exactly one process of the job (a file created exclusively on shared storage):
-    MindIO renames the dump once, after every chosen rank saved."""
-    os.makedirs(directory, exist_ok=True)
-    try:
-        fd = os.open(os.path.join(directory, f"ttp-rename-{step}.claim"), os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
-
-
-def _positional_count(fn: Callable[..., Any]) -> int | None:
-    """Positional parameters of ``fn``, or None when it takes ``*args`` or has no signature."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return None
-    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
