@@ -32,7 +32,11 @@ COMMANDS: list[tuple[str, str, str]] = [
         "print a recovery timeline from a manager event log",
     ),
     ("bench", "ms_recover.bench.main", "measure recovery, detection, overhead and bandwidth"),
-    ("shim-path", "ms_recover.shimpath", "print the directory that makes msrun use ms_recover"),
+    (
+        "shim-path",
+        "ms_recover.shimpath",
+        "print the directory of the opt-in taskd/mindio_ttp shims",
+    ),
 ]
 
 

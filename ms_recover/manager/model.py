@@ -76,6 +76,9 @@ class FaultKind(str, enum.Enum):
     NODE_RESTARTED = "node_restarted"  # a pod was recreated before its loss was noticed
     HANG = "hang"  # no step progress, or a rank stuck in a recovery phase
     WORKER_ERROR = "worker_error"  # a rank caught an error and reported it (it lives on)
+    # A rank reported an error after which it cannot redo its step (MindSpore's RS_UNKNOWN):
+    # it lives on, but ``retry`` does not apply.
+    WORKER_FATAL = "worker_fatal"
     ESCALATION = "escalation"  # a phase failed with no rank to blame
 
     def __str__(self) -> str:

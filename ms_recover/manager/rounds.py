@@ -18,6 +18,9 @@ from ms_recover.manager.strategies.base import FAULT_DETECTED, Incident
 from ms_recover.manager.strategies.registry import choose
 from ms_recover.strategy import Strategy
 
+#: Faults a rank reported itself: it is still alive (and reachable).
+REPORTED = frozenset({FaultKind.WORKER_ERROR, FaultKind.WORKER_FATAL})
+
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
@@ -68,7 +71,7 @@ def on_faults(
 
 
 def _mark(m: JobModel, f: Fault, ranks: tuple[int, ...]) -> list[Action]:
-    lost = () if f.kind is FaultKind.WORKER_ERROR else ranks  # that rank is still alive
+    lost = () if f.kind in REPORTED else ranks  # a rank that reported its own error lives on
     record = FaultRecord(
         kind=f.kind.value,
         rank=f.rank,

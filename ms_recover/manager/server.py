@@ -40,6 +40,9 @@ log = logging.getLogger("ms_recover.manager")
 
 #: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
 CORRUPTING = frozenset({"corrupt", "device_memory"})
+#: WorkerFault kinds after which the rank cannot redo its step (MindSpore's RS_UNKNOWN):
+#: the rank stays reachable, but ``retry`` no longer applies.
+FATAL = frozenset({"fatal"})
 
 INSECURE_WARNING = (
     "INSECURE: no job secret, so anyone who can reach port %d can drive this job (frames are "
@@ -450,13 +453,13 @@ class ManagerServer:
         if info is not None:
             self.model.pending.append(
                 Fault(
-                    FaultKind.WORKER_ERROR,
+                    FaultKind.WORKER_FATAL if msg.kind in FATAL else FaultKind.WORKER_ERROR,
                     info.node_rank,
                     msg.rank,
                     f"rank {msg.rank} {msg.kind}: {msg.message}",
                     self.clock(),
                     0.0,
-                    corrupt=msg.kind in CORRUPTING,
+                    corrupt=msg.kind in CORRUPTING | FATAL,
                 )
             )
 

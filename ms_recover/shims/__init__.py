@@ -3,7 +3,7 @@
 This directory holds top-level packages, side by side:
 
 * ``taskd/``: MindCluster TaskD's ``taskd.api`` (the msrun agent, the manager API);
-* ``mindio_ttp/``: MindIO TTP's ``mindio_ttp`` (added by the MindIO work).
+* ``mindio_ttp/``: MindIO TTP's ``mindio_ttp`` (``framework_ttp``, ``controller_ttp``).
 
 They become importable under those names only when this directory is put first on
 ``PYTHONPATH``; ``ms-recover shim-path`` prints it, so a start script opts in with one line::
