@@ -11,10 +11,13 @@ Exit codes: 0 when every local rank finished, 86 when the pod must be reschedule
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import types
 
+from ms_recover import env as E
 from ms_recover.agent.agent import Agent
+from ms_recover.agent.ranks import die_with_parent
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 
@@ -67,10 +70,26 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("missing the rank command: ms-recover agent [options] -- python train.py")
     if args.spares < 0:
         raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
-    agent = Agent(config_from_args(args), command, log_dir=args.log_dir, spares=args.spares)
+    config = config_from_args(args)
+    _die_with_launcher()
+    agent = Agent(config, command, log_dir=args.log_dir, spares=args.spares)
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
         agent.stop()
 
     signal.signal(signal.SIGTERM, on_term)
     return agent.run()
+
+
+def _die_with_launcher() -> None:
+    """Under LocalPods (``MS_RECOVER_DIE_WITH_PID`` set), make the kernel SIGKILL this agent
+    when its launcher dies (at once if it is already gone); its ranks then die by their own
+    PDEATHSIG. Kubernetes pods need none of this: the kubelet owns them."""
+    raw = os.environ.get(E.DIE_WITH, "").strip()
+    if not raw:
+        return
+    try:
+        launcher = int(raw)
+    except ValueError:
+        raise ConfigError(f"{E.DIE_WITH}={raw!r} is not a process id") from None
+    die_with_parent(launcher)

@@ -17,6 +17,8 @@ def decide(m: JobModel, now: float) -> list[Action]:
     """Everything the manager should do now, given the model. Pure."""
     if m.state in (JobState.EXITING, JobState.FINISHED):
         return []
+    if m.state is JobState.FORMING and m.restore is not None:
+        return PROGRESS[m.state](m, now)  # a restarted manager: faults wait for the members
     faults = list(m.pending) + detect_silence(m, now)
     if faults:
         return on_faults(m, faults, now, "fault detected")

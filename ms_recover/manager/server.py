@@ -22,7 +22,7 @@ from ms_recover.events import EventLog
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.feasibility import config_problems
-from ms_recover.manager.model import Fault, JobModel, JobState
+from ms_recover.manager.model import Fault, JobModel, JobState, Restore
 from ms_recover.manager.status import status_of
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
@@ -63,6 +63,7 @@ class ManagerServer(Executor):
             self.port = config.manager_port
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
+        self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
@@ -103,11 +104,22 @@ class ManagerServer(Executor):
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
                 if done and ended_at is None:
                     ended_at = time.monotonic()
-                if ended_at is not None and time.monotonic() - ended_at > end_grace_s:
+                if ended_at is not None and self._ended(time.monotonic() - ended_at, end_grace_s):
                     break
         finally:
             self.close()
         return self.exit_code()
+
+    def _ended(self, waited: float, grace_s: float) -> bool:
+        """After the job's end: the grace passed and, at a normal end, every rank's real exit
+        was reported (the agents wait up to ``phase_timeout_s`` for ranks to leave)."""
+        if waited <= grace_s:
+            return False
+        with self._lock:
+            if self.model.state is not JobState.FINISHED:
+                return True
+            reported = all(i.exit_code is not None for i in self.model.ranks.values())
+        return reported or waited > grace_s + self.config.phase_timeout_s
 
     def exit_code(self) -> int:
         if self.model.state is JobState.FINISHED:
@@ -192,6 +204,9 @@ class ManagerServer(Executor):
         agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
+        rejoin = self._rejoin_asked.pop(ident, None) is not None or env.epoch > 0
+        if rejoin:
+            self._note_rejoin(env.epoch, None)
         self._send(ident, M.AgentWelcome(True, ""))
         self.events.write(
             "member",
@@ -200,12 +215,16 @@ class ManagerServer(Executor):
             node_rank=msg.node_rank,
             pid=msg.pid,
             pod_ip=msg.pod_ip,
+            rejoin=rejoin,
         )
 
     def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
         agent = self.model.agents.get(node_rank)
         if agent is not None and not agent.alive and self._agent_ids.get(node_rank) == ident:
             log.debug("ignoring agent of node %d: it was told to exit or declared lost", node_rank)
+            return False
+        if agent is not None and node_rank not in self._agent_ids:
+            self._ask_to_rejoin(ident, f"agent of node {node_rank}")
             return False
         if agent is None or not agent.alive or self._agent_ids.get(node_rank) != ident:
             self.drops.drop(f"message from unregistered agent of node {node_rank}", repr(ident))
@@ -219,6 +238,9 @@ class ManagerServer(Executor):
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
         m, now = self.model, self.clock()
+        if m.state is JobState.FINISHED and msg.rank in m.ranks:
+            self._final_exit(ident, msg)
+            return
         if not self._agent_ok(ident, msg.node_rank) or msg.rank not in m.ranks:
             return
         m.agents[msg.node_rank].last_seen = now
@@ -236,9 +258,13 @@ class ManagerServer(Executor):
             signal=msg.signal,
             expected=expected,
         )
+        if msg.pid == info.pid:
+            info.exit_code = msg.exit_code
         if msg.exit_code == 0 and msg.signal == 0:
             info.done, info.alive = True, False
         elif not expected:
+            if not info.alive:  # a repeated report of this exit (after a rejoin) is expected
+                info.pid = msg.pid
             m.pending.append(
                 Fault(
                     "rank_exit",
@@ -250,6 +276,23 @@ class ManagerServer(Executor):
                 )
             )
 
+    def _final_exit(self, ident: bytes, msg: M.RankExited) -> None:
+        """A rank left after the job finished (its agent was told to exit, and waits for it)."""
+        info = self.model.ranks[msg.rank]
+        if self._agent_ids.get(msg.node_rank) != ident or msg.pid != info.pid:
+            self.drops.drop(f"exit of rank {msg.rank} pid {msg.pid} after the end", repr(ident))
+            return
+        info.exit_code = msg.exit_code
+        self.events.write(
+            "rank_exit",
+            epoch=self.model.epoch,
+            rank=msg.rank,
+            pid=msg.pid,
+            exit_code=msg.exit_code,
+            signal=msg.signal,
+            expected=True,
+        )
+
     # ------------------------------------------------------------------ worker handlers
     def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
         m, now = self.model, self.clock()
@@ -260,6 +303,9 @@ class ManagerServer(Executor):
             self.events.write("reject", epoch=m.epoch, rank=msg.rank, reason=reason)
             return
         info = m.ranks[msg.rank]
+        if env.epoch > 0:
+            self._note_rejoin(env.epoch, msg.rank)
+        self._rejoin_asked.pop(ident, None)
         info.registered = info.alive = True
         info.identity, info.pid, info.incarnation = ident, msg.pid, msg.incarnation
         info.endpoint, info.shard, info.committed_step = (
@@ -269,7 +315,7 @@ class ManagerServer(Executor):
         )
         info.endpoint_epoch = m.epoch
         info.last_seen = info.last_progress = now
-        info.acked, info.repair_failure, info.done = {}, None, False
+        info.acked, info.repair_failure, info.done, info.exit_code = {}, None, False, None
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
         self._send(
             ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire())
@@ -284,6 +330,7 @@ class ManagerServer(Executor):
             pid=msg.pid,
             incarnation=msg.incarnation,
             reboot=reboot,
+            rejoin=env.epoch > 0,
         )
 
     def _reject_worker(self, msg: M.WorkerHello) -> str:
@@ -298,8 +345,36 @@ class ManagerServer(Executor):
             return f"rank {msg.rank} is already registered by pid {info.pid}"
         return ""
 
+    def _note_rejoin(self, epoch: int, rank: int | None) -> None:
+        """A member of a running job registered again (at ``epoch`` > 0): this manager was
+        restarted. While still FORMING, adopt the job's epoch and rebuild the view from the
+        members (:func:`~ms_recover.manager.phases._restoring` decides when it is complete)."""
+        m = self.model
+        if m.state is not JobState.FORMING or m.round is not None:
+            return
+        if m.restore is None:
+            m.restore = Restore(self.clock())
+            log.warning("members of a running job re-register: this manager was restarted")
+            self.events.write("manager_restore", epoch=epoch)
+        m.epoch = max(m.epoch, epoch)
+        if rank is not None:
+            m.restore.epochs[rank] = epoch
+
+    def _ask_to_rejoin(self, ident: bytes, who: str) -> None:
+        """A signed frame from a member this manager never registered (it was restarted):
+        ask it to register again, at most once per heartbeat interval per identity."""
+        now = self.clock()
+        if now - self._rejoin_asked.get(ident, -1e18) < self.config.heartbeat_s:
+            return
+        self._rejoin_asked[ident] = now
+        log.info("asking the %s to register again", who)
+        self._send(ident, M.Rejoin(f"manager restarted: {who} must register again"))
+
     def _worker(self, ident: bytes, rank: int) -> Any:
         info = self.model.ranks.get(rank)
+        if info is not None and not info.registered:
+            self._ask_to_rejoin(ident, f"rank {rank}")
+            return None
         if info is None or not info.alive or info.identity != ident:
             self.drops.drop(f"message from unregistered rank {rank}", repr(ident))
             return None

@@ -107,17 +107,8 @@ class Session:
         if self.link is None:
             self.comm.init(0, {0: self.comm.endpoint})
             return
-        self.link.send(
-            M.WorkerHello(
-                self.rank,
-                self.config.node_rank,
-                os.getpid(),
-                self.incarnation,
-                self.comm.endpoint,
-                self.committed,
-                self.shard,
-            )
-        )
+        self.link.send(self._hello())
+        self.link.registration = self._registration
         self.link.start()
         if not self.wait_for_manager(timeout_s):
             self.link.close()
@@ -126,6 +117,25 @@ class Session:
                 f"{self.config.manager_endpoint} within {timeout_s:g}s"
             )
         self._recover()
+
+    def _hello(self) -> M.WorkerHello:
+        return M.WorkerHello(
+            self.rank,
+            self.config.node_rank,
+            os.getpid(),
+            self.incarnation,
+            self.comm.endpoint,
+            self.committed,
+            self.shard,
+        )
+
+    def _registration(self) -> list[M.Message]:
+        """What a restarted manager needs from this rank (called on the link thread): the
+        hello with the committed step and data endpoint, then every group of the log."""
+        groups = [
+            M.GroupCreated(self.rank, name, list(ranks)) for name, ranks in self.comm.group_log
+        ]
+        return [self._hello(), *groups]
 
     def wait_for_manager(self, timeout_s: float) -> bool:
         """True once the manager has answered the registration (Welcome latched)."""
