@@ -260,6 +260,8 @@ class Session:
     def _handle(self, epoch: int, msg: M.Message) -> bool:
         """Carry out one command; True when training resumes."""
         assert self.link is not None
+        if self.faults.armed and self.committed >= 0:  # fault injection: a recovery phase
+            self.faults.at_command(msg.KIND.decode())
         if isinstance(msg, M.Welcome):
             if not msg.ok:
                 raise RecoveryError(f"manager rejected rank {self.rank}: {msg.reason}", 2)

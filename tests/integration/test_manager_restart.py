@@ -48,7 +48,7 @@ def rank_pids(job: ManagedJob) -> dict[int, int]:
     return {r["rank"]: r["pid"] for r in status["ranks"]}
 
 
-def test_manager_restart_keeps_training_and_recovers_a_later_fault(tmp_path, reference):
+def test_manager_restart_keeps_training_and_recovers_a_later_fault(tmp_path, reference, scenario):
     out = str(tmp_path)
     with numpy_job(out) as job:
         job.wait_event("job_start", 60)
@@ -64,14 +64,18 @@ def test_manager_restart_keeps_training_and_recovers_a_later_fault(tmp_path, ref
     assert [d["strategy"] for d in decisions] == ["recover-in-place"], decisions
     assert job.events("fault")[0]["rank"] == 3
     recovery = job.events("recovery")
-    assert len(recovery) == 1 and recovery[0]["ok"] and recovery[0]["lost_steps"] == 0
+    assert len(recovery) == 1 and recovery[0]["ok"]
+    scenario.lost_steps = recovery[0]["lost_steps"]
+    assert scenario.lost_steps == 0
     final = results(out)
     assert [r["sha256"] for r in final] == [reference] * 4
     assert [r["incarnation"] for r in final] == [0, 0, 0, 1]  # only the killed rank restarted
     assert job.pods.exit_codes == {0: 0, 1: 0}
 
 
-def test_a_rank_killed_while_the_manager_is_away_is_recovered_on_its_return(tmp_path, reference):
+def test_a_rank_killed_while_the_manager_is_away_is_recovered_on_its_return(
+    tmp_path, reference, scenario
+):
     out = str(tmp_path)
     with numpy_job(out) as job:
         job.wait_event("job_start", 60)
@@ -83,7 +87,10 @@ def test_a_rank_killed_while_the_manager_is_away_is_recovered_on_its_return(tmp_
     assert job.events("manager_restore")
     fault = job.events("fault")[0]
     assert fault["kind"] == "rank_exit" and fault["rank"] == 1
-    assert [r["ok"] for r in job.events("recovery")] == [True]
+    recovery = job.events("recovery")
+    assert [r["ok"] for r in recovery] == [True]
+    scenario.lost_steps = recovery[0]["lost_steps"]
+    assert scenario.lost_steps == 0
     final = results(out)
     assert [r["sha256"] for r in final] == [reference] * 4
     assert [r["incarnation"] for r in final] == [0, 1, 0, 0]
