@@ -44,19 +44,26 @@ def numpy_job(out: str, **changes: object) -> ManagedJob:
 
 
 def rank_pids(job: ManagedJob) -> dict[int, int]:
+    return {r["rank"]: r["pid"] for r in ranks(job)}
+
+
+def ranks(job: ManagedJob) -> list[dict]:
     status = wait_for(lambda: query(job.config, 2.0), 10, "the manager's status")
-    return {r["rank"]: r["pid"] for r in status["ranks"]}
+    return list(status["ranks"])
 
 
 def test_manager_restart_keeps_training_and_recovers_a_later_fault(tmp_path, reference, scenario):
     out = str(tmp_path)
     with numpy_job(out) as job:
         job.wait_event("job_start", 60)
-        before = rank_pids(job)
+        members = ranks(job)
+        before = {r["rank"]: r["pid"] for r in members}
         job.kill_manager()
         job.start_manager()
         restored = job.wait_event("restored", 30)
         assert rank_pids(job) == before, "a rank process changed across the manager restart"
+        steps = [(r["step"], restored["steps"][str(r["rank"])]) for r in members]
+        assert all(then < now for then, now in steps), f"training paused: {steps}"
         assert min(restored["steps"].values()) < STEPS - 50, "too late to test a fault after"
         os.kill(before[3], signal.SIGKILL)
         assert job.wait_end(120) == 0
