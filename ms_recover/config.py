@@ -56,6 +56,7 @@ class JobConfig:
     rank_silence_s: float = 10.0  # MS_RECOVER_RANK_SILENCE_S
     hang_timeout_s: float = 120.0  # MS_RECOVER_HANG_TIMEOUT_S
     phase_timeout_s: float = 60.0  # MS_RECOVER_PHASE_TIMEOUT_S
+    manager_grace_s: float = 0.0  # MS_RECOVER_MANAGER_GRACE_S; 0: phase_timeout_s
     wait_reschedule_timeout_s: float = 270.0  # MS_RECOVER_WAIT_RESCHEDULE_TIMEOUT
     max_tries: int = 2  # MS_RECOVER_MAX_TRIES, per strategy
     events_path: str = ""  # MS_RECOVER_EVENTS
@@ -82,6 +83,12 @@ class JobConfig:
     def silence_s(self) -> float:
         """How long a peer may stay silent before it is declared lost."""
         return self.heartbeat_s * self.liveness
+
+    @property
+    def lost_manager_grace_s(self) -> float:
+        """How long agents wait for a silent manager to come back (restarted) before they stop
+        their node: ``manager_grace_s``, or ``phase_timeout_s`` when that is 0."""
+        return self.manager_grace_s or self.phase_timeout_s
 
     def node_of(self, rank: int) -> int:
         return rank // self.proc_per_node
@@ -130,6 +137,7 @@ class JobConfig:
             E.HANG_TIMEOUT: repr(self.hang_timeout_s),
             E.RANK_SILENCE: repr(self.rank_silence_s),
             E.PHASE_TIMEOUT: repr(self.phase_timeout_s),
+            E.MANAGER_GRACE: repr(self.manager_grace_s),
             E.WAIT_RESCHEDULE: repr(self.wait_reschedule_timeout_s),
             E.MAX_TRIES: str(self.max_tries),
             E.SCHED_NODE_RANK: str(self.sched_node_rank),
@@ -203,6 +211,17 @@ class JobConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        grace = self.manager_grace_s
+        if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
+            raise ConfigError(
+                f"manager_grace_s must be 0 (use phase_timeout_s) or a positive number of "
+                f"seconds, got {grace!r}"
+            )
+        if 0 < grace <= self.silence_s:
+            raise ConfigError(
+                f"manager_grace_s ({grace:g}s) must be above heartbeat_s*liveness "
+                f"({self.silence_s:g}s), or 0 to use phase_timeout_s"
+            )
         if self.silence_s >= min(self.hang_timeout_s, self.phase_timeout_s):
             raise ConfigError(
                 f"heartbeat_s*liveness ({self.silence_s:g}s) must be below hang_timeout_s "
@@ -365,6 +384,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "hang_timeout_s": _float(environ, E.HANG_TIMEOUT),
         "rank_silence_s": _float(environ, E.RANK_SILENCE),
         "phase_timeout_s": _float(environ, E.PHASE_TIMEOUT),
+        "manager_grace_s": _float(environ, E.MANAGER_GRACE),
         "wait_reschedule_timeout_s": _float(environ, E.WAIT_RESCHEDULE),
         "max_tries": _int(environ, E.MAX_TRIES),
         "events_path": environ.get(E.EVENTS) or None,

@@ -42,6 +42,9 @@ class FaultHooks:
         # is faster than a miss that falls through to the class.
         self.armed = False
 
+    def at_command(self, command: str) -> None:
+        """A recovery command (``stop``, ``rebuild``, ``resume``, ...) reached this rank."""
+
     def at_registration(self) -> None:
         """The manager has just accepted this rank's registration."""
 

@@ -10,9 +10,15 @@ Guarantees:
 * KillRanks and StartRanks are carried out in the order received, so "kill leftovers, then
   restart" never races;
 * AgentExit kills every local rank and makes :meth:`Agent.run` return the given code (the pod
-  supervisor recreates the pod on :data:`~ms_recover.exitcodes.RESCHEDULE`);
+  supervisor recreates the pod on :data:`~ms_recover.exitcodes.RESCHEDULE`); at the normal end
+  of the job (code 0) the ranks are instead given up to ``phase_timeout_s`` to leave on their
+  own (``session.finish()`` returns, atexit runs), and their real exit codes are reported;
 * on SIGTERM (or :meth:`Agent.stop`) every child is terminated and reaped before returning;
-* if the manager stays silent for ``phase_timeout_s`` (it answers every heartbeat), the
+* a manager silent for ``heartbeat_s * liveness`` (it answers every heartbeat) gets a fresh
+  DEALER socket, then again after twice as long, and so on (Paranoid Pirate); when a restarted
+  manager asks (``Rejoin``) the agent registers again and re-sends the last exit of every local
+  rank that is not running, so a fault that happened while the manager was away is handled;
+* if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
   ranks are killed and the agent exits 1: without a manager nothing can be recovered.
 """
 
@@ -63,7 +69,11 @@ class Agent:
         self.chan = manager_channel(self._ctx, config, f"agent:{config.node_rank}", ident)
         self._manager_nonce, self._manager_epoch = -1, 0
         self.exit_code: int | None = None
-        self._last_exit: dict[int, int] = {}
+        # The last exit of each local rank, and whether this agent caused it (re-sent on Rejoin).
+        self._exits: dict[int, tuple[Exited, bool]] = {}
+        self._drain: tuple[float, int] | None = None  # (deadline, exit code) at the job's end
+        self._last_heard = time.monotonic()
+        self._reconnect_after = config.silence_s
 
     def stop(self) -> None:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
@@ -87,7 +97,7 @@ class Agent:
             M.AgentHello(
                 cfg.node_rank, cfg.pod_ip, list(cfg.ranks_of(cfg.node_rank)), os.getpid(), is_sched
             ),
-            0,
+            self._epoch,
         )
 
     def await_welcome(self, timeout_s: float) -> bool:
@@ -114,19 +124,18 @@ class Agent:
         """
         cfg = self.config
         next_beat = 0.0
-        last_heard = time.monotonic()
+        self._last_heard = time.monotonic()
         try:
             if start and self.exit_code is None:
                 self.ranks.start_all(cfg.ranks_of(cfg.node_rank))
                 log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
             while self.exit_code is None and not self._stop.is_set():
                 self._report(self.ranks.poll())
-                if time.monotonic() - last_heard > cfg.phase_timeout_s:
-                    log.error(
-                        "manager at %s silent for %.0fs: stopping this node",
-                        cfg.manager_endpoint,
-                        cfg.phase_timeout_s,
-                    )
+                if self._drain is not None:
+                    self._drained()
+                    if self.exit_code is not None:
+                        break
+                elif not self._manager_alive():
                     self.exit_code = exitcodes.FAILED
                     break
                 if time.monotonic() >= next_beat:
@@ -134,7 +143,8 @@ class Agent:
                     next_beat = time.monotonic() + cfg.heartbeat_s
                 env = self.chan.recv(int(self.poll_s * 1000))
                 if env is not None and not self._stale(env):
-                    last_heard = time.monotonic()
+                    self._last_heard = time.monotonic()
+                    self._reconnect_after = cfg.silence_s
                     self._epoch = max(self._epoch, env.epoch)
                     self._handle(env.msg)
                 if self.exit_code is None and self._all_done():
@@ -148,28 +158,74 @@ class Agent:
             self._ctx.term()
         return self.exit_code if self.exit_code is not None else 128 + 15
 
+    def _manager_alive(self) -> bool:
+        """False once the manager has been silent for the grace; meanwhile, reconnect with a
+        doubling backoff so a restarted manager on the same address is found."""
+        quiet = time.monotonic() - self._last_heard
+        grace = self.config.lost_manager_grace_s
+        if quiet > grace:
+            log.error(
+                "manager at %s silent for %.0fs: stopping this node",
+                self.config.manager_endpoint,
+                grace,
+            )
+            return False
+        if quiet > self._reconnect_after:
+            log.warning("manager silent for %.1fs: reconnecting", quiet)
+            self.chan.reconnect()
+            self._reconnect_after *= 2
+        return True
+
+    def _rejoin(self, reason: str) -> None:
+        """A restarted manager does not know this node: register again, then report the last
+        exit of each local rank that is not running (it may have died while no one listened)."""
+        log.warning("%s: registering again", reason)
+        self.hello()
+        running = self.ranks.pids()
+        for rank, (exited, requested) in sorted(self._exits.items()):
+            if rank not in running:
+                self._send_exit(exited, requested)
+
+    def _drained(self) -> None:
+        """At the job's end: exit once every rank left on its own, or kill the rest at the
+        deadline (their exits are reported as they are)."""
+        assert self._drain is not None
+        deadline, code = self._drain
+        if self.ranks.pids() and time.monotonic() < deadline:
+            return
+        if self.ranks.pids():
+            log.warning("ranks %s still running at the end of the job: killing", self.ranks.pids())
+            self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
+        self.exit_code = code
+
     def _all_done(self) -> bool:
         """Every local rank's latest process exited cleanly and none is running."""
         mine = self.config.ranks_of(self.config.node_rank)
-        return not self.ranks.pids() and all(self._last_exit.get(r) == 0 for r in mine)
+        return not self.ranks.pids() and all(
+            r in self._exits and self._exits[r][0].exit_code == 0 and not self._exits[r][0].signal
+            for r in mine
+        )
 
     def _report(self, exited: list[Exited], requested: bool = False) -> None:
         """Report exits; ``requested``: this agent ended them on the manager's command."""
         for e in exited:
             log.info("rank %d exited code=%d signal=%d", e.rank, e.exit_code, e.signal)
-            self._last_exit[e.rank] = e.exit_code if e.signal == 0 else -e.signal
-            self.chan.send(
-                M.RankExited(
-                    self.config.node_rank,
-                    e.rank,
-                    e.pid,
-                    e.exit_code,
-                    e.signal,
-                    e.observed_at,
-                    requested,
-                ),
-                self._epoch,
-            )
+            self._exits[e.rank] = (e, requested)
+            self._send_exit(e, requested)
+
+    def _send_exit(self, e: Exited, requested: bool) -> None:
+        self.chan.send(
+            M.RankExited(
+                self.config.node_rank,
+                e.rank,
+                e.pid,
+                e.exit_code,
+                e.signal,
+                e.observed_at,
+                requested,
+            ),
+            self._epoch,
+        )
 
     def _stale(self, env: Envelope) -> bool:
         """A command of an older epoch from the same manager incarnation is never carried out
@@ -192,6 +248,13 @@ class Agent:
             for rank in self._local(msg.ranks):
                 log.info("restarting rank %d in place (%s)", rank, msg.reason)
                 self.ranks.start(rank)
+        elif isinstance(msg, M.Rejoin):
+            self._rejoin(msg.reason)
+        elif isinstance(msg, M.AgentExit) and msg.code == exitcodes.OK:
+            # The job ended: the ranks are finishing (final save, atexit). Wait, bounded.
+            log.info("job finished (%s): waiting for the ranks to exit", msg.reason)
+            if self._drain is None:
+                self._drain = (time.monotonic() + self.config.phase_timeout_s, msg.code)
         elif isinstance(msg, M.AgentExit):
             log.info("manager asks this agent to exit with %d: %s", msg.code, msg.reason)
             self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)

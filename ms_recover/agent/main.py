@@ -16,7 +16,9 @@ import shutil
 import signal
 import types
 
+from ms_recover import env as E
 from ms_recover.agent.agent import Agent
+from ms_recover.agent.ranks import die_with_parent
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import int_arg
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     _check_command(command)
     if args.log_dir:
         _check_log_dir(args.log_dir)
+    _die_with_launcher()
     agent = Agent(config, command, log_dir=args.log_dir, spares=args.spares)
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
@@ -103,3 +106,17 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     return agent.run()
+
+
+def _die_with_launcher() -> None:
+    """Under LocalPods (``MS_RECOVER_DIE_WITH_PID`` set), make the kernel SIGKILL this agent
+    when its launcher dies (at once if it is already gone); its ranks then die by their own
+    PDEATHSIG. Kubernetes pods need none of this: the kubelet owns them."""
+    raw = os.environ.get(E.DIE_WITH, "").strip()
+    if not raw:
+        return
+    try:
+        launcher = int(raw)
+    except ValueError:
+        raise ConfigError(f"{E.DIE_WITH}={raw!r} is not a process id") from None
+    die_with_parent(launcher)

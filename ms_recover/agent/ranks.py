@@ -63,8 +63,9 @@ class RankSet:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.incarnations: dict[int, int] = {}
         self._logs: dict[int, IO[bytes]] = {}
+        self._agent_pid = os.getpid()
         self.spares = SparePool(
-            command, dict(os.environ), spares, self._log_file(-1), _die_with_parent
+            command, dict(os.environ), spares, self._log_file(-1), self._die_with_me
         )
 
     def start_all(self, ranks: Sequence[int]) -> None:
@@ -89,10 +90,13 @@ class RankSet:
                 env={**os.environ, **env},
                 stdout=out,
                 stderr=out,
-                preexec_fn=_die_with_parent,
+                preexec_fn=self._die_with_me,
             )
         self.procs[rank] = proc
         return proc.pid
+
+    def _die_with_me(self) -> None:
+        die_with_parent(self._agent_pid)  # in the child, between fork and exec
 
     def _log_file(self, rank: int) -> IO[bytes] | None:
         if not self.log_dir:
@@ -151,14 +155,18 @@ class RankSet:
         self._logs.clear()
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL this rank if its agent dies (Linux).
+def die_with_parent(parent: int = 0) -> None:
+    """SIGKILL this process when its parent dies (Linux); in a rank, called in the child
+    before exec. The agent calls it on itself too, under LocalPods.
 
     A rank must never outlive its agent: nobody would report its exit or stop it, and it
-    would hold its data-plane sockets open forever.
+    would hold its data-plane sockets open forever. If the parent (pid ``parent``) died
+    before the request was made, the kernel will never send the signal: die now.
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -18,8 +18,9 @@ def decide(m: JobModel, now: float) -> list[Action]:
     """Everything the manager should do now, given the model. Pure."""
     if m.state in (JobState.EXITING, JobState.FINISHED):
         return []
-    faults = list(m.pending) + detect_silence(m, now)
-    if faults:
+    restoring = m.state is JobState.FORMING and m.restore is not None
+    faults = [] if restoring else list(m.pending) + detect_silence(m, now)
+    if faults:  # a restarted manager's faults wait for its members (see phases._restoring)
         return on_faults(m, faults, now)
     progress = PROGRESS[m.state](m, now)
     if isinstance(progress, Failure):

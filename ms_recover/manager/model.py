@@ -2,6 +2,7 @@
 
 ``JobState`` lifecycle::
 
+    FORMING ──members of a running job re-registered (restarted manager)──▶ RUNNING
     FORMING ──all ranks registered──▶ REBUILDING ─all rebuilt─▶ REPAIRING ─all repaired─▶
     RESUMING ──every rank committed the resume step──▶ RUNNING
     RUNNING ──fault──▶ STOPPING ──survivors stopped and replacements registered──▶ REBUILDING
@@ -51,7 +52,9 @@ _RECOVERY = {
 }
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.FORMING: frozenset({JobState.REBUILDING, JobState.STOPPING, JobState.EXITING}),
+    JobState.FORMING: frozenset(
+        {JobState.REBUILDING, JobState.RUNNING, JobState.STOPPING, JobState.EXITING}
+    ),
     JobState.RUNNING: frozenset({JobState.STOPPING, JobState.FINISHED, JobState.EXITING}),
     JobState.STOPPING: frozenset(
         {JobState.REBUILDING, JobState.STOPPING, JobState.DUMPING, JobState.EXITING}
@@ -80,6 +83,7 @@ class FaultKind(str, enum.Enum):
     # it lives on, but ``retry`` does not apply.
     WORKER_FATAL = "worker_fatal"
     ESCALATION = "escalation"  # a phase failed with no rank to blame
+    REJOIN = "rejoin"  # after a manager restart, a rank did not come back at the job's epoch
 
     def __str__(self) -> str:
         return self.value
@@ -120,6 +124,7 @@ class RankInfo:
     repair_failure: tuple[int, int, str] | None = None  # (attempt, failed peer, reason)
     dump: dict[str, object] | None = None  # the Dumped answer of this epoch
     done: bool = False
+    exit_code: int | None = None  # of the registered process, once its agent reported it
     identity: bytes = b""
 
     def ack(self, phase: Ack, epoch: int, attempt: int = 0) -> None:
@@ -194,6 +199,19 @@ class Round:
 
 
 @dataclasses.dataclass
+class Restore:
+    """A restarted manager rebuilding its view of a running job from its members.
+
+    Members that registered with a previous manager (their hello carries an epoch above 0)
+    re-register when this manager answers their heartbeat with ``Rejoin``. ``epochs`` holds
+    the epoch each rank re-registered at; the job's epoch is the highest of them.
+    """
+
+    since: float
+    epochs: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class JobModel:
     """The mutable job view owned by the manager server."""
 
@@ -209,6 +227,7 @@ class JobModel:
     recoveries: int = 0
     last_recovery: dict[str, object] | None = None
     exit_code: int | None = None
+    restore: Restore | None = None  # set while a restarted manager is still FORMING
     #: Ranks in the data plane. All of them, except while elastic training runs shrunk.
     active: frozenset[int] = frozenset()
 

@@ -25,10 +25,10 @@ from ms_recover.manager.actions import (
     Transition,
 )
 from ms_recover.manager.commands import finish_job, rebuild
-from ms_recover.manager.model import Ack, JobModel, JobState, Round
+from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Round
 from ms_recover.manager.planner import plan_repair, target_step
-from ms_recover.manager.records import Phase, RepairRetryRecord
-from ms_recover.manager.rounds import Failure
+from ms_recover.manager.records import Phase, RepairRetryRecord, RestoredRecord
+from ms_recover.manager.rounds import Failure, on_faults
 from ms_recover.manager.strategies.dump import dumping
 from ms_recover.manager.strategies.elastic_training import grow
 from ms_recover.manager.strategies.registry import strategy_of
@@ -38,6 +38,8 @@ Progress = list[Action] | Failure
 
 
 def _forming(m: JobModel, now: float) -> Progress:
+    if m.restore is not None:
+        return _restoring(m, now)
     if not all(i.alive for i in m.ranks.values()):
         return []
     reason = f"all {len(m.ranks)} ranks registered"
@@ -50,6 +52,53 @@ def _forming(m: JobModel, now: float) -> Progress:
         world=m.active,
     )
     return [StartRound(reason, rnd), *rebuild(m), Transition(reason, JobState.REBUILDING)]
+
+
+def _restoring(m: JobModel, now: float) -> Progress:
+    """A restarted manager: members re-register, and training goes on untouched.
+
+    Once every rank is back (or done) at the job's epoch, the job is RUNNING again with no
+    round. Faults (a rank whose agent re-sent its exit, a rank not back within the rejoin
+    grace, a rank back from another epoch: a fresh process, or the old manager died
+    mid-recovery) are acted on once every rank is accounted for, so the job's epoch is known
+    before the new round's: they are then recovered like any other.
+    """
+    assert m.restore is not None
+    grace = max(m.config.silence_s, m.config.rank_silence_s)
+    faulty = {
+        r for f in m.pending for r in (m.config.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,))
+    }
+    missing = [r for r, i in m.ranks.items() if not (i.alive or i.done or r in faulty)]
+    waited = now - m.restore.since
+    if missing and waited <= grace:
+        return []
+    stale = [
+        r
+        for r, i in m.ranks.items()
+        if i.alive and r not in faulty and m.restore.epochs.get(r, 0) < m.epoch
+    ]
+    faults = list(m.pending) + [
+        Fault(
+            FaultKind.REJOIN,
+            m.config.node_of(r),
+            r,
+            f"rank {r} did not re-register within {grace:g}s of the manager restart"
+            if r in missing
+            else f"rank {r} re-registered from epoch {m.restore.epochs.get(r, 0)}, "
+            f"not the job's epoch {m.epoch}",
+            now,
+            waited,
+        )
+        for r in missing + stale
+    ]
+    if faults:
+        return on_faults(m, faults, now, "manager restarted")
+    reason = f"all {len(m.ranks)} ranks re-registered at epoch {m.epoch}: training goes on"
+    steps = {str(r): i.committed_step for r, i in m.ranks.items()}
+    return [
+        Emit(reason, RestoredRecord(round(waited, 4), steps)),
+        Transition(reason, JobState.RUNNING),
+    ]
 
 
 def _stopping(m: JobModel, now: float) -> Progress:

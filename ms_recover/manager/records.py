@@ -111,6 +111,15 @@ class JobStartRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class RestoredRecord(Record):
+    """A restarted manager found every rank back at the job's epoch: training went on."""
+
+    EVENT: ClassVar[str] = "restored"
+    waited_s: float
+    steps: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
 class RecoveryRecord(Record):
     """One recovery round ended (``ok`` False: given up); ``lost_steps`` None when not ok."""
 

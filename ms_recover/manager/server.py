@@ -21,7 +21,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
-from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState
+from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Restore
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.manager.strategies.registry import config_problems
@@ -87,6 +87,7 @@ class ManagerServer:
         self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)
         self.slots = Slots(config.heartbeat_s, config.proc_per_node)
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
+        self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
@@ -129,7 +130,7 @@ class ManagerServer:
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
                 if done and ended_at is None:
                     ended_at = time.monotonic()
-                if ended_at is not None and time.monotonic() - ended_at > end_grace_s:
+                if ended_at is not None and self._ended(time.monotonic() - ended_at, end_grace_s):
                     break
         finally:
             self.close()
@@ -151,6 +152,17 @@ class ManagerServer:
             if now - self._failing_since > self.config.phase_timeout_s:
                 log.error("decide/execute failed for %.0fs: stopping", now - self._failing_since)
                 self._stop.set()
+
+    def _ended(self, waited: float, grace_s: float) -> bool:
+        """After the job's end: the grace passed and, at a normal end, every rank's real exit
+        was reported (the agents wait up to ``phase_timeout_s`` for ranks to leave)."""
+        if waited <= grace_s:
+            return False
+        with self._lock:
+            if self.model.state is not JobState.FINISHED:
+                return True
+            reported = all(i.exit_code is not None for i in self.model.ranks.values())
+        return reported or waited > grace_s + self.config.phase_timeout_s
 
     def exit_code(self) -> int:
         return self.executor.exit_code()
@@ -265,6 +277,9 @@ class ManagerServer:
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
         self.slots.agent_registered(msg.node_rank, env.nonce)  # its held ranks: after decide
+        rejoin = self._rejoin_asked.pop(ident, None) is not None or env.epoch > 0
+        if rejoin:
+            self._note_rejoin(env.epoch, None)
         self._send(ident, M.AgentWelcome(True, ""))
         self.events.write(
             "member",
@@ -273,6 +288,7 @@ class ManagerServer:
             node_rank=msg.node_rank,
             pid=msg.pid,
             pod_ip=msg.pod_ip,
+            rejoin=rejoin,
         )
 
     def _refuse_claims(self, node_rank: int) -> None:
@@ -292,6 +308,9 @@ class ManagerServer:
         if agent is not None and not agent.alive and self._agent_ids.get(node_rank) == ident:
             log.debug("ignoring agent of node %d: it was told to exit or declared lost", node_rank)
             return False
+        if agent is not None and node_rank not in self._agent_ids:
+            self._ask_to_rejoin(ident, f"agent of node {node_rank}")
+            return False
         if agent is None or not agent.alive or self._agent_ids.get(node_rank) != ident:
             self.drops.drop(f"message from unregistered agent of node {node_rank}", repr(ident))
             return False
@@ -310,6 +329,9 @@ class ManagerServer:
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
         m, now = self.model, self.clock()
+        if m.state is JobState.FINISHED and msg.rank in m.ranks:
+            self._final_exit(ident, msg)
+            return
         if not self._agent_ok(ident, msg.node_rank) or msg.rank not in m.ranks:
             return
         m.agents[msg.node_rank].last_seen = now
@@ -331,9 +353,13 @@ class ManagerServer:
             expected=expected,
             requested=msg.requested,
         )
+        if msg.pid == info.pid:
+            info.exit_code = msg.exit_code
         if msg.exit_code == 0 and msg.signal == 0:
             info.done, info.alive = True, False
         elif not expected:
+            if not info.alive:  # a repeated report of this exit (after a rejoin) is expected
+                info.pid = msg.pid
             m.pending.append(
                 Fault(
                     FaultKind.RANK_EXIT,
@@ -344,6 +370,23 @@ class ManagerServer:
                     max(0.0, now - msg.observed_at),
                 )
             )
+
+    def _final_exit(self, ident: bytes, msg: M.RankExited) -> None:
+        """A rank left after the job finished (its agent was told to exit, and waits for it)."""
+        info = self.model.ranks[msg.rank]
+        if self._agent_ids.get(msg.node_rank) != ident or msg.pid != info.pid:
+            self.drops.drop(f"exit of rank {msg.rank} pid {msg.pid} after the end", repr(ident))
+            return
+        info.exit_code = msg.exit_code
+        self.events.write(
+            "rank_exit",
+            epoch=self.model.epoch,
+            rank=msg.rank,
+            pid=msg.pid,
+            exit_code=msg.exit_code,
+            signal=msg.signal,
+            expected=True,
+        )
 
     # ------------------------------------------------------------------ worker handlers
     def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
@@ -357,6 +400,9 @@ class ManagerServer:
             self.events.write("reject", epoch=m.epoch, rank=msg.rank, reason=reason)
             return
         info = m.ranks[msg.rank]
+        if env.epoch > 0:
+            self._note_rejoin(env.epoch, msg.rank)
+        self._rejoin_asked.pop(ident, None)
         info.registered = info.alive = True
         info.identity, info.pid, info.incarnation = ident, msg.pid, msg.incarnation
         info.endpoint, info.shard, info.committed_step = (
@@ -367,7 +413,7 @@ class ManagerServer:
         info.endpoint_epoch = m.epoch
         self.slots.rank_nonce[msg.rank] = env.nonce
         info.last_seen = info.last_progress = now
-        info.acks, info.repair_failure, info.done = {}, None, False
+        info.acks, info.repair_failure, info.done, info.exit_code = {}, None, False, None
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
         self._send(
             ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire())
@@ -382,6 +428,7 @@ class ManagerServer:
             pid=msg.pid,
             incarnation=msg.incarnation,
             reboot=reboot,
+            rejoin=env.epoch > 0,
         )
 
     def _reject_worker(self, msg: M.WorkerHello, nonce: int) -> str:
@@ -397,8 +444,36 @@ class ManagerServer:
             return f"rank {msg.rank} is already registered by pid {info.pid}"
         return ""
 
+    def _note_rejoin(self, epoch: int, rank: int | None) -> None:
+        """A member of a running job registered again (at ``epoch`` > 0): this manager was
+        restarted. While still FORMING, adopt the job's epoch and rebuild the view from the
+        members (:func:`~ms_recover.manager.phases._restoring` decides when it is complete)."""
+        m = self.model
+        if m.state is not JobState.FORMING or m.round is not None:
+            return
+        if m.restore is None:
+            m.restore = Restore(self.clock())
+            log.warning("members of a running job re-register: this manager was restarted")
+            self.events.write("manager_restore", epoch=epoch)
+        m.epoch = max(m.epoch, epoch)
+        if rank is not None:
+            m.restore.epochs[rank] = epoch
+
+    def _ask_to_rejoin(self, ident: bytes, who: str) -> None:
+        """A signed frame from a member this manager never registered (it was restarted):
+        ask it to register again, at most once per heartbeat interval per identity."""
+        now = self.clock()
+        if now - self._rejoin_asked.get(ident, -1e18) < self.config.heartbeat_s:
+            return
+        self._rejoin_asked[ident] = now
+        log.info("asking the %s to register again", who)
+        self._send(ident, M.Rejoin(f"manager restarted: {who} must register again"))
+
     def _worker(self, ident: bytes, rank: int) -> Any:
         info = self.model.ranks.get(rank)
+        if info is not None and not info.registered:
+            self._ask_to_rejoin(ident, f"rank {rank}")
+            return None
         if info is None or not info.alive or info.identity != ident:
             self.drops.drop(f"message from unregistered rank {rank}", repr(ident))
             return None

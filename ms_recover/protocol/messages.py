@@ -77,6 +77,15 @@ class ManagerBeat(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class Rejoin(Message):
+    """manager -> agent or worker: "I do not know you": this manager was restarted and the
+    member must register again with its current state (sent in answer to a heartbeat)."""
+
+    KIND: ClassVar[bytes] = b"rejoin"
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class KillRanks(Message):
     """manager -> agent: SIGKILL these local ranks (leftovers of a fault) and reap them."""
 
@@ -330,6 +339,7 @@ KINDS: dict[bytes, type[Message]] = {
         RankExited,
         AgentWelcome,
         ManagerBeat,
+        Rejoin,
         KillRanks,
         StartRanks,
         AgentExit,

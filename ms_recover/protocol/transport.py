@@ -128,9 +128,12 @@ class DealerChannel:
         sock.connect(self.endpoint)
         return sock
 
-    def reconnect(self) -> None:
-        """Recreate the socket (a fresh DEALER, as in the Paranoid Pirate pattern)."""
+    def reconnect(self, identity: bytes | None = None) -> None:
+        """Recreate the socket (a fresh DEALER, as in the Paranoid Pirate pattern), with a new
+        ``identity`` if given: a ROUTER drops a connection whose identity is still in use by
+        a connection it has not yet seen close."""
         self.sock.close(0)
+        self.identity = identity or self.identity
         self.sock = self._connect()
 
     def send(self, msg: Message, epoch: int) -> None:

@@ -17,7 +17,10 @@ Kinds:
 * ``memory``      corrupt this rank's state in step K and report a device memory error;
 * ``corrupt``     flip one byte of the state this rank sends in its first repair;
 * ``boot``        SIGKILL this rank as soon as the manager accepted its registration;
-* ``repairdie``   SIGKILL this rank in the middle of sending its state for a repair.
+* ``repairdie``   SIGKILL this rank in the middle of sending its state for a repair;
+* ``stopdie``, ``rebuilddie``, ``resumedie``: SIGKILL this rank when the manager's Stop,
+  Rebuild or Resume of a recovery reaches it (a fault in that recovery phase; the formation's
+  Rebuild and Resume, before the rank's first committed step, do not count).
 """
 
 from __future__ import annotations
@@ -38,7 +41,20 @@ from ms_recover.worker import repair
 if TYPE_CHECKING:
     from ms_recover.worker.session import Session
 
-KINDS = ("kill", "node", "hang", "allreduce", "transient", "memory", "corrupt", "boot", "repairdie")
+KINDS = (
+    "kill",
+    "node",
+    "hang",
+    "allreduce",
+    "transient",
+    "memory",
+    "corrupt",
+    "boot",
+    "repairdie",
+    "stopdie",
+    "rebuilddie",
+    "resumedie",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +175,12 @@ class FaultInjector(FaultHooks):
 
     def die_in_repair(self) -> bool:
         return self._take(("repairdie",), -1) is not None
+
+    def at_command(self, command: str) -> None:
+        """SIGKILL this rank if a ``<command>die`` spec is armed (command: stop, rebuild,
+        resume); the caller calls it only in a recovery."""
+        if self._take((f"{command}die",), -1) is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def at_registration(self) -> None:
         if self._take(("boot",), -1) is not None:

@@ -11,6 +11,7 @@ bit-identical weights, which each rank writes to ``OUT/rank_R.npz`` with its SHA
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import time
 from typing import Any
@@ -91,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--subgroup", action="store_true", help="also reduce in an even/odd sub-group")
     ap.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
+    ap.add_argument(
+        "--after-finish",
+        action="store_true",
+        help="write OUT/rank_R.after after session.finish() returns, and OUT/rank_R.atexit "
+        "from an atexit handler (a clean end must let both run)",
+    )
     args = ap.parse_args(argv)
     model = NumpyModel()
     session = ms_recover.init(state=model)
@@ -117,8 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **model.arrays)
     write_rank_record(args.out, session, model.arrays, losses, steps=args.steps)
+    if args.after_finish:
+        atexit.register(_touch, os.path.join(args.out, f"rank_{rank}.atexit"))
     session.finish()
+    if args.after_finish:
+        _touch(os.path.join(args.out, f"rank_{rank}.after"))
     return 0
+
+
+def _touch(path: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(f"{os.getpid()}\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ Each agent runs in its own session (process group), so killing the group loses t
 as a node failure would. When an agent exits with :data:`~ms_recover.exitcodes.RESCHEDULE`,
 or dies from a signal, the pod is recreated: a new agent with the same node rank starts after
 ``reschedule_delay_s``. Any other exit code ends that pod, as ``restartPolicy: Never`` would.
+
+Pods never outlive the process that runs LocalPods (the demo, a test): each agent asks the
+kernel to SIGKILL it when the thread that started it dies (``MS_RECOVER_DIE_WITH_PID``), and
+its ranks die with it. So start pods from a thread that lives as long as the job.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from ms_recover import env as E
 from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.strategy import format_strategies
@@ -36,6 +41,7 @@ class LocalPods:
         self.spares = spares
         # Agents and ranks see the manager's timing, as every container of a pod spec would.
         self.env = {**os.environ, **config.member_env(), **(env or {})}
+        self.env[E.DIE_WITH] = str(os.getpid())
         self.log_dir = log_dir
         self.delay = reschedule_delay_s
         self.max_restarts = max_restarts

@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import zmq
 
@@ -46,6 +46,12 @@ class ManagerLink:
         self.epoch = 0
         self.committed = -1
         self.last_heard = time.monotonic()
+        #: What to send to register again with a restarted manager (hello, then the group
+        #: log); set by the session. Called on the link thread.
+        self.registration: Callable[[], Iterable[M.Message]] | None = None
+        self._rejoining = False
+        self._identity, self._generation = identity, 0
+        self._poller = zmq.Poller()
         # The thread sleeps in poll() until the manager writes, a message is queued (a byte on
         # this pipe) or the next heartbeat is due: no busy ticking on the training's CPU.
         self._wake_r, self._wake_w = os.pipe()
@@ -94,7 +100,7 @@ class ManagerLink:
 
     def _loop(self) -> None:
         next_beat = 0.0
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self._chan.sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         while True:
@@ -123,6 +129,14 @@ class ManagerLink:
         self.last_heard = time.monotonic()
         if isinstance(env.msg, M.StatusReply):
             return
+        if isinstance(env.msg, M.Rejoin):
+            self._rejoin(env.msg.reason)
+            return
+        if isinstance(env.msg, M.Welcome) and self._rejoining:
+            self._rejoining = False
+            if env.msg.ok:  # re-registered: the training thread never needs to know
+                log.info("rank %d registered again with the restarted manager", self.rank)
+                return
         if env.epoch < self.epoch:
             self._chan.drops.drop(f"stale {env.msg.KIND.decode()} of epoch {env.epoch}", "manager")
             return
@@ -132,3 +146,19 @@ class ManagerLink:
         with self._cond:
             self._inbox.append(env)
             self._cond.notify_all()
+
+    def _rejoin(self, reason: str) -> None:
+        """The manager does not know this rank (it was restarted): recreate the DEALER socket
+        under a new identity, dropping frames queued for the old one (Paranoid Pirate), and
+        register again with the current committed step, data endpoint and group log.
+        Training is not disturbed."""
+        if self.registration is None:
+            return
+        log.warning("rank %d: %s", self.rank, reason)
+        self._poller.unregister(self._chan.sock)
+        self._generation += 1
+        self._chan.reconnect(self._identity + f".{self._generation}".encode())
+        self._poller.register(self._chan.sock, zmq.POLLIN)
+        for msg in self.registration():
+            self._chan.send(msg, self.epoch)
+        self._rejoining = True

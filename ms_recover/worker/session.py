@@ -113,17 +113,8 @@ class Session:
             self.comm.init(0, {0: self.comm.endpoint})
             return
         self.phase = check(self.rank, self.phase, Phase.REGISTERING, "registration")
-        self.link.send(
-            M.WorkerHello(
-                self.rank,
-                self.config.node_rank,
-                os.getpid(),
-                self.incarnation,
-                self.comm.endpoint,
-                self.committed,
-                self.shard,
-            )
-        )
+        self.link.send(self._hello())
+        self.link.registration = self._registration
         self.link.start()
         if not self.wait_for_manager(timeout_s):
             self.link.close()
@@ -132,6 +123,25 @@ class Session:
                 f"{self.config.manager_endpoint} within {timeout_s:g}s"
             )
         self._recover()
+
+    def _hello(self) -> M.WorkerHello:
+        return M.WorkerHello(
+            self.rank,
+            self.config.node_rank,
+            os.getpid(),
+            self.incarnation,
+            self.comm.endpoint,
+            self.committed,
+            self.shard,
+        )
+
+    def _registration(self) -> list[M.Message]:
+        """What a restarted manager needs from this rank (called on the link thread): the
+        hello with the committed step and data endpoint, then every group of the log."""
+        groups = [
+            M.GroupCreated(self.rank, name, list(ranks)) for name, ranks in self.comm.group_log
+        ]
+        return [self._hello(), *groups]
 
     def wait_for_manager(self, timeout_s: float) -> bool:
         """True once the manager has answered the registration (Welcome latched)."""
@@ -238,6 +248,8 @@ class Session:
         """Carry out one command; True when training resumes. A command the rank's phase does
         not allow raises RecoveryError (:mod:`ms_recover.worker.phase`)."""
         assert self.link is not None
+        if self.faults.armed and self.committed >= 0:  # fault injection: a recovery phase
+            self.faults.at_command(msg.KIND.decode())
         target = COMMANDS.get(type(msg))
         if target is None:
             return False

@@ -29,6 +29,7 @@ SAMPLES: dict[bytes, M.Message] = {
         ),
         M.AgentWelcome(ok=False, reason="node_rank 9 is outside 0..1"),
         M.ManagerBeat(state="running"),
+        M.Rejoin(reason="manager restarted: rank 3 must register again"),
         M.KillRanks(ranks=[3], reason="rank 3 died"),
         M.StartRanks(ranks=[2, 3], reason="restart in place"),
         M.AgentExit(code=86, reason="reschedule pod"),

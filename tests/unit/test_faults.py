@@ -189,3 +189,13 @@ def test_after_commit_ignores_other_ranks(signals: list[tuple[str, int, int]]) -
     for step in range(4):
         inj.after_commit(step)
     assert signals == []
+
+
+def test_a_recovery_phase_fault_fires_on_its_command_once(
+    signals: list[tuple[str, int, int]],
+) -> None:
+    specs = Faults().add("rebuilddie", rank=0).add("resumedie", rank=1).specs
+    inj = FaultInjector(specs, rank=0, incarnation=0)
+    for command in ("stop", "rebuild", "repair", "rebuild", "resume"):
+        inj.at_command(command)
+    assert signals == [("kill", os.getpid(), signal.SIGKILL)]
