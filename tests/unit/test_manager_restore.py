@@ -41,7 +41,7 @@ class Restarted:
         self.server = ManagerServer(cfg, clock=lambda: self.t)
         self.model = self.server.model
         self.sent: list[tuple[bytes, M.Message]] = []
-        self.server._send_to = lambda ids, msg: self.sent.extend((i, msg) for i in ids)  # type: ignore[method-assign]
+        self.server.send = lambda ids, msg: self.sent.extend((i, msg) for i in ids)  # type: ignore[method-assign]
 
     def feed(self, ident: bytes, msg: M.Message, epoch: int = EPOCH) -> None:
         env = Envelope("unit", epoch, ident.decode(), 0, msg)
@@ -57,7 +57,7 @@ class Restarted:
         self.feed(f"r{rank}".encode(), hello, epoch)
 
     def tick(self) -> None:
-        self.server.execute(decide(self.model, self.t))
+        self.server.executor.execute(decide(self.model, self.t))
 
     def of(self, kind: type[M.Message]) -> list[tuple[bytes, Any]]:
         return [(i, m) for i, m in self.sent if isinstance(m, kind)]
