@@ -154,7 +154,9 @@ def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
 
     link = inter["link_cpu_s"] / len(b)
     calls = inter["calls"]
-    measured = paired(0, len(a))
+    every = calls.get("digest_every_steps", 0)
+    digest_pct = calls.get("digest_s", 0.0) / every / plain * 100 if every else 0.0
+    measured = paired(0, len(a)) + digest_pct
     # The resolution: the same statistic for (a) against (a), one ABBA pair apart.
     evens, odds = a[0::2], a[1::2]
     null = statistics.median(y - x for x, y in zip(evens[: len(odds)], odds, strict=True))
@@ -172,7 +174,8 @@ def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
         "link_pct": link / plain * 100,
         "upper_bound_pct": measured + link / plain * 100,
         "calls_s": calls,
-        "direct_pct": (calls["allreduce_s"] + calls["loop_s"]) / plain * 100,
+        "direct_pct": (calls["allreduce_s"] + calls["loop_s"]) / plain * 100 + digest_pct,
+        "digest_pct": digest_pct,
     }
 
 
@@ -194,7 +197,7 @@ def _report(
         Measure(f"step time (a), median of {il['steps']}", il["plain_step_s"] * 1e3, "ms"),
         Measure(f"step time (b), median of {il['steps']}", il["session_step_s"] * 1e3, "ms"),
         Measure(
-            "  (b) - (a), adjacent steps, median",
+            "  (b) - (a), adjacent steps, median, + digest check",
             il["measured_pct"],
             "%",
             note="step-by-step ABBA in one process; halves of the run: "
@@ -214,7 +217,16 @@ def _report(
             il["direct_pct"],
             "%",
             note=f"steps()/guard()/commit {calls['loop_s'] * 1e6:.1f} us + "
-            f"session.allreduce {calls['allreduce_s'] * 1e6:.1f} us (one rank: a copy)",
+            f"session.allreduce {calls['allreduce_s'] * 1e6:.1f} us (one rank: a copy) "
+            "+ the digest check",
+        ),
+        Measure(
+            "  replica digest check, amortized per step",
+            il["digest_pct"],
+            "%",
+            note=f"{calls.get('digest_s', 0.0) * 1e6:.0f} us per check (state copy + CRC-32), "
+            f"every {calls.get('digest_every_steps', 0)} steps; added to both overhead rows "
+            "(a median of adjacent steps cannot see it)",
         ),
         Measure(
             "  heartbeat thread CPU per step",

@@ -14,7 +14,7 @@ from ms_recover.strategy import Strategy
 
 NOT_YET: dict[Strategy, str] = {}
 #: Fault kinds a rank survives and reports itself: the only ones ``retry`` handles.
-SURVIVABLE = frozenset({"worker_error"})
+SURVIVABLE = frozenset({"worker_error", "diverged"})
 
 
 def choose_strategy(

@@ -88,6 +88,8 @@ class RankInfo:
     acked: dict[str, int] = dataclasses.field(default_factory=dict)  # phase -> epoch
     repair_failure: tuple[int, int, str] | None = None  # (attempt, failed peer, reason)
     dump: dict[str, object] | None = None  # the Dumped answer of this epoch
+    stop_digest: str = ""  # the state digest of its last Stopped
+    digests: dict[int, str] = dataclasses.field(default_factory=dict)  # step -> steady digest
     done: bool = False
     identity: bytes = b""
 
@@ -107,7 +109,8 @@ class AgentInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    """A detected failure: rank_exit, rank_silent, node_lost, node_restarted, hang, worker_error."""
+    """A detected failure: rank_exit, rank_silent, node_lost, node_restarted, hang, worker_error,
+    diverged (a replica whose state digest differs from the others')."""
 
     kind: str
     node_rank: int

@@ -23,9 +23,10 @@ from ms_recover.manager.actions import (
     UpdateRound,
     WriteManifest,
 )
+from ms_recover.manager.divergence import Report, compare, faults_of
 from ms_recover.manager.model import JobModel, JobState, Round
 from ms_recover.manager.planner import plan_repair, target_step
-from ms_recover.manager.rounds import escalate, exit_job, grow
+from ms_recover.manager.rounds import escalate, exit_job, grow, on_faults
 from ms_recover.protocol.messages import (
     AgentExit,
     Dump,
@@ -77,8 +78,13 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
         actions.append(UpdateRound("survivors stopped", {"stop_done": now}))
     if not missing and not rnd.replace_done:
         actions.append(UpdateRound("replacements registered", {"replace_done": now}))
+    if not unstopped and not missing:
+        diverged = _check_replicas(m, now, survivors)
+        if diverged:
+            return actions + diverged
     if not unstopped and not missing and rnd.strategy is Strategy.DUMP:
-        return actions + _start_dump(m, now, survivors)
+        trusted = [r for r in survivors if r not in rnd.corrupt_ranks]
+        return actions + _start_dump(m, now, trusted)
     if not unstopped and not missing and rnd.strategy is Strategy.ELASTIC_TRAINING:
         reason = f"elastic-training: data-parallel world is now ranks {sorted(rnd.new_active)}"
         return actions + [
@@ -113,6 +119,31 @@ def _stopping(m: JobModel, now: float) -> list[Action]:
             return escalate(m, now, why)
         # wait-reschedule-timeout passed: the pod will not come back in time; fall through.
         return [Exhaust(why, "recover")] + escalate(m, now, why, exhausted="recover")
+    return actions
+
+
+def _check_replicas(m: JobModel, now: float, survivors: list[int]) -> list[Action]:
+    """Compare the stopped replicas' digests (see :mod:`~ms_recover.manager.divergence`).
+
+    A minority that differs joins the round's corrupt ranks: it is no repair source and is
+    repaired from the majority. Replicas with no majority are never guessed between: they
+    become ``diverged`` faults, which leave no repairing strategy feasible for their shard.
+    """
+    rnd = _round(m)
+    reports = {
+        r: Report(m.ranks[r].shard, m.ranks[r].committed_step, m.ranks[r].stop_digest)
+        for r in survivors
+        if r not in rnd.corrupt_ranks
+    }
+    verdicts = compare(reports)
+    actions: list[Action] = [Emit(v.reason, "divergence", v.fields()) for v in verdicts]
+    undecided = [f for v in verdicts if not v.decided for f in faults_of(v, m.config.node_of, now)]
+    if undecided:
+        return actions + on_faults(m, undecided, now, "replicas diverged")
+    minority = frozenset(r for v in verdicts for r in v.minority)
+    if minority:
+        why = f"diverged ranks {sorted(minority)} are repaired from the majority"
+        actions.append(UpdateRound(why, {"corrupt_ranks": rnd.corrupt_ranks | minority}))
     return actions
 
 

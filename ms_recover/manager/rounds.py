@@ -18,7 +18,7 @@ from ms_recover.manager.actions import (
     StartRound,
     Transition,
 )
-from ms_recover.manager.feasibility import choose_strategy
+from ms_recover.manager.feasibility import SURVIVABLE, choose_strategy
 from ms_recover.manager.model import Fault, JobModel, JobState, Round
 from ms_recover.protocol.messages import (
     AgentExit,
@@ -40,7 +40,7 @@ def on_faults(
     for f in faults:
         ranks = cfg.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
         hit.update(ranks)
-        lost = () if f.kind == "worker_error" else tuple(ranks)  # that rank is still alive
+        lost = () if f.kind in SURVIVABLE else tuple(ranks)  # that rank is still alive
         actions.append(MarkLost(f"{f.kind}: {f.detail}", f, lost, f.kind == "node_lost"))
         steps = [m.ranks[r].committed_step for r in ranks]
         actions.append(

@@ -20,6 +20,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.events import EventLog
 from ms_recover.manager.decide import decide
+from ms_recover.manager.divergence import Report, compare, faults_of
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.feasibility import config_problems
 from ms_recover.manager.model import Fault, JobModel, JobState
@@ -73,6 +74,7 @@ class ManagerServer(Executor):
             M.WorkerHeartbeat: self._on_worker_heartbeat,
             M.GroupCreated: self._on_group,
             M.Stopped: self._on_stopped,
+            M.StateDigest: self._on_state_digest,
             M.Rebuilt: self._on_rebuilt,
             M.Repaired: self._on_repaired,
             M.WorkerFault: self._on_worker_fault,
@@ -332,6 +334,27 @@ class ManagerServer(Executor):
         info = self._worker(ident, msg.rank)
         if info is not None and self._current(env, "stopped"):
             info.acked["stop"], info.committed_step = env.epoch, msg.committed_step
+            info.stop_digest = msg.digest
+
+    def _on_state_digest(self, ident: bytes, env: Envelope, msg: M.StateDigest) -> None:
+        """Steady-state replica check: once every running replica of the shard has sent its
+        digest of ``msg.step``, a minority that differs becomes a ``diverged`` fault."""
+        m, info = self.model, self._worker(ident, msg.rank)
+        if info is None or m.state is not JobState.RUNNING or msg.rank not in m.active:
+            return
+        info.digests[msg.step] = msg.digest
+        for old in sorted(info.digests)[:-4]:  # a few checks back is all a late peer needs
+            del info.digests[old]
+        replicas = {r: i for r, i in m.members().items() if i.shard == info.shard and not i.done}
+        if any(msg.step not in i.digests for i in replicas.values()):
+            return
+        reports = {
+            r: Report(i.shard, msg.step, i.digests.pop(msg.step)) for r, i in replicas.items()
+        }
+        for verdict in compare(reports):
+            log.warning("epoch=%d %s", m.epoch, verdict.reason)
+            self.events.write("divergence", epoch=m.epoch, state=m.state.value, **verdict.fields())
+            m.pending.extend(faults_of(verdict, self.config.node_of, self.clock()))
 
     def _on_rebuilt(self, ident: bytes, env: Envelope, msg: M.Rebuilt) -> None:
         info = self._worker(ident, msg.rank)

@@ -14,6 +14,8 @@ Kinds:
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
 * ``memory``      corrupt this rank's state in step K and report a device memory error;
+* ``bitflip``     flip one bit of this rank's state when it commits step K, and report nothing
+  (silent data corruption: only the replicas' digests can tell);
 * ``corrupt``     flip one byte of the state this rank sends in its first repair;
 * ``boot``        SIGKILL this rank as soon as the manager accepted its registration;
 * ``repairdie``   SIGKILL this rank in the middle of sending its state for a repair.
@@ -28,7 +30,18 @@ from collections.abc import Callable
 
 from ms_recover.errors import CommError, ConfigError
 
-KINDS = ("kill", "node", "hang", "allreduce", "transient", "memory", "corrupt", "boot", "repairdie")
+KINDS = (
+    "kill",
+    "node",
+    "hang",
+    "allreduce",
+    "transient",
+    "memory",
+    "bitflip",
+    "corrupt",
+    "boot",
+    "repairdie",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +151,9 @@ class FaultInjector:
 
     def memory_error(self, step: int) -> bool:
         return self._take(("memory",), step) is not None
+
+    def bitflip(self, step: int) -> bool:
+        return self._take(("bitflip",), step) is not None
 
     def corrupt_repair(self) -> bool:
         return self._take(("corrupt",), -1) is not None

@@ -146,14 +146,23 @@ class Session:
 
     # ------------------------------------------------------------------ the step loop
     def commit(self, step: int) -> None:
-        """Record that ``step``'s optimizer update finished on this rank."""
+        """Record that ``step``'s optimizer update finished on this rank.
+
+        Every ``digest_every_steps`` steps it also sends the digest of the whole state, which
+        the manager compares across replicas (one state copy and CRC-32 per check).
+        """
         self.committed = step
         self.next_step = step + 1
+        if self.faults.armed and self.faults.bitflip(step):
+            self._flip_state_bit()
         if self.link is not None:
             self.link.committed = step
             if self._report_next_commit:  # the manager waits for it to close a recovery
                 self._report_next_commit = False
                 self.link.send(M.WorkerHeartbeat(self.rank, step))
+            every = self.config.digest_every_steps
+            if every and (step + 1) % every == 0 and self.state is not None:
+                self.link.send(M.StateDigest(self.rank, step, self._digest()))
         self.comm.on_step_end()
         if self.faults.armed:
             self.faults.after_commit(step, flush=self.comm.close)
@@ -222,6 +231,16 @@ class Session:
         """Fault injection: overwrite this rank's state, as a device memory error would."""
         state = self._state()
         state.load_state_dict({n: np.zeros_like(a) for n, a in state.state_dict().items()})
+
+    def _flip_state_bit(self) -> None:
+        """Fault injection: flip the lowest bit of the first element of this rank's first
+        non-empty state entry, and tell no one (silent data corruption)."""
+        state = self._state()
+        arrays = state.state_dict()
+        name = next(n for n in sorted(arrays) if arrays[n].nbytes)
+        flipped = np.array(arrays[name], copy=True)
+        flipped.view(np.uint8).reshape(-1)[0] ^= 1
+        state.load_state_dict({**arrays, name: flipped})
 
     def _die_in_collective(self) -> None:
         """Arm the backend so this process is SIGKILLed after its first chunk is on the wire."""

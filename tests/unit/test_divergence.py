@@ -1,0 +1,248 @@
+"""Replica divergence (issue 9 #4): the pure comparison, and the manager acting on it.
+
+The manager tests reuse ``test_decide``'s :class:`Job` (a real ManagerServer, a fake clock and
+hand-set member facts): digests arrive with STOPPED at a stop, or as StateDigest messages in
+steady state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ms_recover.config import JobConfig
+from ms_recover.errors import ConfigError
+from ms_recover.manager.divergence import DIVERGED, Report, compare, faults_of, judge
+from ms_recover.manager.model import JobState
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Envelope
+from tests.unit.test_decide import Job, msgs
+
+A, B, C = "aaaaaaaa", "bbbbbbbb", "cccccccc"
+
+
+@pytest.fixture
+def make_job() -> Iterator[Callable[..., Job]]:
+    jobs: list[Job] = []
+
+    def make(strategies: str = "recover-in-place,recover,exit", **changes: Any) -> Job:
+        jobs.append(Job(strategies, **changes))
+        return jobs[-1]
+
+    yield make
+    for job in jobs:
+        job.server.close()
+
+
+# ============================================================================ pure comparison
+def test_agreeing_replicas_give_no_verdict() -> None:
+    assert compare({r: Report(0, 7, A) for r in range(4)}) == []
+    assert judge(0, 7, {0: A}) is None  # a lone replica has nothing to disagree with
+
+
+@pytest.mark.parametrize(
+    ("digests", "majority", "minority"),
+    [
+        ({0: A, 1: A, 2: B}, (0, 1), (2,)),
+        ({0: B, 1: A, 2: A, 3: A}, (1, 2, 3), (0,)),
+        ({0: A, 1: A, 2: A, 3: B, 4: C}, (0, 1, 2), (3, 4)),
+    ],
+)
+def test_a_strict_majority_names_the_minority(
+    digests: dict[int, str], majority: tuple[int, ...], minority: tuple[int, ...]
+) -> None:
+    verdict = judge(0, 99, digests)
+    assert verdict is not None and verdict.decided
+    assert verdict.majority == majority and verdict.minority == minority
+    assert verdict.ranks == minority
+    assert f"ranks {list(minority)} differ from the majority {list(majority)}" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    "digests",
+    [{0: A, 1: B}, {0: A, 1: A, 2: B, 3: B}, {0: A, 1: A, 2: B, 3: C}, {0: A, 1: B, 2: C}],
+)
+def test_without_a_strict_majority_nothing_is_guessed(digests: dict[int, str]) -> None:
+    verdict = judge(1, 99, digests)
+    assert verdict is not None and not verdict.decided
+    assert verdict.majority == () and verdict.minority == ()
+    assert verdict.ranks == tuple(sorted(digests))
+    assert "replicas of shard 1 at step 99 disagree with no majority" in verdict.reason
+    assert f"{A}: ranks [0" in verdict.reason and "no replica can be trusted" in verdict.reason
+    assert verdict.fields()["outcome"] == "escalate"
+
+
+def test_only_replicas_of_one_shard_at_one_step_are_compared() -> None:
+    reports = {
+        0: Report(0, 10, A),
+        1: Report(0, 10, A),
+        2: Report(0, 9, B),  # behind: its own group, alone
+        3: Report(1, 10, B),  # another shard
+        4: Report(1, 10, B),
+        5: Report(0, 10, ""),  # no state provider
+        6: Report(0, -1, C),  # never trained
+    }
+    assert compare(reports) == []
+    reports[4] = Report(1, 10, C)
+    (verdict,) = compare(reports)
+    assert (verdict.shard, verdict.step, verdict.decided) == (1, 10, False)
+
+
+def test_the_event_fields_and_faults_name_ranks_and_digests() -> None:
+    verdict = judge(0, 199, {0: A, 1: B, 2: A})
+    assert verdict is not None
+    assert verdict.fields() == {
+        "shard": 0,
+        "step": 199,
+        "ranks": [1],
+        "majority": [0, 2],
+        "digests": {"0": A, "1": B, "2": A},
+        "outcome": "repair",
+        "reason": verdict.reason,
+    }
+    (fault,) = faults_of(verdict, lambda r: r // 2, now=5.0)
+    assert (fault.kind, fault.rank, fault.node_rank, fault.corrupt) == (DIVERGED, 1, 0, True)
+    assert B in fault.detail and "rank 1" in fault.detail
+
+
+# ============================================================================ config
+def test_the_check_interval_is_configurable_and_validated() -> None:
+    assert JobConfig().digest_every_steps == 100
+    assert JobConfig.from_env({"MS_RECOVER_DIGEST_EVERY_STEPS": "0"}).digest_every_steps == 0
+    cfg = JobConfig.from_env({"MS_RECOVER_DIGEST_EVERY_STEPS": "25"})
+    assert cfg.digest_every_steps == 25
+    assert cfg.member_env()["MS_RECOVER_DIGEST_EVERY_STEPS"] == "25"
+    with pytest.raises(ConfigError, match="must be 0 \\(off\\) or 1..1000000000 steps, got -1"):
+        JobConfig(digest_every_steps=-1)
+    with pytest.raises(ConfigError, match="MS_RECOVER_DIGEST_EVERY_STEPS='often' is not an int"):
+        JobConfig.from_env({"MS_RECOVER_DIGEST_EVERY_STEPS": "often"})
+    with pytest.raises(ConfigError, match="digest_every_steps must be an integer"):
+        JobConfig(digest_every_steps=1.5)  # type: ignore[arg-type]
+
+
+# ============================================================================ at a stop
+def _stop_with_digests(job: Job, digests: dict[int, str], step: int = 10) -> None:
+    """RUNNING at ``step`` -> rank 3 dies -> survivors answer STOPPED with ``digests``."""
+    job.running(step=step)
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.advance(0.1)
+    job.stopped(list(digests), step)
+    for rank, digest in digests.items():
+        job.model.ranks[rank].stop_digest = digest
+    job.register_rank(3)
+
+
+def test_a_stopped_minority_is_repaired_from_the_majority(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _stop_with_digests(job, {0: A, 1: B, 2: A})
+    job.tick()
+    (event,) = job.events("divergence")
+    assert event["ranks"] == [1] and event["majority"] == [0, 2] and event["outcome"] == "repair"
+    assert event["digests"] == {"0": A, "1": B, "2": A} and event["step"] == 10
+    assert job.model.round is not None and job.model.round.corrupt_ranks == {1}
+    job.tick()  # the trusted replicas agree now: on to the rebuild
+    assert job.model.state is JobState.REBUILDING and len(job.events("divergence")) == 1
+    job.ack("rebuild")
+    job.take()
+    job.tick()
+    repairs = dict(msgs(job.take(), M.Repair))
+    assert repairs["r1"].recv_from in (0, 2) and repairs["r3"].recv_from in (0, 2)
+    assert repairs["r1"].send_to == [] and job.model.round.target_step == 10
+
+
+def test_stopped_replicas_with_no_majority_escalate_with_the_reason(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("recover-in-place,recover,dump,exit")
+    _stop_with_digests(job, {0: A, 1: B, 2: C})  # three survivors, three digests
+    job.tick()
+    (event,) = job.events("divergence")
+    assert event["outcome"] == "escalate" and event["ranks"] == [0, 1, 2]
+    decision = job.decision()
+    assert decision["strategy"] == "exit"
+    assert "replicas diverged" in decision["reason"]
+    assert "no healthy replica left for shard 0" in decision["reason"]
+    assert job.model.state is JobState.EXITING
+    faults = [f for f in job.events("fault") if f["kind"] == DIVERGED]
+    assert sorted(f["rank"] for f in faults) == [0, 1, 2]
+    assert "disagree with no majority" in faults[0]["detail"]
+
+
+def test_agreeing_stopped_replicas_go_straight_on(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    _stop_with_digests(job, {0: A, 1: A, 2: A})
+    job.tick()
+    assert job.model.state is JobState.REBUILDING and job.events("divergence") == []
+
+
+# ============================================================================ steady state
+def _digest(job: Job, rank: int, step: int, digest: str) -> None:
+    msg = M.StateDigest(rank, step, digest)
+    env = Envelope("unit", job.model.epoch, f"rank:{rank}", 0, msg)
+    job.server._on_state_digest(f"r{rank}".encode(), env, msg)
+
+
+def test_a_steady_state_minority_becomes_a_diverged_fault_repaired_by_retry(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("retry,recover-in-place,exit")
+    job.running(step=99)
+    for rank, digest in ((0, A), (1, A), (2, B)):
+        _digest(job, rank, 99, digest)
+    assert job.model.pending == [] and job.events("divergence") == []  # rank 3 not yet in
+    _digest(job, 3, 99, A)
+    (event,) = job.events("divergence")
+    assert event["ranks"] == [2] and event["digests"]["2"] == B and event["step"] == 99
+    job.tick()
+    decision = job.decision()
+    assert decision["strategy"] == "retry" and decision["replace"] == []
+    assert job.model.round is not None and job.model.round.corrupt_ranks == {2}
+    assert job.model.ranks[2].alive  # a diverged rank is not lost: it is repaired in place
+    assert all(i.digests == {} for i in job.model.ranks.values())
+
+
+def test_a_steady_state_minority_is_replaced_without_retry(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=99)
+    for rank, digest in ((0, A), (1, B), (2, A), (3, A)):
+        _digest(job, rank, 99, digest)
+    job.tick()
+    assert job.decision()["strategy"] == "recover-in-place"
+    assert job.model.round is not None and job.model.round.replace_ranks == {1}
+
+
+def test_two_steady_replicas_that_differ_end_the_job_without_guessing(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("retry,recover-in-place,recover,exit", node_nums=1)
+    job.running(step=199)
+    _digest(job, 0, 199, A)
+    _digest(job, 1, 199, B)
+    (event,) = job.events("divergence")
+    assert event["outcome"] == "escalate" and "no majority" in event["reason"]
+    job.tick()
+    decision = job.decision()
+    assert decision["strategy"] == "exit" and job.model.state is JobState.EXITING
+    for skipped in ("retry", "recover-in-place"):
+        assert (
+            f"{skipped}: no healthy replica left for shard 0 (ranks [0, 1])" in (decision["reason"])
+        )
+
+
+def test_steady_digests_are_ignored_outside_running_and_kept_bounded(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job()
+    job.running(step=10)
+    for step in range(0, 600, 100):
+        _digest(job, 0, step, A)
+    assert sorted(job.model.ranks[0].digests) == [200, 300, 400, 500]
+    job.fault("rank_exit", 3)
+    job.tick()
+    assert job.model.state is JobState.STOPPING
+    for rank in (1, 2):
+        _digest(job, rank, 500, B)
+    assert job.events("divergence") == [] and job.model.ranks[1].digests == {}
