@@ -72,6 +72,9 @@ class Session:
         # (first, last) step ranges whose state this rank received by repair instead of running
         # them: its own step code (and a fit() callback) never saw those steps.
         self.skipped: list[tuple[int, int]] = []
+        # (first step, members) of each data-parallel world this rank trained in, in order:
+        # what a reference run replays to compare an elastic run bit for bit.
+        self.worlds: list[tuple[int, list[int]]] = []
         self._interrupted = False
         self._await_manager = False
         self._report_next_commit = False
@@ -286,6 +289,8 @@ class Session:
             self._repair(epoch, msg)
         elif isinstance(msg, M.Resume):
             self.next_step = msg.step
+            if not self.worlds or self.worlds[-1][1] != self.members:
+                self.worlds.append((msg.step, list(self.members)))
             self._report_next_commit = True
             if msg.step > 0:
                 self.recoveries += 1
