@@ -37,6 +37,8 @@ FAULTS = {
     "hang": "SIGSTOP one rank: detected by the step-progress (hang) timeout",
     "transient": "a transient data-plane error in one rank's allreduce (the rank survives)",
     "memory": "corrupt one rank's state and report a device memory error",
+    "bitflip": "flip one bit of one rank's state silently: found by comparing the replicas' "
+    "digests (checked every 10 steps in the demo)",
     "allreduce": "SIGKILL one rank in the middle of its gradient allreduce",
 }
 
@@ -112,6 +114,8 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     )
     if fault == "hang":
         config = config.replace(hang_timeout_s=6.0, rank_silence_s=60.0)
+    if fault == "bitflip":  # the default check every 100 steps would come after a short demo
+        config = config.replace(digest_every_steps=10)
     return config, faults
 
 

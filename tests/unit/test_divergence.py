@@ -18,6 +18,7 @@ from ms_recover.manager.divergence import DIVERGED, Report, compare, faults_of, 
 from ms_recover.manager.model import JobState
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
+from ms_recover.timeline import describe
 from tests.unit.test_decide import Job, msgs
 
 A, B, C = "aaaaaaaa", "bbbbbbbb", "cccccccc"
@@ -246,3 +247,10 @@ def test_steady_digests_are_ignored_outside_running_and_kept_bounded(
     for rank in (1, 2):
         _digest(job, rank, 500, B)
     assert job.events("divergence") == [] and job.model.ranks[1].digests == {}
+
+
+def test_the_demo_timeline_shows_a_divergence() -> None:
+    verdict = judge(0, 19, {0: A, 1: B, 2: A, 3: A})
+    assert verdict is not None
+    event = {"event": "divergence", "ts": 0.0, **verdict.fields()}
+    assert describe(event) == f"DIVERGED {verdict.reason}"
