@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from ms_recover.manager.model import Fault
+from ms_recover.manager.model import Fault, JobModel
 
 #: The fault kind of a replica whose state differs from its replicas' (the rank is alive).
 DIVERGED = "diverged"
@@ -130,6 +130,24 @@ def faults_of(verdict: Verdict, node_of: Callable[[int], int], now: float) -> li
         )
         for r in verdict.ranks
     ]
+
+
+def reports_of(m: JobModel, shard: int, step: int) -> dict[int, Report] | None:
+    """The steady-state digests of ``step`` from every live, running replica of ``shard``,
+    or None while one of them has not sent it yet."""
+    replicas = {r: i for r, i in m.members().items() if i.shard == shard and i.alive and not i.done}
+    if any(step not in i.digests for i in replicas.values()):
+        return None
+    return {r: Report(shard, step, i.digests[step]) for r, i in replicas.items()}
+
+
+def handled(m: JobModel) -> frozenset[int]:
+    """Ranks already being dealt with: a pending ``diverged`` fault, or the current recovery
+    round's corrupt or replaced ranks (a later check must not report them again)."""
+    busy = {f.rank for f in m.pending if f.kind == DIVERGED}
+    if m.round is not None and m.in_recovery:
+        busy |= m.round.corrupt_ranks | m.round.replace_ranks
+    return frozenset(busy)
 
 
 def _groups(digests: Mapping[int, str]) -> str:

@@ -20,7 +20,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.events import EventLog
 from ms_recover.manager.decide import decide
-from ms_recover.manager.divergence import Report, compare, faults_of
+from ms_recover.manager.divergence import compare, faults_of, handled, reports_of
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.feasibility import config_problems
 from ms_recover.manager.model import Fault, JobModel, JobState
@@ -33,6 +33,7 @@ log = logging.getLogger("ms_recover.manager")
 
 #: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
 CORRUPTING = frozenset({"corrupt", "device_memory"})
+_ENDED = (JobState.EXITING, JobState.FINISHED)
 
 
 class ManagerServer(Executor):
@@ -272,6 +273,7 @@ class ManagerServer(Executor):
         info.endpoint_epoch = m.epoch
         info.last_seen = info.last_progress = now
         info.acked, info.repair_failure, info.done = {}, None, False
+        info.digests = {}  # the old incarnation's digests say nothing about this process
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
         self._send(
             ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire())
@@ -337,24 +339,32 @@ class ManagerServer(Executor):
             info.stop_digest = msg.digest
 
     def _on_state_digest(self, ident: bytes, env: Envelope, msg: M.StateDigest) -> None:
-        """Steady-state replica check: once every running replica of the shard has sent its
-        digest of ``msg.step``, a minority that differs becomes a ``diverged`` fault."""
+        """Steady-state replica check: once every live replica of the shard has sent its
+        digest of ``msg.step``, a minority that differs becomes a ``diverged`` fault.
+
+        A digest is a fact about a committed step whatever the job is doing, so it is taken in
+        any state (a fast job sends its first ones before the manager has seen it running).
+        A rank already being dealt with is not reported again by a later check.
+        """
         m, info = self.model, self._worker(ident, msg.rank)
-        if info is None or m.state is not JobState.RUNNING or msg.rank not in m.active:
+        if info is None or msg.rank not in m.active or m.state in _ENDED:
             return
         info.digests[msg.step] = msg.digest
         for old in sorted(info.digests)[:-4]:  # a few checks back is all a late peer needs
             del info.digests[old]
-        replicas = {r: i for r, i in m.members().items() if i.shard == info.shard and not i.done}
-        if any(msg.step not in i.digests for i in replicas.values()):
+        reports = reports_of(m, info.shard, msg.step)
+        if reports is None:
             return
-        reports = {
-            r: Report(i.shard, msg.step, i.digests.pop(msg.step)) for r, i in replicas.items()
-        }
+        for rank in reports:
+            del m.ranks[rank].digests[msg.step]
+        busy = handled(m)
         for verdict in compare(reports):
+            faults = faults_of(verdict, self.config.node_of, self.clock())
+            if all(f.rank in busy for f in faults):
+                continue
             log.warning("epoch=%d %s", m.epoch, verdict.reason)
             self.events.write("divergence", epoch=m.epoch, state=m.state.value, **verdict.fields())
-            m.pending.extend(faults_of(verdict, self.config.node_of, self.clock()))
+            m.pending.extend(f for f in faults if f.rank not in busy)
 
     def _on_rebuilt(self, ident: bytes, env: Envelope, msg: M.Rebuilt) -> None:
         info = self._worker(ident, msg.rank)

@@ -233,7 +233,7 @@ def test_two_steady_replicas_that_differ_end_the_job_without_guessing(
         )
 
 
-def test_steady_digests_are_ignored_outside_running_and_kept_bounded(
+def test_steady_digests_count_in_any_state_among_live_replicas_and_stay_bounded(
     make_job: Callable[..., Job],
 ) -> None:
     job = make_job()
@@ -243,10 +243,22 @@ def test_steady_digests_are_ignored_outside_running_and_kept_bounded(
     assert sorted(job.model.ranks[0].digests) == [200, 300, 400, 500]
     job.fault("rank_exit", 3)
     job.tick()
-    assert job.model.state is JobState.STOPPING
-    for rank in (1, 2):
-        _digest(job, rank, 500, B)
-    assert job.events("divergence") == [] and job.model.ranks[1].digests == {}
+    assert job.model.state is JobState.STOPPING and not job.model.ranks[3].alive
+    _digest(job, 1, 500, A)
+    _digest(job, 2, 500, B)  # rank 3 is gone: the live ranks 0..2 compare, 2 is the minority
+    (event,) = job.events("divergence")
+    assert event["ranks"] == [2] and event["majority"] == [0, 1]
+    assert [f.rank for f in job.model.pending] == [2]
+
+
+def test_a_restarted_rank_starts_with_no_digests(make_job: Callable[..., Job]) -> None:
+    job = make_job()
+    job.running(step=10)
+    _digest(job, 3, 99, B)
+    job.model.ranks[3].alive = False  # its process died; a new one registers
+    hello = M.WorkerHello(3, 1, 4242, 1, "tcp://h3:9", -1, 0)
+    job.server._on_worker_hello(b"r3-new", Envelope("unit", 1, "rank:3", 0, hello), hello)
+    assert job.model.ranks[3].alive and job.model.ranks[3].digests == {}
 
 
 def test_the_demo_timeline_shows_a_divergence() -> None:
@@ -254,3 +266,33 @@ def test_the_demo_timeline_shows_a_divergence() -> None:
     assert verdict is not None
     event = {"event": "divergence", "ts": 0.0, **verdict.fields()}
     assert describe(event) == f"DIVERGED {verdict.reason}"
+
+
+def test_a_rank_being_dealt_with_is_not_reported_again(make_job: Callable[..., Job]) -> None:
+    job = make_job("retry,recover-in-place,exit")
+    job.running(step=99)
+    for step in (99, 109):  # the next check arrives before the manager has acted
+        for rank, digest in ((0, A), (1, A), (2, B), (3, A)):
+            _digest(job, rank, step, digest)
+    assert [f.rank for f in job.model.pending] == [2] and len(job.events("divergence")) == 1
+    job.tick()
+    assert job.model.round is not None and job.model.round.corrupt_ranks == {2}
+    for rank, digest in ((0, A), (1, A), (2, B), (3, A)):
+        _digest(job, rank, 119, digest)  # sent just before the STOP reached them
+    assert job.model.pending == [] and len(job.events("divergence")) == 1
+
+
+def test_two_replicas_are_reported_once_and_nothing_after_the_end(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("retry,exit", node_nums=1)
+    job.running(step=9)
+    for step in (9, 19):
+        _digest(job, 0, step, A)
+        _digest(job, 1, step, B)
+    assert len(job.events("divergence")) == 1 and len(job.model.pending) == 2
+    job.tick()
+    assert job.model.state is JobState.EXITING
+    _digest(job, 0, 29, A)
+    _digest(job, 1, 29, C)
+    assert len(job.events("divergence")) == 1 and job.model.ranks[0].digests == {}
