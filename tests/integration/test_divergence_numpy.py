@@ -13,15 +13,18 @@ import pytest
 
 from ms_recover.testing.faults import Faults
 
-from .jobs import STEPS, results, run_to_end, trainer_job
+from .jobs import results, run_to_end, trainer_job
 
 pytestmark = pytest.mark.timeout(180)
+STEPS = 40
+# A workload knob: the check at step 19 must reach the ranks well before they finish.
+SLOW = ("--step-time", "0.05")
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = str(tmp_path_factory.mktemp("reference"))
-    with trainer_job(out) as job:
+    with trainer_job(out, steps=STEPS) as job:
         run_to_end(job)
         assert job.exit_code == 0
     shas = {r["sha256"] for r in results(out)}
@@ -29,12 +32,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     return shas.pop()
 
 
-def _story(job: Any) -> list[tuple[str, Any]]:
-    return [
-        (e["event"], e.get("reason") or e.get("detail"))
+def _story(job: Any) -> str:
+    return "\n".join(
+        f"{e['event']}: {e.get('reason') or e.get('detail')}"
         for e in job.events.recent()
-        if e["event"] in ("fault", "decision", "divergence")
-    ]
+        if e["event"] in ("fault", "decision", "divergence", "recovery")
+    )
 
 
 def test_a_silently_corrupted_rank_is_found_and_repaired_from_the_majority(
@@ -43,7 +46,12 @@ def test_a_silently_corrupted_rank_is_found_and_repaired_from_the_majority(
     out = str(tmp_path)
     faults = Faults().add("bitflip", rank=2, step=12)
     with trainer_job(
-        out, faults, strategy="retry,recover-in-place,exit", digest_every_steps=10
+        out,
+        faults,
+        strategy="retry,recover-in-place,exit",
+        steps=STEPS,
+        extra=SLOW,
+        digest_every_steps=10,
     ) as job:
         run_to_end(job)
         assert job.exit_code == 0, _story(job)
@@ -66,7 +74,7 @@ def test_a_corrupted_survivor_is_caught_at_the_next_stop(tmp_path: Any, referenc
     # The steady-state check is off: only the digests sent with STOPPED can tell.
     out = str(tmp_path)
     faults = Faults().add("bitflip", rank=2, step=8).kill(rank=1, step=12)
-    with trainer_job(out, faults, digest_every_steps=0) as job:
+    with trainer_job(out, faults, steps=STEPS, digest_every_steps=0) as job:
         run_to_end(job)
         assert job.exit_code == 0, _story(job)
     (event,) = job.find("divergence")
@@ -83,6 +91,8 @@ def test_two_replicas_that_differ_end_the_job_without_guessing(tmp_path: Any) ->
         out,
         faults,
         strategy="retry,recover-in-place,exit",
+        steps=STEPS,
+        extra=SLOW,
         node_nums=1,
         digest_every_steps=10,
     ) as job:
