@@ -77,6 +77,7 @@ class FaultKind(str, enum.Enum):
     HANG = "hang"  # no step progress, or a rank stuck in a recovery phase
     WORKER_ERROR = "worker_error"  # a rank caught an error and reported it (it lives on)
     ESCALATION = "escalation"  # a phase failed with no rank to blame
+    DIVERGED = "diverged"  # a replica's state digest differs from its replicas' (it lives on)
 
     def __str__(self) -> str:
         return self.value
@@ -116,6 +117,8 @@ class RankInfo:
     acks: dict[tuple[Ack, int], int] = dataclasses.field(default_factory=dict)  # -> epoch
     repair_failure: tuple[int, int, str] | None = None  # (attempt, failed peer, reason)
     dump: dict[str, object] | None = None  # the Dumped answer of this epoch
+    stop_digest: str = ""  # the state digest of its last Stopped
+    digests: dict[int, str] = dataclasses.field(default_factory=dict)  # step -> steady digest
     done: bool = False
     identity: bytes = b""
 

@@ -14,7 +14,7 @@ from ms_recover.manager.actions import Action, Emit, Exhaust, MarkLost
 from ms_recover.manager.commands import exit_job
 from ms_recover.manager.model import Fault, FaultKind, JobModel, Round
 from ms_recover.manager.records import FaultRecord
-from ms_recover.manager.strategies.base import FAULT_DETECTED, Incident
+from ms_recover.manager.strategies.base import FAULT_DETECTED, SURVIVABLE, Incident
 from ms_recover.manager.strategies.registry import choose
 from ms_recover.strategy import Strategy
 
@@ -22,12 +22,14 @@ from ms_recover.strategy import Strategy
 @dataclasses.dataclass(frozen=True)
 class Failure:
     """A recovery phase failed: why, the ranks to blame (they are replaced), the strategy it
-    ends for this incident (if any), and the actions to apply before the new round."""
+    ends for this incident (if any), the actions to apply before the new round, and faults
+    the phase found (replicas that diverged with no majority) to decide on with the culprits."""
 
     why: str
     culprits: tuple[int, ...] = ()
     exhausted: Strategy | None = None
     first: tuple[Action, ...] = ()
+    faults: tuple[Fault, ...] = ()
 
 
 def on_faults(
@@ -68,7 +70,7 @@ def on_faults(
 
 
 def _mark(m: JobModel, f: Fault, ranks: tuple[int, ...]) -> list[Action]:
-    lost = () if f.kind is FaultKind.WORKER_ERROR else ranks  # that rank is still alive
+    lost = () if f.kind in SURVIVABLE else ranks  # that rank is still alive
     record = FaultRecord(
         kind=f.kind.value,
         rank=f.rank,
@@ -116,7 +118,7 @@ def escalate(m: JobModel, now: float, failure: Failure) -> list[Action]:
     first = list(failure.first)
     if failure.exhausted is not None:
         first.append(Exhaust(why, failure.exhausted))
-    faults = [
+    faults = list(failure.faults) + [
         Fault(FaultKind.HANG, m.config.node_of(r), r, f"{why} (rank {r})", now, 0.0)
         for r in failure.culprits
     ]
