@@ -27,6 +27,7 @@ from ms_recover.strategy import (
 DEFAULT_PORT = 9601
 DEFAULT_STRATEGIES = (Strategy.RECOVER_IN_PLACE, Strategy.RECOVER, Strategy.EXIT)
 BACKENDS = ("host", "ascend")
+MAX_DIGEST_EVERY = 1_000_000_000
 ROLES = ("", E.ROLE_WORKER, E.ROLE_SCHED)
 
 
@@ -67,6 +68,7 @@ class JobConfig:
     require_secret: bool = False  # MS_RECOVER_REQUIRE_SECRET: refuse to run without a secret
     curve: bool = True  # MS_RECOVER_CURVE: encrypt the control plane (only with a secret)
     data_curve: bool = False  # MS_RECOVER_DATA_CURVE: encrypt the data plane too (costs ~6x)
+    digest_every_steps: int = 100  # MS_RECOVER_DIGEST_EVERY_STEPS; 0: compare only at stops
 
     def __post_init__(self) -> None:
         self._validate()
@@ -142,6 +144,7 @@ class JobConfig:
             E.MAX_TRIES: str(self.max_tries),
             E.SCHED_NODE_RANK: str(self.sched_node_rank),
             E.BACKEND: self.backend,
+            E.DIGEST_EVERY: str(self.digest_every_steps),
         }
         if self.dump_dir:
             env[E.DUMP_DIR] = self.dump_dir
@@ -175,6 +178,12 @@ class JobConfig:
         _positive_int("proc_per_node", self.proc_per_node)
         _positive_int("liveness", self.liveness)
         _positive_int("max_tries", self.max_tries)
+        _int_field("digest_every_steps", self.digest_every_steps)
+        if not 0 <= self.digest_every_steps <= MAX_DIGEST_EVERY:
+            raise ConfigError(
+                f"digest_every_steps must be 0 (off) or 1..{MAX_DIGEST_EVERY} steps, "
+                f"got {self.digest_every_steps}"
+            )
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ConfigError(f"job_id must be a non-empty string, got {self.job_id!r}")
         for name in ("require_secret", "curve", "data_curve"):
@@ -394,5 +403,6 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "require_secret": _bool(environ, E.REQUIRE_SECRET),
         "curve": _bool(environ, E.CURVE),
         "data_curve": _bool(environ, E.DATA_CURVE),
+        "digest_every_steps": _int(environ, E.DIGEST_EVERY),
     }
     return {k: v for k, v in found.items() if v is not None}

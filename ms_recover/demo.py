@@ -5,8 +5,10 @@ under one agent per node (or, with --launcher msrun, one real msrun per node who
 ms_recover's taskd shim), a manager, and a local pod supervisor standing in for Kubernetes.
 One rank (or a whole node) is killed with SIGKILL mid-run; the job recovers with the chosen
 strategy and finishes. With --verify the same job also runs uninterrupted and the final
-weights are compared by SHA-256. Exit code 0 only when the recovery succeeded (and, with
---verify, the weights match).
+weights are compared by SHA-256. Under ``elastic-training`` the world shrinks and grows, so
+the fault-free reference runs afterwards and replays the same world schedule
+(:mod:`ms_recover.testing.worlds`): the comparison stays bit for bit. Exit code 0 only when
+the recovery succeeded (and, with --verify, the weights match).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from ms_recover.errors import ConfigError
 from ms_recover.inputs import int_arg, seconds_arg
 from ms_recover.observability.events import Event
 from ms_recover.observability.timeline import Timeline
-from ms_recover.strategy import format_strategies, parse_strategies
+from ms_recover.strategy import Strategy, format_strategies, parse_strategies
+from ms_recover.testing import worlds
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.testing.msrunjob import MsrunJob
@@ -41,6 +44,8 @@ FAULTS = {
     "hang": "SIGSTOP one rank: detected by the step-progress (hang) timeout",
     "transient": "a transient data-plane error in one rank's allreduce (the rank survives)",
     "memory": "corrupt one rank's state and report a device memory error",
+    "bitflip": "flip one bit of one rank's state silently: found by comparing the replicas' "
+    "digests (checked every 10 steps in the demo)",
     "allreduce": "SIGKILL one rank in the middle of its gradient allreduce",
 }
 LAUNCHERS = {
@@ -142,6 +147,8 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     )
     if fault == "hang":
         config = config.replace(hang_timeout_s=6.0, rank_silence_s=60.0)
+    if fault == "bitflip":  # the default check every 100 steps would come after a short demo
+        config = config.replace(digest_every_steps=10)
     return config, faults
 
 
@@ -162,6 +169,7 @@ def _run_job(
     on_event: Any = None,
     spares: int = 0,
     launcher: str = "agent",
+    env: dict[str, str] | None = None,
 ) -> tuple[LocalJob, list[dict[str, Any]]]:
     command = [
         sys.executable,
@@ -172,7 +180,7 @@ def _run_job(
         "--out",
         out,
     ]
-    env = faults.to_env() if faults else {}
+    env = {**(faults.to_env() if faults else {}), **(env or {})}
     logs = os.path.join(out, "logs")
     job = (
         MsrunJob(config, command, env, logs, on_event=on_event)
@@ -217,19 +225,9 @@ def run(args: argparse.Namespace) -> int:
         f"{args.kill_step}; logs in {workdir}"
     )
     result: dict[str, Any] = {}
-    if args.verify:
-        t0 = time.time()
-        print("\nreference run (no fault) ...", flush=True)
-        _, ref = _run_job(
-            config,
-            args.steps,
-            os.path.join(workdir, "reference"),
-            None,
-            args.timeout,
-            launcher=args.launcher,
-        )
-        result["reference_weights_sha256"] = _weights(ref)
-        print(f"reference run finished in {time.time() - t0:.1f}s")
+    elastic = Strategy.ELASTIC_TRAINING in config.strategies
+    if args.verify and not elastic:
+        result.update(_reference(config, args, workdir, []))
     print("\nrun with fault injection:", flush=True)
     timeline = Timeline(sys.stdout)
     job, final = _run_job(
@@ -243,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
         args.launcher,
     )
     result.update(_summarise(job.find("recovery"), final, world, job.exit_code))
+    if args.verify and elastic:
+        result.update(_reference(config, args, workdir, _schedule(final)))
     if args.verify:
         result["weights_match"] = (
             result["reference_weights_sha256"] is not None
@@ -254,6 +254,33 @@ def run(args: argparse.Namespace) -> int:
             json.dump(result, fh, indent=2, sort_keys=True)
     ok = result["recovered"] and result.get("weights_match", True)
     return 0 if ok else 1
+
+
+def _reference(
+    config: JobConfig, args: argparse.Namespace, workdir: str, schedule: worlds.Schedule
+) -> dict[str, Any]:
+    """Run the job uninterrupted (replaying ``schedule``, if any); its weights' SHA-256."""
+    t0 = time.time()
+    what = "no fault"
+    if len(schedule) > 1:
+        what += ", the same worlds: " + "; ".join(
+            f"ranks {ranks} from step {step}" for step, ranks in schedule
+        )
+    print(f"\nreference run ({what}) ...", flush=True)
+    env = {worlds.ENV: worlds.encode(schedule)} if schedule else None
+    out = os.path.join(workdir, "reference")
+    _, ref = _run_job(config, args.steps, out, None, args.timeout, launcher=args.launcher, env=env)
+    print(f"reference run finished in {time.time() - t0:.1f}s")
+    return {"reference_weights_sha256": _weights(ref), "world_schedule": schedule}
+
+
+def _schedule(final: list[dict[str, Any]]) -> worlds.Schedule:
+    """The world schedule of a run, from a rank that trained from step 0 to the end."""
+    for record in final:
+        history = [(int(step), [int(r) for r in ranks]) for step, ranks in record["worlds"]]
+        if history and history[0][0] == 0:
+            return history
+    return []
 
 
 def _summarise(

@@ -48,6 +48,10 @@ class FaultHooks:
     def at_registration(self) -> None:
         """The manager has just accepted this rank's registration."""
 
+    def at_commit(self, step: int, session: Session) -> None:
+        """``step``'s update is done on this rank and nothing has reported it yet (its digest
+        included). May change the state through ``session`` without telling anyone."""
+
     def after_commit(self, step: int, flush: Callable[[], None] | None = None) -> None:
         """``step`` is committed on this rank; ``flush`` closes its data plane gracefully."""
 

@@ -72,6 +72,14 @@ class NextPhase(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class Distrust(Action):
+    """Replicas whose digests differed from the majority's at the stop: from now on in the
+    round's untrusted ranks (never a repair source, repaired from a trusted replica)."""
+
+    ranks: frozenset[int]
+
+
+@dataclasses.dataclass(frozen=True)
 class SetTarget(Action):
     """Every rank rebuilt: repair to ``step``, first attempt."""
 

@@ -67,6 +67,7 @@ class Executor:
             A.StopDone: self._stop_done,
             A.ReplaceDone: self._replace_done,
             A.NextPhase: self._next_phase,
+            A.Distrust: self._distrust,
             A.SetTarget: self._set_target,
             A.RetryRepair: self._retry_repair,
             A.ChooseWriters: self._choose_writers,
@@ -144,6 +145,11 @@ class Executor:
         if action.done is not None:
             phases[action.done] = action.at - rnd.phase_start
         self._update(phases=phases, phase_start=action.at)
+
+    def _distrust(self, action: A.Distrust) -> None:
+        rnd = self.model.round
+        assert rnd is not None
+        self._update(untrusted=rnd.untrusted | action.ranks)
 
     def _set_target(self, action: A.SetTarget) -> None:
         self._update(target_step=action.step, repair_attempt=0)

@@ -84,6 +84,7 @@ class FaultKind(str, enum.Enum):
     WORKER_FATAL = "worker_fatal"
     ESCALATION = "escalation"  # a phase failed with no rank to blame
     REJOIN = "rejoin"  # after a manager restart, a rank did not come back at the job's epoch
+    DIVERGED = "diverged"  # a replica's state digest differs from its replicas' (it lives on)
 
     def __str__(self) -> str:
         return self.value
@@ -123,6 +124,8 @@ class RankInfo:
     acks: dict[tuple[Ack, int], int] = dataclasses.field(default_factory=dict)  # -> epoch
     repair_failure: tuple[int, int, str] | None = None  # (attempt, failed peer, reason)
     dump: dict[str, object] | None = None  # the Dumped answer of this epoch
+    stop_digest: str = ""  # the state digest of its last Stopped
+    digests: dict[int, str] = dataclasses.field(default_factory=dict)  # step -> steady digest
     done: bool = False
     exit_code: int | None = None  # of the registered process, once its agent reported it
     identity: bytes = b""

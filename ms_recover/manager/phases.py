@@ -8,11 +8,13 @@ replacement wait, the dump), the round's strategy decides.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ms_recover.errors import RepairError
 from ms_recover.manager.actions import (
     Action,
+    Distrust,
     Emit,
     FinishRound,
     NextPhase,
@@ -25,6 +27,7 @@ from ms_recover.manager.actions import (
     Transition,
 )
 from ms_recover.manager.commands import finish_job, rebuild
+from ms_recover.manager.divergence import Report, compare, faults_of
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Round
 from ms_recover.manager.planner import plan_repair, target_step
 from ms_recover.manager.records import Phase, RepairRetryRecord, RestoredRecord
@@ -110,6 +113,11 @@ def _stopping(m: JobModel, now: float) -> Progress:
     if not missing and not rnd.replace_done:
         actions.append(ReplaceDone("replacements registered", now))
     if not unstopped and not missing:
+        checked = _check_replicas(m, now, survivors)
+        if isinstance(checked, Failure):
+            return dataclasses.replace(checked, first=(*actions, *checked.first))
+        if checked:  # a minority distrusted: the next tick goes on with the trusted replicas
+            return actions + checked
         return actions + strategy_of(rnd).after_stop(m, now, survivors)
     late = _stop_late(m, rnd, now, unstopped, missing)
     return late if late is not None else actions
@@ -142,6 +150,32 @@ def _stop_late(
         given_up = strategy.name if strategy.exhausted_when_late else None
         return Failure(why, tuple(missing), given_up)
     return None
+
+
+def _check_replicas(m: JobModel, now: float, survivors: list[int]) -> Progress:
+    """Compare the stopped replicas' digests (see :mod:`~ms_recover.manager.divergence`).
+
+    A minority that differs becomes untrusted: no repair source, repaired from the majority.
+    Replicas with no majority are never guessed between: they are ``diverged`` faults, which
+    leave no repairing strategy feasible for their shard (a Failure, escalated by decide).
+    Nothing (an empty list) when the trusted replicas agree.
+    """
+    rnd = _round(m)
+    reports = {
+        r: Report(m.ranks[r].shard, m.ranks[r].committed_step, m.ranks[r].stop_digest)
+        for r in survivors
+        if r not in rnd.untrusted
+    }
+    verdicts = compare(reports)
+    events: list[Action] = [Emit(v.reason, v.record()) for v in verdicts]
+    undecided = [f for v in verdicts if not v.decided for f in faults_of(v, m.config.node_of, now)]
+    if undecided:
+        return Failure("replicas diverged", first=tuple(events), faults=tuple(undecided))
+    minority = frozenset(r for v in verdicts for r in v.minority)
+    if minority:
+        why = f"diverged ranks {sorted(minority)} are repaired from the majority"
+        events.append(Distrust(why, minority))
+    return events
 
 
 def _rebuilding(m: JobModel, now: float) -> Progress:

@@ -65,6 +65,21 @@ class DecisionRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class DivergenceRecord(Record):
+    """Replicas of ``shard`` at ``step`` hold different state digests: ``ranks`` are repaired
+    from ``majority`` (``outcome`` "repair"), or, with no majority, escalated ("escalate")."""
+
+    EVENT: ClassVar[str] = "divergence"
+    shard: int
+    step: int
+    ranks: list[int]
+    majority: list[int]
+    digests: dict[str, str]
+    outcome: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RepairRetryRecord(Record):
     EVENT: ClassVar[str] = "repair_retry"
     attempt: int

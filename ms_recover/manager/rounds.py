@@ -14,23 +14,26 @@ from ms_recover.manager.actions import Action, Emit, Exhaust, MarkLost
 from ms_recover.manager.commands import exit_job
 from ms_recover.manager.model import Fault, FaultKind, JobModel, Round
 from ms_recover.manager.records import FaultRecord
-from ms_recover.manager.strategies.base import FAULT_DETECTED, Incident
+from ms_recover.manager.strategies.base import FAULT_DETECTED, SURVIVABLE, Incident
 from ms_recover.manager.strategies.registry import choose
 from ms_recover.strategy import Strategy
 
 #: Faults a rank reported itself: it is still alive (and reachable).
-REPORTED = frozenset({FaultKind.WORKER_ERROR, FaultKind.WORKER_FATAL})
+#: (Those ``retry`` can handle, and a fatal error: MindSpore's RS_UNKNOWN.)
+REPORTED = SURVIVABLE | {FaultKind.WORKER_FATAL}
 
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
     """A recovery phase failed: why, the ranks to blame (they are replaced), the strategy it
-    ends for this incident (if any), and the actions to apply before the new round."""
+    ends for this incident (if any), the actions to apply before the new round, and faults
+    the phase found (replicas that diverged with no majority) to decide on with the culprits."""
 
     why: str
     culprits: tuple[int, ...] = ()
     exhausted: Strategy | None = None
     first: tuple[Action, ...] = ()
+    faults: tuple[Fault, ...] = ()
 
 
 def on_faults(
@@ -71,7 +74,7 @@ def on_faults(
 
 
 def _mark(m: JobModel, f: Fault, ranks: tuple[int, ...]) -> list[Action]:
-    lost = () if f.kind in REPORTED else ranks  # a rank that reported its own error lives on
+    lost = () if f.kind in REPORTED else ranks  # that rank is still alive
     record = FaultRecord(
         kind=f.kind.value,
         rank=f.rank,
@@ -119,7 +122,7 @@ def escalate(m: JobModel, now: float, failure: Failure) -> list[Action]:
     first = list(failure.first)
     if failure.exhausted is not None:
         first.append(Exhaust(why, failure.exhausted))
-    faults = [
+    faults = list(failure.faults) + [
         Fault(FaultKind.HANG, m.config.node_of(r), r, f"{why} (rank {r})", now, 0.0)
         for r in failure.culprits
     ]

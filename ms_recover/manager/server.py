@@ -19,6 +19,7 @@ import zmq
 
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
+from ms_recover.manager import divergence
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Restore
@@ -98,6 +99,7 @@ class ManagerServer:
             M.WorkerHeartbeat: self._on_worker_heartbeat,
             M.GroupCreated: self._on_group,
             M.Stopped: self._on_stopped,
+            M.StateDigest: self._on_state_digest,
             M.Rebuilt: self._on_rebuilt,
             M.Repaired: self._on_repaired,
             M.WorkerFault: self._on_worker_fault,
@@ -414,6 +416,7 @@ class ManagerServer:
         self.slots.rank_nonce[msg.rank] = env.nonce
         info.last_seen = info.last_progress = now
         info.acks, info.repair_failure, info.done, info.exit_code = {}, None, False, None
+        info.digests = {}  # the old incarnation's digests say nothing about this process
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
         self._send(
             ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire())
@@ -507,6 +510,19 @@ class ManagerServer:
         if info is not None and self._current(env, "stopped"):
             info.ack(Ack.STOP, env.epoch)
             info.committed_step = msg.committed_step
+            info.stop_digest = msg.digest
+
+    def _on_state_digest(self, ident: bytes, env: Envelope, msg: M.StateDigest) -> None:
+        """Steady-state replica check (see :func:`~ms_recover.manager.divergence.on_digest`):
+        a minority that differs becomes a ``diverged`` fault, decided on at the next tick."""
+        if self._worker(ident, msg.rank) is None:
+            return
+        m = self.model
+        for verdict in divergence.on_digest(m, msg.rank, msg.step, msg.digest, self.clock()):
+            log.warning("epoch=%d %s", m.epoch, verdict.reason)
+            self.events.write(
+                verdict.record().EVENT, epoch=m.epoch, state=m.state.value, **verdict.fields()
+            )
 
     def _on_rebuilt(self, ident: bytes, env: Envelope, msg: M.Rebuilt) -> None:
         info = self._worker(ident, msg.rank)

@@ -23,6 +23,14 @@ Guarantees:
   buffer, silently ignoring the load. ``ops.assign`` writes into the buffer the compiled graphs
   use, so jit-compiled train steps and the optimizer see the loaded values.
 
+* **Bit-exact.** Loading and reading back keep every bit, subnormals, signed zeros,
+  infinities and NaN payloads included. But on MindSpore 2.10 CPU a compiled graph's *first*
+  execution in a process runs with flush-to-zero and denormals-are-zero, so a replacement that
+  loads state and then runs its step for the first time would compute with its subnormals
+  read as 0. :class:`~ms_recover.mindspore.step.DataParallelStep` warms its graphs up and
+  restores the state first; a hand-written train step should do the same (run it once, then
+  ``load_state_dict`` the state it had) before its first real step.
+
 Optional entries: ``include_rng=True`` adds MindSpore's default generator state
 (``mindspore.get_rng_state``) as ``__rng__/default``; ``extra`` is any other StateProvider
 (data iterator, numpy RNG, ...) whose entries appear under ``__extra__/``.

@@ -33,6 +33,20 @@ full step including the numpy round trip, median of 100 steps): MLP 784-256-10 a
 with jit and 16 ms in PyNative; MLP 64-32-10 about 0.9 ms with jit and 21 ms in PyNative.
 The first jit step compiles (about 0.4 s). If jit compilation fails, the step logs a warning and
 runs that phase in PyNative for good (``jit_enabled`` then reads False).
+
+Warm-up (why a replaced rank stays bit-identical): on MindSpore 2.10 CPU the *first* execution of
+a compiled graph in a process runs on one of MindSpore's ``ActorThread`` workers, whose MXCSR
+has flush-to-zero and denormals-are-zero set; later executions run on the ``frontend_queue``
+thread, which has neither (measured with a ``pyfunc`` probe that reads MXCSR; PyNative runs the
+same way). A replacement rank loads repaired state and then executes its graphs for the first
+time, so every subnormal in that state (Adam's ``beta1_power`` is one after about 830 steps)
+read 0 in its first step while the survivors kept it: the replica diverged by a few bits.
+So before its first real step with each batch signature (a new shape compiles a new
+graph), ``grads`` runs both phases once on that batch and puts every
+value back exactly (all Parameters of the network and the optimizer, and MindSpore's RNG
+state, through :class:`MindSporeState`, whose load is bit-exact). Every real step of every
+process then runs with the same floating-point environment. Cost: one extra step and one copy
+of the state, once per process (compilation, which the first step pays anyway, dominates).
 """
 
 from __future__ import annotations
@@ -47,7 +61,7 @@ from mindspore import Tensor
 from numpy.typing import NDArray
 
 from ms_recover.errors import CommError
-from ms_recover.mindspore.state import device_sync
+from ms_recover.mindspore.state import MindSporeState, device_sync
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +172,7 @@ class DataParallelStep:
         grad_fn = mindspore.value_and_grad(forward, None, optimizer.parameters)
         self._grad = _Phase("forward/backward", grad_fn, jit)
         self._update = _Phase("optimizer update", update, jit)
+        self._warmed: set[tuple[tuple[tuple[int, ...], Any], ...]] = set()
 
     @property
     def jit_enabled(self) -> bool:
@@ -179,13 +194,30 @@ class DataParallelStep:
         return loss
 
     def grads(self, *batch: Any) -> tuple[float, FlatGrads]:
-        """Loss and the flat float32 gradient buffer for ``batch``; changes no state."""
+        """Loss and the flat float32 gradient buffer for ``batch``; changes no state.
+
+        The first call with each new batch signature (shapes and dtypes: a new one compiles a
+        new graph) warms both phases up on ``batch`` (see the module doc) and restores every
+        value before computing the real gradients.
+        """
         tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
+        signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if signature not in self._warmed:
+            self._warm_up(tensors)
+            self._warmed.add(signature)
         loss, grads = self._grad(*tensors)
         # Read the gradients before the loss: reading the scalar loss first costs about 10 ms
         # per step on MindSpore 2.10 CPU (measured), reading it last costs nothing.
         flat = self.layout.flatten(grads)
         return float(loss.asnumpy()), flat
+
+    def _warm_up(self, tensors: tuple[Tensor, ...]) -> None:
+        """Execute both compiled phases once, then restore the state bit for bit."""
+        state = MindSporeState(self.net, self.optimizer, include_rng=True)
+        saved = state.state_dict()
+        _, grads = self._grad(*tensors)
+        self.apply(self.layout.flatten(grads))
+        state.load_state_dict(saved)
 
     def apply(self, flat: FlatGrads) -> None:
         """Apply a reduced flat gradient buffer with the optimizer; returns once committed.

@@ -36,6 +36,8 @@ def describe(e: Event) -> str:
         return f"DECIDE   {e['reason']}"
     if kind == "member" and e.get("reboot"):
         return f"REJOIN   rank {e['rank']} registered again (pid {e['pid']}), waiting for state"
+    if kind == "divergence":
+        return f"DIVERGED {e['reason']}"
     if kind == "repair_retry":
         return f"RETRY    repair attempt {e['attempt']}: {e['reason']}"
     if kind == "recovery":

@@ -35,6 +35,10 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "world_size": (0, 2**31 - 1),
 }
 
+#: The length of each str field by name that is shorter than :data:`MAX_STR`: a state digest
+#: is a hex CRC-32 (8 characters) or SHA-256 (64), and the manager keeps a few per rank.
+STR_LIMITS: dict[str, int] = {"digest": 64}
+
 #: msgpack's own caps for one frame: strings, binaries, lists and maps; no extension types.
 UNPACK_LIMITS: dict[str, int] = {
     "max_str_len": MAX_STR * 4,  # bytes of UTF-8; MAX_STR characters is checked afterwards
@@ -115,7 +119,7 @@ def check_field(value: Any, hint: Any, name: str = "") -> bool:
     if hint is int:
         return int_in(value, *INT_RANGES.get(name, INT64))
     if hint is str:
-        return isinstance(value, str) and len(value) <= MAX_STR
+        return isinstance(value, str) and len(value) <= STR_LIMITS.get(name, MAX_STR)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is list:
         return isinstance(value, list) and all(check_field(v, args[0], name) for v in value)

@@ -157,6 +157,17 @@ class Stopped(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class StateDigest(Message):
+    """worker -> manager: the digest of the rank's whole state at committed ``step``, sent every
+    ``digest_every_steps`` steps so the manager can compare replicas in steady state."""
+
+    KIND: ClassVar[bytes] = b"state_digest"
+    rank: int
+    step: int
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Rebuilt(Message):
     """worker -> manager: the rank rebuilt every group of the log at the current epoch."""
 
@@ -347,6 +358,7 @@ KINDS: dict[bytes, type[Message]] = {
         WorkerHeartbeat,
         GroupCreated,
         Stopped,
+        StateDigest,
         Rebuilt,
         Repaired,
         WorkerFault,

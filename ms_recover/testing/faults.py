@@ -15,6 +15,8 @@ Kinds:
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
 * ``memory``      corrupt this rank's state in step K and report a device memory error;
+* ``bitflip``     flip one bit of this rank's state when it commits step K, and report nothing
+  (silent data corruption: only the replicas' digests can tell);
 * ``corrupt``     flip one byte of the state this rank sends in its first repair;
 * ``boot``        SIGKILL this rank as soon as the manager accepted its registration;
 * ``repairdie``   SIGKILL this rank in the middle of sending its state for a repair;
@@ -48,6 +50,7 @@ KINDS = (
     "allreduce",
     "transient",
     "memory",
+    "bitflip",
     "corrupt",
     "boot",
     "repairdie",
@@ -199,6 +202,18 @@ class FaultInjector(FaultHooks):
             state.load_state_dict({n: np.zeros_like(a) for n, a in state.state_dict().items()})
             session.report_fault("device_memory", f"injected memory error at step {step}")
             raise Interrupted(f"rank {session.rank}: device memory error at step {step}")
+
+    def at_commit(self, step: int, session: Session) -> None:
+        """``bitflip`` flips the lowest bit of the first element of the rank's first non-empty
+        state entry once ``step`` is committed, and reports nothing (silent corruption)."""
+        if self._take(("bitflip",), step) is None:
+            return
+        state = session._state()  # no provider: the error a repair would give
+        arrays = state.state_dict()
+        name = next(n for n in sorted(arrays) if arrays[n].nbytes)
+        flipped = np.array(arrays[name], copy=True)
+        flipped.view(np.uint8).reshape(-1)[0] ^= 1
+        state.load_state_dict({**arrays, name: flipped})
 
     def before_repair_send(self, payload: dict[str, NDArray[Any]]) -> None:
         """``corrupt`` flips one byte of the state sent; ``repairdie`` dies mid-send."""

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 import ms_recover
 from ms_recover.errors import RepairError
+from ms_recover.testing.worlds import WorldSchedule
 from ms_recover.worker.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset, split_indices
 
@@ -108,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         session.comm.create_group("parity1", [r for r in range(world) if r % 2 == 1])
 
     losses: dict[int, float] = {}
+    worlds = WorldSchedule.from_env(session)  # only a reference run of an elastic one has one
 
     def step_fn(step: int) -> None:
-        where = (session.data_rank, session.data_world)
-        idx = split_indices(step, *where, GLOBAL_BATCH, SAMPLES, SEED)
-        grad = session.allreduce(model.grads(x_all[idx], y_all[idx], GLOBAL_BATCH), "sum")
+        idx = split_indices(step, *worlds.where(step), GLOBAL_BATCH, SAMPLES, SEED)
+        grad = worlds.allreduce(step, model.grads(x_all[idx], y_all[idx], GLOBAL_BATCH), "sum")
         losses[step] = float(grad[-1])
         if args.subgroup:
             session.comm.allreduce(np.ones(4, np.float32), "sum", group=f"parity{rank % 2}")

@@ -33,6 +33,7 @@ def write_rank_record(
         "recoveries": session.recoveries,
         "incarnation": session.incarnation,
         "skipped": session.skipped,
+        "worlds": session.worlds,
         "losses": {str(k): v for k, v in sorted(losses.items())},
         **extra,
     }

@@ -75,6 +75,9 @@ class Session:
         # (first, last) step ranges whose state this rank received by repair instead of running
         # them: its own step code (and a fit() callback) never saw those steps.
         self.skipped: list[tuple[int, int]] = []
+        # (first step, members) of each data-parallel world this rank trained in, in order:
+        # what a reference run replays to compare an elastic run bit for bit.
+        self.worlds: list[tuple[int, list[int]]] = []
         self._interrupted = False
         self._await_manager = False
         self._report_next_commit = False
@@ -162,14 +165,23 @@ class Session:
 
     # ------------------------------------------------------------------ the step loop
     def commit(self, step: int) -> None:
-        """Record that ``step``'s optimizer update finished on this rank."""
+        """Record that ``step``'s optimizer update finished on this rank.
+
+        Every ``digest_every_steps`` steps it also sends the digest of the whole state, which
+        the manager compares across replicas (one state copy and CRC-32 per check).
+        """
         self.committed = step
         self.next_step = step + 1
+        if self.faults.armed:
+            self.faults.at_commit(step, self)
         if self.link is not None:
             self.link.committed = step
             if self._report_next_commit:  # the manager waits for it to close a recovery
                 self._report_next_commit = False
                 self.link.send(M.WorkerHeartbeat(self.rank, step))
+            every = self.config.digest_every_steps
+            if every and (step + 1) % every == 0 and self.state is not None:
+                self.link.send(M.StateDigest(self.rank, step, self._digest()))
         self.comm.on_step_end()
         if self.faults.armed:
             self.faults.after_commit(step, flush=self.comm.close)
@@ -272,6 +284,8 @@ class Session:
             self._repair(epoch, msg)
         elif isinstance(msg, M.Resume):
             self.next_step = msg.step
+            if not self.worlds or self.worlds[-1][1] != self.members:
+                self.worlds.append((msg.step, list(self.members)))
             self._report_next_commit = True
             if msg.step > 0:
                 self.recoveries += 1

@@ -21,6 +21,8 @@ nn = ms.nn
 from ms_recover.errors import CommError, Interrupted, RepairError  # noqa: E402
 from ms_recover.mindspore.state import MindSporeState  # noqa: E402
 from ms_recover.mindspore.step import DataParallelStep  # noqa: E402
+from ms_recover.testing.floats import bit_diff, special_values  # noqa: E402
+from ms_recover.worker.repair import pack, unpack  # noqa: E402
 from ms_recover.worker.sampler import make_dataset, shard_indices  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -113,6 +115,49 @@ def test_load_is_in_place_and_a_compiled_step_uses_the_loaded_values() -> None:
     step(*batch(1))  # the compiled graphs must start from the loaded values, not the stale ones
     assert_same(state.state_dict(), after)
     assert step.jit_enabled
+
+
+def test_load_keeps_every_float_bit_pattern_through_the_repair_path() -> None:
+    # Subnormals, signed zeros, infinities and NaN payloads in every float entry, packed and
+    # verified as a repair sends them, loaded with ops.assign and read back: the same bits.
+    net, opt = build()
+    state = MindSporeState(net, opt)
+    specials = special_values(np.float32)
+    wanted = {
+        name: np.resize(np.roll(specials, i), value.shape).astype(np.float32)
+        if value.dtype == np.float32
+        else value
+        for i, (name, value) in enumerate(state.state_dict().items())
+    }
+    arrays, _ = unpack(pack(wanted, step=900), src=0)
+    state.load_state_dict(arrays)
+    assert bit_diff(state.state_dict(), wanted) == []
+
+
+def test_a_fresh_process_first_step_keeps_subnormals_like_a_warm_replica() -> None:
+    # Issue 9 #3: a replacement loads repaired state and then runs its graphs for the first
+    # time; MindSpore runs a graph's first execution on a thread with flush-to-zero and
+    # denormals-are-zero, so Adam's subnormal beta1_power (6e-45 after ~900 steps) became 0
+    # on the replacement only. Model b stands for the replacement: a new model whose graphs
+    # compile after the load. Its step must give the bits of model a, whose graphs were warm.
+    (net_a, opt_a), (net_b, opt_b) = build(), build()
+    warm, fresh = MindSporeState(net_a, opt_a), MindSporeState(net_b, opt_b)
+    step_a = DataParallelStep(net_a, LOSS, opt_a)
+    step_a(*batch(0))
+    repaired = warm.state_dict()
+    tiny = special_values(np.float32)[2:6]  # subnormals, the smallest one included
+    repaired["beta1_power"] = np.array(6e-45, np.float32)
+    repaired["moment2.0.weight"].reshape(-1)[: tiny.size] = tiny
+    repaired["moment1.2.bias"][:2] = [tiny[3], -0.0]
+    warm.load_state_dict(repaired)
+    fresh.load_state_dict(repaired)
+    step_b = DataParallelStep(net_b, LOSS, opt_b)
+    for s in (1, 2):
+        step_a(*batch(s))
+        step_b(*batch(s))
+        after = fresh.state_dict()
+        assert bit_diff(after, warm.state_dict()) == [], f"step {s}"
+    assert after["beta1_power"] != 0  # 6e-45 * 0.9**2 is still the subnormal 4.2e-45
 
 
 def test_mismatches_name_the_parameter_and_load_nothing() -> None:

@@ -39,6 +39,7 @@ def trainer_job(
     steps: int = STEPS,
     reschedule_delay_s: float = 0.0,
     spares: int = 0,
+    env: dict[str, str] | None = None,
     **changes: Any,
 ) -> LocalJob:
     command = [
@@ -51,11 +52,10 @@ def trainer_job(
         out,
         *extra,
     ]
-    env = {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {})}
     return LocalJob(
         job_config(strategy, **changes),
         command,
-        env,
+        {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {}), **(env or {})},
         log_dir=os.path.join(out, "logs"),
         reschedule_delay_s=reschedule_delay_s,
         spares=spares,

@@ -25,6 +25,7 @@ from ms_recover.comm.hostauth import (
 )
 from ms_recover.comm.hostwire import P2P, Header, WireStats
 from ms_recover.errors import CommError, Interrupted
+from ms_recover.testing.floats import bit_diff, bits, finite_specials, special_values
 
 pytestmark = pytest.mark.timeout(60)
 DEADLINE_S = 20.0
@@ -151,6 +152,28 @@ def test_two_ranks_same_bits_on_both_paths_nan_payloads_included(
         assert np.isnan(out[0][:3]).all()
 
 
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("finite", [True, False])
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+def test_allreduce_of_special_values_has_the_same_bits_on_every_rank(
+    make: Any, n: int, dtype: Any, finite: bool
+) -> None:
+    # Replica digests are compared bit for bit, so every rank must hold the same bits after a
+    # reduction, for subnormals, signed zeros and NaN payloads too (the order in which NaNs
+    # meet decides which payload survives: only the segment owner may compute it).
+    backends = make(n, chunk_bytes=64)
+    specials = finite_specials(dtype) if finite else special_values(dtype)
+    rng = np.random.default_rng(n)
+    pool = np.tile(np.concatenate([specials, specials * dtype(0.5)]), 4)  # several chunks
+    xs = [rng.permutation(pool) for _ in range(n)]
+    for op in ("sum", "mean"):
+        outs = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
+        assert {bits(o) for o in outs} == {bits(outs[0])}, op
+        if finite and op == "sum" and n == 2:  # a 2-rank sum is one addition: numpy's bits
+            assert bits(outs[0]) == bits(xs[0] + xs[1])
+
+
 def test_allreduce_multichunk_ints_shapes_and_edges(make: Any) -> None:
     backends = make(3, chunk_bytes=64)
     ints = [np.arange(12, dtype=np.int64).reshape(3, 4) * (r + 1) for r in range(3)]
@@ -265,6 +288,21 @@ def test_send_recv_named_arrays_keep_dtype_shape_and_order(make: Any) -> None:
     for name, value in state.items():
         assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
         assert np.array_equal(got[name], value), name
+
+
+def test_send_recv_keeps_every_float_bit_pattern(make: Any) -> None:
+    backends = make(2, chunk_bytes=64)
+    state = {str(np.dtype(d)): special_values(d) for d in (np.float16, np.float32, np.float64)}
+    state["beta1_power"] = np.asarray(special_values(np.float32)[4])  # a 0-d subnormal
+
+    def body(b: HostBackend) -> Any:
+        if b.rank == 0:
+            b.send(state, 1, tag="repair")
+            return None
+        return b.recv(0, tag="repair")
+
+    _, got = run_all(backends, body)
+    assert bit_diff(got, state) == []
 
 
 def test_tags_are_separate_channels(make: Any) -> None:

@@ -45,6 +45,7 @@ SAMPLES: dict[bytes, M.Message] = {
         M.WorkerHeartbeat(rank=3, committed_step=12),
         M.GroupCreated(rank=0, name="dp0", ranks=[0, 2]),
         M.Stopped(rank=0, committed_step=12, digest="deadbeef"),
+        M.StateDigest(rank=1, step=99, digest="0badc0de"),
         M.Rebuilt(rank=0),
         M.Repaired(
             rank=3,

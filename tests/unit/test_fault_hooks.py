@@ -58,11 +58,13 @@ def test_the_default_hooks_are_unarmed_and_do_nothing() -> None:
     session = Session(JobConfig(), 0, LocalBackend(), ArrayState(), standalone=True)
     payload = {"w": np.ones(3)}
     hooks.at_registration()
+    hooks.at_commit(3, session)
     hooks.after_commit(3, flush=lambda: pytest.fail("flushed"))
     hooks.at_allreduce(3, session)
     hooks.before_repair_send(payload)
     hooks.after_chunk_sent()
     assert payload["w"].tolist() == [1.0, 1.0, 1.0]
+    assert session._state().state_dict()["w"].tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_a_session_without_a_plan_hands_the_unarmed_default_to_its_backend() -> None:
@@ -145,6 +147,22 @@ def test_memory_fault_zeroes_the_state_reports_and_interrupts() -> None:
         inj.at_allreduce(5, session)
     assert not state.arrays["w"].any()
     assert reported == [("device_memory", "injected memory error at step 5")]
+
+
+def test_bitflip_flips_one_bit_at_its_commit_only_and_reports_nothing() -> None:
+    inj = FaultInjector(Faults().add("bitflip", rank=0, step=4).specs, 0, 0)
+    state = ArrayState()
+    session = Session(JobConfig(), 0, LocalBackend(), state, faults=inj, standalone=True)
+    session.report_fault = lambda kind, message: pytest.fail("reported")  # type: ignore[method-assign]
+    clean = state.state_dict()["w"]
+    session.commit(3)
+    assert np.array_equal(state.arrays["w"], clean)
+    session.commit(4)  # through the session's commit hook point
+    diff = np.bitwise_xor(clean.view(np.uint8), state.arrays["w"].view(np.uint8))
+    assert np.count_nonzero(diff) == 1 and diff[0] == 1
+    flipped = state.state_dict()["w"]
+    session.commit(4)  # fires once
+    assert np.array_equal(state.arrays["w"], flipped)
 
 
 def test_memory_fault_without_a_state_provider_is_a_repair_error() -> None:

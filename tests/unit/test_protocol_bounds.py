@@ -66,6 +66,10 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
         (M.AgentHeartbeat.KIND, {"node_rank": 0, "pids": {0: 2**40}}, "pids"),
         (M.Exit.KIND, {"code": 2**40, "reason": ""}, "code"),
         (M.Exit.KIND, {"code": 1, "reason": "x" * (B.MAX_STR + 1)}, "reason"),
+        (M.StateDigest.KIND, {"rank": 0, "step": B.STEP_MAX + 1, "digest": "ab"}, "step"),
+        (M.StateDigest.KIND, {"rank": -2, "step": 9, "digest": "ab"}, "rank"),
+        (M.StateDigest.KIND, {"rank": 0, "step": 9, "digest": "a" * 65}, "digest"),
+        (M.Stopped.KIND, {"rank": 0, "committed_step": 9, "digest": "a" * 65}, "digest"),
     ],
 )
 def test_out_of_range_fields_are_refused(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ms_recover.errors import RepairError
+from ms_recover.testing.floats import bit_diff, special_bits, special_values
 from ms_recover.worker.repair import MANIFEST, checksum, digest, pack, unpack
 
 
@@ -186,3 +187,34 @@ def test_digest_inequality() -> None:
 )
 def test_digest_distinguishes_structure(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
     assert digest(a) != digest(b)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_pack_and_unpack_keep_every_float_bit_pattern(dtype: str) -> None:
+    # Subnormals, signed zeros, infinities and NaN payloads (quiet, signalling, negative) must
+    # come back with the same bits: ``==`` would pass a flushed subnormal's neighbour (never
+    # -0.0 vs 0.0 or two NaNs), so compare the unsigned-integer views.
+    values = special_values(dtype)
+    state = {"v": values, "grid": np.tile(values, (3, 1)).T.copy(), "scalar": values[2:3][0]}
+    state["scalar"] = np.asarray(state["scalar"])  # a 0-d subnormal, like Adam's beta1_power
+    arrays, _ = unpack(pack(state, step=7), src=0)
+    assert bit_diff(arrays, state) == []
+    assert np.array_equal(arrays["v"].view(special_bits(dtype).dtype), special_bits(dtype))
+
+
+def test_digest_sees_every_bit_flush_and_sign_and_payload() -> None:
+    values = special_values(np.float32)
+    flushed = values.copy()
+    flushed[2] = 0.0  # a subnormal flushed to zero
+    negated = values.copy()
+    negated[0] = -0.0
+    payload = values.copy()
+    payload.view(np.uint32)[12] += 2  # another quiet NaN
+    base = digest({"v": values})
+    assert len({base, digest({"v": flushed}), digest({"v": negated}), digest({"v": payload})}) == 4
+    assert digest({"v": values.copy()}) == base
+
+
+def test_special_values_reject_a_non_float_dtype() -> None:
+    with pytest.raises(ValueError, match="int32 is not one of: float16, float32, float64"):
+        special_bits(np.int32)

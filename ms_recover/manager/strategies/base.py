@@ -39,6 +39,10 @@ from ms_recover.strategy import Strategy
 
 #: The reason a round starts when a fault (not a failed phase) was detected.
 FAULT_DETECTED = "fault detected"
+#: Fault kinds a rank survives, alive: it reported the error itself, or only its state is
+#: wrong (a replica whose digest differs). ``retry`` handles only these, and the fault path
+#: does not mark such a rank lost.
+SURVIVABLE = frozenset({FaultKind.WORKER_ERROR, FaultKind.DIVERGED})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +154,19 @@ def open_round(
         *launch.orders,
         Transition(reason, JobState.STOPPING),
     ]
+
+
+def untrusted_of(incident: Incident) -> frozenset[int]:
+    """The incident's ranks whose state cannot be trusted (a device memory error, a diverged
+    replica): alive, but never a repair source; a round that keeps them repairs them too."""
+    return frozenset(f.rank for f in incident.faults if f.corrupt and f.rank >= 0)
+
+
+def no_source(m: JobModel, incident: Incident, out: frozenset[int] | set[int]) -> str | None:
+    """Why a repairing strategy is infeasible: some shard has no replica left to copy from once
+    the ranks ``out`` (replaced, or left out of the world) and the untrusted ranks are set
+    aside ("no healthy replica left for shard N"); None if every shard keeps one."""
+    return orphan_shard(m, set(out) | untrusted_of(incident))
 
 
 def orphan_shard(m: JobModel, unusable: set[int]) -> str | None:

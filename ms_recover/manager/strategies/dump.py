@@ -14,7 +14,7 @@ from ms_recover.manager.strategies.base import (
     Launch,
     RecoveryStrategy,
     dead_ranks,
-    orphan_shard,
+    no_source,
 )
 from ms_recover.protocol.messages import Dump as DumpMsg
 from ms_recover.strategy import Strategy
@@ -24,7 +24,7 @@ class Dump(RecoveryStrategy):
     name = Strategy.DUMP
 
     def feasible(self, m: JobModel, incident: Incident) -> tuple[bool, str]:
-        orphan = orphan_shard(m, set(incident.hit) | dead_ranks(m))
+        orphan = no_source(m, incident, set(incident.hit) | dead_ranks(m))
         if orphan is not None:
             return False, orphan
         return True, "save the last committed state from one healthy replica per shard"
@@ -33,10 +33,14 @@ class Dump(RecoveryStrategy):
         return Launch(left_out=frozenset(incident.hit | dead_ranks(m)))
 
     def after_stop(self, m: JobModel, now: float, survivors: list[int]) -> list[Action]:
-        """One stopped replica per shard, at the highest committed step, writes its state."""
-        step = max(m.ranks[r].committed_step for r in survivors)
+        """One stopped, trusted replica per shard, at the highest committed step, writes its
+        state (a replica found diverged at the stop is never a writer)."""
+        rnd = m.round
+        assert rnd is not None
+        trusted = [r for r in survivors if r not in rnd.untrusted]
+        step = max(m.ranks[r].committed_step for r in trusted) if trusted else -1
         chosen: dict[int, int] = {}
-        for rank in sorted(survivors):
+        for rank in sorted(trusted):
             info = m.ranks[rank]
             if info.committed_step == step:
                 chosen.setdefault(info.shard, rank)

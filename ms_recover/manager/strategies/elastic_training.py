@@ -24,6 +24,7 @@ from ms_recover.manager.strategies.base import (
     RecoveryStrategy,
     dead_ranks,
     restart_in_place,
+    untrusted_of,
 )
 from ms_recover.protocol.messages import Stop
 from ms_recover.strategy import Strategy
@@ -40,7 +41,8 @@ class ElasticTraining(RecoveryStrategy):
     def feasible(self, m: JobModel, incident: Incident) -> tuple[bool, str]:
         if len({i.shard for i in m.ranks.values()}) > 1:
             return False, "needs pure data parallelism (every rank a replica of the others)"
-        left = sorted(r for r in m.active if r not in incident.hit and m.ranks[r].alive)
+        out = incident.hit | untrusted_of(incident)
+        left = sorted(r for r in m.active if r not in out and m.ranks[r].alive)
         if not left:
             return False, "no healthy rank left to continue with"
         return True, f"continue with ranks {left} (global batch kept) until replacements return"
@@ -51,7 +53,9 @@ class ElasticTraining(RecoveryStrategy):
         orders = restart_in_place(
             m.config, wanted - incident.underway, incident.fresh_nodes, reason
         )
-        return Launch(left_out=frozenset(incident.hit | dead_ranks(m)), orders=orders)
+        left_out = frozenset(incident.hit | dead_ranks(m))
+        untrusted = untrusted_of(incident) - left_out  # kept in the world, repaired first
+        return Launch(left_out=left_out, untrusted=untrusted, orders=orders)
 
     def after_stop(self, m: JobModel, now: float, survivors: list[int]) -> list[Action]:
         rnd = m.round

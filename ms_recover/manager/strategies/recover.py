@@ -10,7 +10,13 @@ from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.manager.actions import Action, SendAgent
 from ms_recover.manager.model import JobModel
-from ms_recover.manager.strategies.base import Incident, Launch, RecoveryStrategy, orphan_shard
+from ms_recover.manager.strategies.base import (
+    Incident,
+    Launch,
+    RecoveryStrategy,
+    no_source,
+    untrusted_of,
+)
 from ms_recover.protocol.messages import AgentExit
 from ms_recover.strategy import Strategy
 
@@ -36,7 +42,7 @@ class Recover(RecoveryStrategy):
                 f"node {cfg.sched_node_rank} hosts the scheduler and manager and "
                 "cannot be rescheduled"
             )
-        orphan = orphan_shard(m, set(replaced))
+        orphan = no_source(m, incident, replaced)
         if orphan is not None:
             return False, orphan
         return True, f"replace ranks {sorted(replaced)}"
@@ -52,7 +58,8 @@ class Recover(RecoveryStrategy):
             for node in sorted(nodes - skip)
             if m.agents[node].alive
         ]
-        return Launch(replace=replaced, nodes=nodes, orders=tuple(orders))
+        untrusted = untrusted_of(incident) - replaced  # repaired too, never a source
+        return Launch(replace=replaced, nodes=nodes, untrusted=untrusted, orders=tuple(orders))
 
     def replace_limit(self, cfg: JobConfig) -> float:
         return cfg.wait_reschedule_timeout_s

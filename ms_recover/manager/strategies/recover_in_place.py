@@ -10,8 +10,9 @@ from ms_recover.manager.strategies.base import (
     Incident,
     Launch,
     RecoveryStrategy,
-    orphan_shard,
+    no_source,
     restart_in_place,
+    untrusted_of,
 )
 from ms_recover.strategy import Strategy
 
@@ -23,7 +24,7 @@ class RecoverInPlace(RecoveryStrategy):
         if incident.lost_nodes:
             lost = sorted(incident.lost_nodes)
             return False, f"node(s) {lost} lost: no agent to restart ranks in place"
-        orphan = orphan_shard(m, set(incident.hit))
+        orphan = no_source(m, incident, incident.hit)
         if orphan is not None:
             return False, orphan
         return True, f"replace ranks {sorted(incident.hit)}"
@@ -31,4 +32,6 @@ class RecoverInPlace(RecoveryStrategy):
     def launch(self, m: JobModel, incident: Incident, reason: str) -> Launch:
         todo = set(incident.hit - incident.underway)  # a starting replacement is left alone
         orders = restart_in_place(m.config, todo, incident.fresh_nodes, reason)
-        return Launch(replace=incident.hit, orders=orders)
+        # A diverged replica of an earlier fault that is not replaced is repaired too.
+        untrusted = untrusted_of(incident) - incident.hit
+        return Launch(replace=incident.hit, untrusted=untrusted, orders=orders)

@@ -1,17 +1,21 @@
 """``retry``: the faulty ranks survived (they reported the error themselves); everyone stops,
 rebuilds in place and redoes the step. A rank whose state cannot be trusted (a device memory
-error) gets it again from a replica. Nobody restarts.
+error, a replica whose digest differs) gets it again from a replica. Nobody restarts.
 """
 
 from __future__ import annotations
 
 from ms_recover.config import JobConfig
-from ms_recover.manager.model import FaultKind, JobModel
-from ms_recover.manager.strategies.base import Incident, Launch, RecoveryStrategy, orphan_shard
+from ms_recover.manager.model import JobModel
+from ms_recover.manager.strategies.base import (
+    SURVIVABLE,
+    Incident,
+    Launch,
+    RecoveryStrategy,
+    no_source,
+    untrusted_of,
+)
 from ms_recover.strategy import Strategy
-
-#: Fault kinds a rank survives and reports itself: the only ones ``retry`` handles.
-SURVIVABLE = frozenset({FaultKind.WORKER_ERROR})
 
 
 class Retry(RecoveryStrategy):
@@ -28,14 +32,10 @@ class Retry(RecoveryStrategy):
         dead = sorted(r for r in incident.hit if not m.ranks[r].alive)
         if dead:
             return False, f"rank(s) {dead} are gone"
-        orphan = orphan_shard(m, set(_untrusted(incident)))
+        orphan = no_source(m, incident, frozenset())
         if orphan is not None:
             return False, orphan
         return True, f"rebuild in place and redo the step (ranks {sorted(incident.hit)} survived)"
 
     def launch(self, m: JobModel, incident: Incident, reason: str) -> Launch:
-        return Launch(untrusted=_untrusted(incident))
-
-
-def _untrusted(incident: Incident) -> frozenset[int]:
-    return frozenset(f.rank for f in incident.faults if f.corrupt)
+        return Launch(untrusted=untrusted_of(incident))

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 import ms_recover
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
+from ms_recover.testing.worlds import WorldSchedule
 from ms_recover.worker.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset, split_indices
 
@@ -47,21 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     net, loss_fn, optimizer = build()
     session = ms_recover.init(state=MindSporeState(net, optimizer))
-    share = {"n": 0}  # this rank's samples in the current step
+    share = {"n": 0, "step": 0}  # this rank's samples in the current step, and the step
+    worlds = WorldSchedule.from_env(session)  # only a reference run of an elastic one has one
 
     def reduce(flat: NDArray[np.float32]) -> NDArray[np.float32]:
         # Each rank's mean gradient weighted by its share of the global batch, then summed:
         # the global-batch mean, whatever the (elastic) number of ranks.
-        return session.allreduce(flat * np.float32(share["n"] / GLOBAL_BATCH), "sum")
+        scaled = flat * np.float32(share["n"] / GLOBAL_BATCH)
+        return worlds.allreduce(share["step"], scaled, "sum")
 
     step = DataParallelStep(net, loss_fn, optimizer, reduce_fn=reduce)
     x_all, y_all = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
     losses: dict[int, float] = {}
     for s in session.steps(args.steps):
         with session.guard():
-            where = (session.data_rank, session.data_world)
-            idx = split_indices(s, *where, GLOBAL_BATCH, SAMPLES, SEED)
-            share["n"] = len(idx)
+            idx = split_indices(s, *worlds.where(s), GLOBAL_BATCH, SAMPLES, SEED)
+            share["n"], share["step"] = len(idx), s
             losses[s] = step(x_all[idx], y_all[idx])
             if args.step_time:
                 time.sleep(args.step_time)

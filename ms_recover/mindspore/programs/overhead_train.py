@@ -200,6 +200,10 @@ def _interleave(
     calls = {
         "allreduce_s": _median_call(lambda: session.allreduce(flat, "mean")),
         "loop_s": _median_call(lambda: _empty_iteration(session, steps)),
+        # The replica check: a commit every digest_every_steps also digests the whole state
+        # (the median above hides it: it is one commit in that many).
+        "digest_s": _median_call(session._digest, 200),
+        "digest_every_steps": session.config.digest_every_steps,
     }
     steps.close()
     return {
