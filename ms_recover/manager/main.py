@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import signal
+import threading
 import types
 
 import zmq
@@ -76,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    hold_sigterm()
     config = config_from_args(args)
     metrics_port = args.metrics_port or _env_port("MS_RECOVER_METRICS_PORT")
     server = _listen(config, args.host or config.pod_ip)
@@ -113,6 +115,16 @@ def _listen(config: JobConfig, host: str) -> ManagerServer:
         ) from exc
 
 
+_TERM = threading.Event()  # a SIGTERM that came before serve_in_foreground took over
+
+
+def hold_sigterm() -> None:
+    """Until :func:`serve_in_foreground`, a SIGTERM is remembered instead of killing the
+    process. Called before binding: a supervisor (or a test) may send SIGTERM as soon as the
+    port listens, and the manager must still stop cleanly with the job's exit code."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: _TERM.set())
+
+
 def serve_in_foreground(server: ManagerServer) -> int:
     """Serve until the job ends or SIGTERM arrives; the exit code of the job."""
 
@@ -120,6 +132,8 @@ def serve_in_foreground(server: ManagerServer) -> int:
         server.stop()
 
     signal.signal(signal.SIGTERM, on_term)
+    if _TERM.is_set():  # it came while binding (see hold_sigterm)
+        server.stop()
     return server.serve()
 
 

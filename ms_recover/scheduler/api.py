@@ -24,7 +24,7 @@ from typing import Any
 from ms_recover import env as E
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
-from ms_recover.manager.main import serve_in_foreground
+from ms_recover.manager.main import hold_sigterm, serve_in_foreground
 from ms_recover.manager.server import ManagerServer
 
 log = logging.getLogger("ms_recover.api")
@@ -75,4 +75,5 @@ def start_taskd_manager() -> int:
             E.TASKD_PROCESS_ENABLE,
         )
         return 0
+    hold_sigterm()
     return serve_in_foreground(ManagerServer(_config, bind=_config.pod_ip))

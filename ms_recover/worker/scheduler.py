@@ -64,9 +64,10 @@ def run_scheduler_role(environ: Mapping[str, str]) -> NoReturn:
         )
         raise SystemExit(exitcodes.OK)
     from ms_recover.config import JobConfig
-    from ms_recover.manager.main import serve_in_foreground
+    from ms_recover.manager.main import hold_sigterm, serve_in_foreground
     from ms_recover.manager.server import ManagerServer
 
+    hold_sigterm()
     config = JobConfig.from_env(environ)
     print(
         f"ms_recover: MindSpore scheduler process hosts the manager ({why}): {config.describe()}",

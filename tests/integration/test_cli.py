@@ -221,3 +221,23 @@ def test_agent_sigterm_reaps_its_ranks(tmp_path):
     for pid in ranks:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
     assert "Traceback" not in agent.stderr.read()
+
+
+def test_a_sigterm_while_the_manager_binds_still_stops_it_cleanly():
+    # A supervisor may send SIGTERM as soon as the port listens, before the serve loop runs
+    # (a CI flake: the process died of the signal, exit -15). Here it arrives even earlier.
+    program = (
+        "import os, signal, sys\n"
+        "from ms_recover.config import JobConfig\n"
+        "from ms_recover.manager.main import hold_sigterm, serve_in_foreground\n"
+        "from ms_recover.manager.server import ManagerServer\n"
+        "hold_sigterm()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "server = ManagerServer(JobConfig(manager_port=0), bind='127.0.0.1')\n"
+        "sys.exit(serve_in_foreground(server))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 1, run.stderr[-2000:]  # stopped before the job finished
+    assert "Traceback" not in run.stderr
