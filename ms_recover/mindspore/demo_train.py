@@ -20,6 +20,7 @@ from mindspore import nn
 from numpy.typing import NDArray
 
 import ms_recover
+from ms_recover.mindspore.graphstep import GraphStep
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.testing.record import write_rank_record
@@ -43,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--step-time", type=float, default=0.0, help="extra seconds per step, to stretch a demo run"
     )
+    ap.add_argument(
+        "--graph-step",
+        action="store_true",
+        help="run each step as one compiled graph with the allreduce inside it (GraphStep) "
+        "instead of DataParallelStep's two graphs; same bits",
+    )
     args = ap.parse_args(argv)
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     net, loss_fn, optimizer = build()
@@ -54,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         # the global-batch mean, whatever the (elastic) number of ranks.
         return session.allreduce(flat * np.float32(share["n"] / GLOBAL_BATCH), "sum")
 
-    step = DataParallelStep(net, loss_fn, optimizer, reduce_fn=reduce)
+    kind = GraphStep if args.graph_step else DataParallelStep
+    step = kind(net, loss_fn, optimizer, reduce_fn=reduce)
     x_all, y_all = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
     losses: dict[int, float] = {}
     for s in session.steps(args.steps):
