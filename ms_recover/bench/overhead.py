@@ -91,8 +91,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 100 or args.repeats < 0:
-        print("ms-recover bench overhead: needs --steps >= 100, --repeats >= 0", file=sys.stderr)
+    if args.steps < 100 or args.repeats < 0 or args.wide < 0 or args.wide_steps < 20:
+        print(
+            "ms-recover bench overhead: needs --steps >= 100, --repeats >= 0, --wide >= 0 "
+            "(0: off), --wide-steps >= 20",
+            file=sys.stderr,
+        )
         return 2
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-overhead-")
     runner = _Runner(args, workdir)

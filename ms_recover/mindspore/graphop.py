@@ -66,11 +66,12 @@ def build_library() -> Path:
     target = library_path()
     if target.exists():
         return target
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    named = os.environ.get("CXX")
+    cxx = shutil.which(named) if named else shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise MsRecoverError(
             "the in-graph reduction needs a C++ compiler (g++ or c++ on PATH, or CXX) to build "
-            f"{SOURCE.name} once; none was found"
+            f"{SOURCE.name} once; " + (f"CXX={named!r} was not found" if named else "none found")
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
