@@ -32,12 +32,16 @@ Two ways of comparing them, because the host is shared and noisy:
 With two ranks, the share of the host allreduce in the step is reported
 too (no target: it is the data plane's cost, not ms_recover's overhead).
 
-The same interleaved run has two arms with :class:`~ms_recover.mindspore.graphstep.GraphStep`
-(the whole step one compiled graph, the reduction a custom op inside it, on its own copy of the
-model): (g) with the identity reduce, (gb) under the session with ``session.allreduce``: the op
-path of a many-rank job, never skipped at one rank. ``--wide H`` runs a second interleaved job on
-a wider MLP (64-H-H-8, a step of about 10 ms here) with only TrainOneStepCell, (g) and (gb):
-DESIGN §8 wants <= +2 % there. Every arm returns once its step has finished (the loss is read).
+A second interleaved job runs in GRAPH_MODE (the baseline DESIGN §8 names: a GRAPH_MODE
+``TrainOneStepCell``) against :class:`~ms_recover.mindspore.graphstep.GraphStep` (the whole step
+one compiled graph, the reduction a custom op inside it, on its own copy of the model): (g) with
+the identity reduce, (gb) under the session with ``session.allreduce``: the op path of a
+many-rank job, never skipped at one rank. ``--wide H`` runs a third one on a wider MLP
+(64-H-H-8, a step of about 10 ms here): DESIGN §8 wants <= +2 % there. Every arm returns once
+its step has finished (the loss is read). Why not PyNative: there, waiting for a jit graph's
+scalar output costs 10-40 ms whenever another Python thread wakes up (the session's heartbeat
+thread does), for a plain TrainOneStepCell as much as for GraphStep (measured on MindSpore 2.10
+CPU); GRAPH_MODE does not have that stall.
 """
 
 from __future__ import annotations
@@ -102,11 +106,13 @@ def run(args: argparse.Namespace) -> int:
     runner = _Runner(args, workdir)
     print("overhead: (a), (a') and (b) interleaved step by step in one process ...", flush=True)
     inter = runner.job("interleaved", procs=1)[0]
+    print("overhead: GRAPH_MODE, TrainOneStepCell vs GraphStep, interleaved ...", flush=True)
+    graph = runner.job("interleaved", procs=1, extra=["--graph-mode"])[0]
     wide = None
     if args.wide:
-        print(f"overhead: wide MLP 64-{args.wide}-{args.wide}-8, interleaved ...", flush=True)
-        extra = ["--hidden", str(args.wide), "--steps", str(args.wide_steps), "--warmup", "20"]
-        wide = runner.job("interleaved", procs=1, extra=extra)[0]
+        print(f"overhead: wide MLP 64-{args.wide}-{args.wide}-8, GRAPH_MODE ...", flush=True)
+        extra = ["--graph-mode", "--hidden", str(args.wide), "--steps", str(args.wide_steps)]
+        wide = runner.job("interleaved", procs=1, extra=[*extra, "--warmup", "20"])[0]
     pairs = []
     for i in range(args.repeats):
         print(f"overhead: separate processes, pair {i + 1}/{args.repeats} ...", flush=True)
@@ -121,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
         print("overhead: 2 ranks, host allreduce share ...", flush=True)
         world2 = runner.job("session", procs=2)
     rep = _report(args, inter, pairs, world2, workdir)
-    rep.add(*_graph_rows(inter, wide))
-    rep.samples["graph"] = {"demo": _graph_stats(inter), "wide": wide and _graph_stats(wide)}
+    rep.add(*_graph_rows(graph, wide))
+    rep.samples["graph"] = {"demo": _graph_stats(graph), "wide": wide and _graph_stats(wide)}
     return rep.emit(args.json)
 
 
@@ -382,7 +388,7 @@ def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Meas
         if got is None:
             continue
         g = _graph_stats(got)
-        what = what or f"wide MLP 64-{g['hidden']}-{g['hidden']}-8"
+        what = (what or f"wide MLP 64-{g['hidden']}-{g['hidden']}-8") + ", GRAPH_MODE"
         halves = " / ".join(f"{h:+.2f} %" for h in g["gsession_halves_pct"])
         rows += [
             Measure(

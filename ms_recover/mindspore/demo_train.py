@@ -47,11 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--graph-step",
         action="store_true",
-        help="run each step as one compiled graph with the allreduce inside it (GraphStep) "
-        "instead of DataParallelStep's two graphs; same bits",
+        help="run each step as one compiled graph with the allreduce inside it (GraphStep, in "
+        "GRAPH_MODE) instead of DataParallelStep's two graphs; same bits",
     )
     args = ap.parse_args(argv)
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+    # GraphStep runs in GRAPH_MODE: in PyNative, waiting for a jit graph's loss stalls for
+    # 10-40 ms whenever another Python thread (the session's heartbeat) wakes up.
+    mode = mindspore.GRAPH_MODE if args.graph_step else mindspore.PYNATIVE_MODE
+    mindspore.set_context(mode=mode, device_target="CPU")
     net, loss_fn, optimizer = build()
     session = ms_recover.init(state=MindSporeState(net, optimizer))
     share = {"n": 0}  # this rank's samples in the current step
