@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("graphreduce.cc")
 FUNC = "MsrReduce"
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64)
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p))
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _slots: dict[int, ReduceSlot] = {}
@@ -109,8 +109,9 @@ class ReduceSlot:
 
     ``reduce_fn(flat) -> flat`` is called with this slot's buffer (float32, ``size`` values)
     and must return an array of the same shape and dtype (the buffer itself, reduced in place,
-    is fine; anything else is copied into it). It runs on a MindSpore kernel thread while the
-    caller's thread waits in the graph, with the caller's floating-point environment.
+    or a new array, which the op then reads directly: it is kept until the next call). It runs
+    on a MindSpore kernel thread while the caller's thread waits in the graph, with the
+    caller's floating-point environment.
     """
 
     def __init__(self, size: int, reduce_fn: Callable[[FlatGrads], FlatGrads]) -> None:
@@ -118,6 +119,7 @@ class ReduceSlot:
         self.reduce_fn = reduce_fn
         self.buffer: FlatGrads = np.zeros(size, np.float32)
         self._error: BaseException | None = None
+        self._result: FlatGrads | None = None  # alive while the op reads it
         self._callback = _CALLBACK(self._call)  # kept alive as long as the slot
         with _lock:
             free = next((i for i in range(lib.msr_slots()) if i not in _slots), None)
@@ -132,13 +134,14 @@ class ReduceSlot:
         """The ``func`` argument of ``ops.Custom(..., func_type="aot")``."""
         return f"{library_path()}:{FUNC}"
 
-    def _call(self, _slot: int) -> int:
+    def _call(self, _slot: int, result: Any) -> int:
         # Never let an exception escape into ctypes: it would be printed and turned into 0.
         try:
             out = self.reduce_fn(self.buffer)
             if out is not self.buffer:
                 self._check(out)
-                np.copyto(self.buffer, out)
+                self._result = np.ascontiguousarray(out)
+                result[0] = self._result.ctypes.data
             return 0
         except BaseException as exc:  # noqa: BLE001 - latched and re-raised by the caller
             self._error = exc

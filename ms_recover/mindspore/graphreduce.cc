@@ -3,7 +3,9 @@
 // MsrReduce(slot, g_1 .. g_k) -> (r_1 .. r_k), every tensor float32.
 // It gathers the k gradients into the slot's flat buffer (owned by Python, registered with
 // msr_register), calls the slot's callback once (a ctypes function that runs the Python
-// reduction on that buffer, in place), and scatters the buffer into the k outputs.
+// reduction on that buffer), and scatters the result into the k outputs: from the buffer, or
+// from the array the callback points it at (a reduction that returns a new array costs no
+// extra copy).
 // A nonzero return makes MindSpore abort the graph before anything after this op ran; the
 // Python side then rebuilds the graph (MindSpore latches the failure in the old one).
 //
@@ -16,7 +18,7 @@
 
 extern "C" {
 
-typedef int (*msr_callback)(int64_t slot);
+typedef int (*msr_callback)(int64_t slot, const float **result);
 
 struct MsrSlot {
   msr_callback cb;
@@ -69,13 +71,14 @@ int MsrReduce(int nparam, void **params, int *ndims, int64_t **shapes, const cha
   if (off != s.n) return 3;
   const unsigned int saved = _mm_getcsr();
   _mm_setcsr(s.mxcsr);
-  const int rc = s.cb(slot);
+  const float *result = s.buf;
+  const int rc = s.cb(slot, &result);
   _mm_setcsr(saved);
-  if (rc != 0) return 5;
+  if (rc != 0 || result == nullptr) return 5;
   off = 0;
   for (int i = 0; i < k; ++i) {
     const int64_t n = msr_numel(ndims[1 + k + i], shapes[1 + k + i]);
-    std::memcpy(params[1 + k + i], s.buf + off, static_cast<size_t>(n) * sizeof(float));
+    std::memcpy(params[1 + k + i], result + off, static_cast<size_t>(n) * sizeof(float));
     off += n;
   }
   return 0;
