@@ -84,9 +84,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wide",
         type=int,
-        default=384,
+        default=1024,
         metavar="H",
-        help="also measure a wider MLP 64-H-H-8 (~10 ms step; default 384; 0: off)",
+        help="also measure a wider MLP 64-H-H-8 (~7-10 ms step here; default 1024; 0: off)",
     )
     p.add_argument("--wide-steps", type=int, default=400, help="timed steps of the wide run")
     p.add_argument("--timeout", type=float, default=240.0, help="per-run deadline in s")
