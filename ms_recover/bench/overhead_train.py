@@ -204,11 +204,13 @@ def _interleave(
             t = time.perf_counter()
             if kind == "cell":
                 x, y = data.batch(i)
-                # Wait for the step's end and read the loss, as every other arm does (sync
-                # first: reading a jit call's loss before a sync costs ms on MindSpore 2.10).
                 loss = cell(mindspore.Tensor(x), mindspore.Tensor(y))
-                device_sync()
-                float(loss.asnumpy())
+                if args.graph_mode:
+                    # Wait for the step's end and read the loss, as GraphStep does. Not in
+                    # PyNative: there a jit graph's loss read stalls 10-40 ms while the
+                    # heartbeat thread runs, which would flatter every arm compared with it.
+                    device_sync()
+                    float(loss.asnumpy())
             elif kind == "graph":
                 graph.reduce_fn = _identity
                 graph(*data.batch(i))
