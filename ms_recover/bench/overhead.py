@@ -379,6 +379,7 @@ def _graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         "graph_pct": vs_cell("graph"),
         "gsession_pct": vs_cell("gsession"),
         "gsession_halves_pct": [vs_cell("gsession", 0, half), vs_cell("gsession", half)],
+        "plain_pct": vs_cell("plain") if "plain_times" in inter else None,
     }
 
 
@@ -406,6 +407,12 @@ def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Meas
                 "one compiled graph, the reduction op called once per step",
             ),
             Measure(
+                f"{what}: (a) DataParallelStep, identity reduce, vs TrainOneStepCell",
+                g["plain_pct"],
+                "%",
+                note="today's step (two graphs, numpy round trip), same job, for comparison",
+            ),
+            Measure(
                 f"{what}: (gb) GraphStep under ms_recover vs TrainOneStepCell",
                 g["gsession_pct"],
                 "%",
@@ -414,4 +421,4 @@ def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Meas
                 f"steps()/guard()/commit + session.allreduce in the op; halves: {halves}",
             ),
         ]
-    return rows
+    return [r for r in rows if r.value is not None]  # no DataParallelStep arm in the wide job
