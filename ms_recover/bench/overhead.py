@@ -31,6 +31,17 @@ Two ways of comparing them, because the host is shared and noisy:
 
 With two ranks, the share of the host allreduce in the step is reported
 too (no target: it is the data plane's cost, not ms_recover's overhead).
+
+A second interleaved job runs in GRAPH_MODE (the baseline DESIGN §8 names: a GRAPH_MODE
+``TrainOneStepCell``) against :class:`~ms_recover.mindspore.graphstep.GraphStep` (the whole step
+one compiled graph, the reduction a custom op inside it, on its own copy of the model): (g) with
+the identity reduce, (gb) under the session with ``session.allreduce``: the op path of a
+many-rank job, never skipped at one rank. ``--wide H`` runs a third one on a wider MLP
+(64-H-H-8, a step of about 10 ms here): DESIGN §8 wants <= +2 % there. In these GRAPH_MODE
+jobs every arm returns once its step has finished (the loss is read). Why not PyNative: there,
+waiting for a jit graph's scalar output costs 10-40 ms whenever another Python thread wakes up
+(the session's heartbeat thread does), for a plain TrainOneStepCell as much as for GraphStep
+(measured on MindSpore 2.10 CPU); GRAPH_MODE does not have that stall.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from ms_recover.strategy import parse_strategies
 from ms_recover.testing.localjob import LocalJob
 
 VS_CELL_TARGET_PCT = 10.0
+WIDE_TARGET_PCT = 2.0
 PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.programs.overhead_train"]
 
 
@@ -69,19 +81,38 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=True,
         help="also measure the allreduce share at 2 ranks (default on)",
     )
+    p.add_argument(
+        "--wide",
+        type=int,
+        default=1024,
+        metavar="H",
+        help="also measure a wider MLP 64-H-H-8 (~7-10 ms step here; default 1024; 0: off)",
+    )
+    p.add_argument("--wide-steps", type=int, default=400, help="timed steps of the wide run")
     p.add_argument("--timeout", type=float, default=240.0, help="per-run deadline in s")
     p.add_argument("--workdir", help="outputs and logs go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 100 or args.repeats < 0:
-        print("ms-recover bench overhead: needs --steps >= 100, --repeats >= 0", file=sys.stderr)
+    if args.steps < 100 or args.repeats < 0 or args.wide < 0 or args.wide_steps < 20:
+        print(
+            "ms-recover bench overhead: needs --steps >= 100, --repeats >= 0, --wide >= 0 "
+            "(0: off), --wide-steps >= 20",
+            file=sys.stderr,
+        )
         return 2
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-overhead-")
     runner = _Runner(args, workdir)
     print("overhead: (a), (a') and (b) interleaved step by step in one process ...", flush=True)
     inter = runner.job("interleaved", procs=1)[0]
+    print("overhead: GRAPH_MODE, TrainOneStepCell vs GraphStep, interleaved ...", flush=True)
+    graph = runner.job("interleaved", procs=1, extra=["--graph-mode"])[0]
+    wide = None
+    if args.wide:
+        print(f"overhead: wide MLP 64-{args.wide}-{args.wide}-8, GRAPH_MODE ...", flush=True)
+        extra = ["--graph-mode", "--hidden", str(args.wide), "--steps", str(args.wide_steps)]
+        wide = runner.job("interleaved", procs=1, extra=[*extra, "--warmup", "20"])[0]
     pairs = []
     for i in range(args.repeats):
         print(f"overhead: separate processes, pair {i + 1}/{args.repeats} ...", flush=True)
@@ -95,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
     if args.world2:
         print("overhead: 2 ranks, host allreduce share ...", flush=True)
         world2 = runner.job("session", procs=2)
-    return _report(args, inter, pairs, world2, workdir).emit(args.json)
+    rep = _report(args, inter, pairs, world2, workdir)
+    rep.add(*_graph_rows(graph, wide))
+    rep.samples["graph"] = {"demo": _graph_stats(graph), "wide": wide and _graph_stats(wide)}
+    return rep.emit(args.json)
 
 
 class _Runner:
@@ -123,7 +157,7 @@ class _Runner:
             raise MsRecoverError(f"plain run failed with exit code {code}; log in {out}")
         return _load(out, "plain", 1)[0]
 
-    def job(self, mode: str, procs: int) -> list[dict[str, Any]]:
+    def job(self, mode: str, procs: int, extra: list[str] | None = None) -> list[dict[str, Any]]:
         out = self._out(mode)
         # No recovery is exercised here; "exit" keeps a one-rank job from warning about replicas.
         config = JobConfig(
@@ -132,7 +166,8 @@ class _Runner:
             proc_per_node=procs,
             strategies=parse_strategies("exit"),
         )
-        with LocalJob(config, self._argv(mode, out), {}, log_dir=os.path.join(out, "logs")) as job:
+        argv = self._argv(mode, out) + (extra or [])  # later flags win (argparse)
+        with LocalJob(config, argv, {}, log_dir=os.path.join(out, "logs")) as job:
             if not job.wait(self.args.timeout) or job.exit_code != 0:
                 raise MsRecoverError(f"{mode} run did not finish cleanly; logs in {out}/logs")
         return _load(out, mode, procs)
@@ -336,3 +371,69 @@ def _report(
         "far more than 1 % between runs; the step-by-step one is the steadier.",
     ]
     return rep
+
+
+def _graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
+    """GraphStep's arms against the TrainOneStepCell arm: median paired differences, in %."""
+    cell_times = inter["cell_times"]
+    cell = statistics.median(cell_times)
+    half = len(cell_times) // 2
+
+    def vs_cell(kind: str, lo: int = 0, hi: int | None = None) -> float:
+        diffs = [
+            y - x for x, y in zip(cell_times[lo:hi], inter[f"{kind}_times"][lo:hi], strict=True)
+        ]
+        return float(statistics.median(diffs) / cell * 100)
+
+    return {
+        "hidden": inter.get("hidden", 0),
+        "elements": inter.get("graph_elements"),
+        "cell_step_s": cell,
+        "graph_step_s": statistics.median(inter["graph_times"]),
+        "gsession_step_s": statistics.median(inter["gsession_times"]),
+        "graph_pct": vs_cell("graph"),
+        "gsession_pct": vs_cell("gsession"),
+        "gsession_halves_pct": [vs_cell("gsession", 0, half), vs_cell("gsession", half)],
+        "plain_pct": vs_cell("plain") if "plain_times" in inter else None,
+    }
+
+
+def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measure]:
+    rows = []
+    for got, target, what in ((inter, VS_CELL_TARGET_PCT, "demo MLP"), (wide, WIDE_TARGET_PCT, "")):
+        if got is None:
+            continue
+        g = _graph_stats(got)
+        what = (what or f"wide MLP 64-{g['hidden']}-{g['hidden']}-8") + ", GRAPH_MODE"
+        halves = " / ".join(f"{h:+.2f} %" for h in g["gsession_halves_pct"])
+        rows += [
+            Measure(
+                f"{what}: TrainOneStepCell step, median",
+                g["cell_step_s"] * 1e3,
+                "ms",
+                note=f"{g['elements']} gradient values",
+            ),
+            Measure(
+                f"{what}: (g) GraphStep, identity reduce, vs TrainOneStepCell",
+                g["graph_pct"],
+                "%",
+                "<=",
+                target,
+                "one compiled graph, the reduction op called once per step",
+            ),
+            Measure(
+                f"{what}: (a) DataParallelStep, identity reduce, vs TrainOneStepCell",
+                g["plain_pct"],
+                "%",
+                note="today's step (two graphs, numpy round trip), same job, for comparison",
+            ),
+            Measure(
+                f"{what}: (gb) GraphStep under ms_recover vs TrainOneStepCell",
+                g["gsession_pct"],
+                "%",
+                "<=",
+                target,
+                f"steps()/guard()/commit + session.allreduce in the op; halves: {halves}",
+            ),
+        ]
+    return [r for r in rows if r.value is not None]  # no DataParallelStep arm in the wide job

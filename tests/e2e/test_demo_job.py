@@ -23,7 +23,12 @@ STEPS = 24
 
 
 def _job(
-    out: str, faults: Faults | None, strategy: str, delay: float = 0.0, spares: int = 0
+    out: str,
+    faults: Faults | None,
+    strategy: str,
+    delay: float = 0.0,
+    spares: int = 0,
+    extra: tuple[str, ...] = (),
 ) -> LocalJob:
     config = JobConfig(
         job_id="e2e",
@@ -40,6 +45,7 @@ def _job(
         str(STEPS),
         "--out",
         out,
+        *extra,
     ]
     return LocalJob(
         config,
@@ -115,6 +121,19 @@ def test_retry_after_a_transient_comm_error_is_bit_identical(tmp_path, reference
         with open(os.path.join(out, f"rank_{rank}.json")) as fh:
             incarnations.append(json.load(fh)["incarnation"])
     assert incarnations == [0, 0, 0, 0]
+
+
+def test_graph_step_gives_the_same_bits_and_retries_a_failed_in_graph_allreduce(
+    tmp_path, reference
+):
+    """GraphStep (one compiled graph, the host allreduce an op inside it) ends with the bits of
+    the DataParallelStep reference; the transient error fails the op before the optimizer ran,
+    so the same processes redo the step after the rebuild."""
+    out = str(tmp_path)
+    faults = Faults().transient(rank=2, step=7)
+    with _job(out, faults, "retry,recover-in-place,exit", extra=("--graph-step",)) as job:
+        recovery = _check(job, out, reference, "retry")
+    assert recovery["replaced"] == []
 
 
 def test_dump_writes_mindspore_checkpoints_a_restart_can_load(tmp_path):

@@ -20,6 +20,7 @@ from mindspore import nn
 from numpy.typing import NDArray
 
 import ms_recover
+from ms_recover.mindspore.graphstep import GraphStep
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.testing.worlds import WorldSchedule
@@ -44,8 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--step-time", type=float, default=0.0, help="extra seconds per step, to stretch a demo run"
     )
+    ap.add_argument(
+        "--graph-step",
+        action="store_true",
+        help="run each step as one compiled graph with the allreduce inside it (GraphStep, in "
+        "GRAPH_MODE) instead of DataParallelStep's two graphs; same bits",
+    )
     args = ap.parse_args(argv)
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+    # GraphStep runs in GRAPH_MODE: in PyNative, waiting for a jit graph's loss stalls for
+    # 10-40 ms whenever another Python thread (the session's heartbeat) wakes up.
+    mode = mindspore.GRAPH_MODE if args.graph_step else mindspore.PYNATIVE_MODE
+    mindspore.set_context(mode=mode, device_target="CPU")
     net, loss_fn, optimizer = build()
     session = ms_recover.init(state=MindSporeState(net, optimizer))
     share = {"n": 0, "step": 0}  # this rank's samples in the current step, and the step
@@ -57,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         scaled = flat * np.float32(share["n"] / GLOBAL_BATCH)
         return worlds.allreduce(share["step"], scaled, "sum")
 
-    step = DataParallelStep(net, loss_fn, optimizer, reduce_fn=reduce)
+    kind = GraphStep if args.graph_step else DataParallelStep
+    step = kind(net, loss_fn, optimizer, reduce_fn=reduce)
     x_all, y_all = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
     losses: dict[int, float] = {}
     for s in session.steps(args.steps):

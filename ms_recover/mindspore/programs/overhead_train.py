@@ -12,7 +12,13 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   (``ms-recover-link-R``) over the session steps. A fourth arm is what a user would run
   without ms_recover: MindSpore's own ``nn.TrainOneStepCell`` on a second copy of the model
   (same seed, same batches), its ``construct`` compiled whole with ``mindspore.jit`` (one
-  graph, as GRAPH_MODE compiles it).
+  graph, as GRAPH_MODE compiles it). Two more arms run :class:`GraphStep` (the step as one
+  compiled graph, the reduction an op inside it) on a third copy of the model: ``graph`` with
+  the identity reduce, ``gsession`` under ``session.steps()`` / ``guard()`` with
+  ``session.allreduce`` as the reduce (the op calls it; one rank: a copy).
+  ``--graph-mode`` runs the process in GRAPH_MODE (the baseline the design names: a GRAPH_MODE
+  ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms; ``--hidden H`` swaps
+  the demo MLP for a wider one (64-H-H-8).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
@@ -34,20 +40,39 @@ import numpy as np
 from mindspore import nn
 from numpy.typing import NDArray
 
+from ms_recover.mindspore.graphstep import GraphStep
 from ms_recover.mindspore.programs.demo_train import (
     CLASSES,
     GLOBAL_BATCH,
     IN_DIM,
     SAMPLES,
     SEED,
-    build,
 )
-from ms_recover.mindspore.state import MindSporeState
+from ms_recover.mindspore.programs.demo_train import build as build_demo
+from ms_recover.mindspore.state import MindSporeState, device_sync
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.worker.sampler import make_dataset, shard_indices
 
 MODES = ("plain", "session", "interleaved")
 Flat = NDArray[np.float32]
+_HIDDEN = {"width": 0}  # 0: the demo's MLP
+
+
+def build() -> tuple[nn.Cell, nn.Cell, nn.Optimizer]:
+    """The demo's model, or with ``--hidden H`` a wider MLP 64-H-H-8 (same seed, same loss)."""
+    width = _HIDDEN["width"]
+    if not width:
+        return build_demo()
+    mindspore.set_seed(SEED)
+    net = nn.SequentialCell(
+        nn.Dense(IN_DIM, width),
+        nn.ReLU(),
+        nn.Dense(width, width),
+        nn.ReLU(),
+        nn.Dense(width, CLASSES),
+    )
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    return net, loss_fn, nn.Adam(net.trainable_params(), learning_rate=1e-3)
 
 
 class _Data:
@@ -110,8 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2000, help="timed steps (per kind)")
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--hidden", type=int, default=0, help="a wider MLP 64-H-H-8 (default: demo)")
+    ap.add_argument(
+        "--graph-mode", action="store_true", help="GRAPH_MODE; TrainOneStepCell and GraphStep only"
+    )
     args = ap.parse_args(argv)
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+    _HIDDEN["width"] = args.hidden
+    mode = mindspore.GRAPH_MODE if args.graph_mode else mindspore.PYNATIVE_MODE
+    mindspore.set_context(mode=mode, device_target="CPU")
     net, loss_fn, optimizer = build()
     result: dict[str, Any] = {"mode": args.mode}
     if args.mode == "plain":
@@ -167,16 +198,35 @@ def _interleave(
     link_cpu = _link_cpu(session.rank)
     steps = session.steps(1 << 62)
     cell = _train_one_step_cell()
-    times: dict[str, list[float]] = {"cell": [], "plain": [], "backend": [], "session": []}
+    graph = GraphStep(*build())
+    order: tuple[str, ...] = ("cell", "plain", "backend", "session")
+    if args.graph_mode:  # DataParallelStep too at the demo's size, for the comparison
+        order = (
+            ("cell", "graph", "gsession") if args.hidden else ("cell", "plain", "graph", "gsession")
+        )
+    times: dict[str, list[float]] = {kind: [] for kind in order}
     link_s = 0.0
-    order = ("cell", "plain", "backend", "session")
     for i in range(args.warmup + args.steps):
         for kind in order if i % 2 == 0 else order[::-1]:
             cpu0 = link_cpu()
             t = time.perf_counter()
             if kind == "cell":
                 x, y = data.batch(i)
-                cell(mindspore.Tensor(x), mindspore.Tensor(y))
+                loss = cell(mindspore.Tensor(x), mindspore.Tensor(y))
+                if args.graph_mode:
+                    # Wait for the step's end and read the loss, as GraphStep does. Not in
+                    # PyNative: there a jit graph's loss read stalls 10-40 ms while the
+                    # heartbeat thread runs, which would flatter every arm compared with it.
+                    device_sync()
+                    float(loss.asnumpy())
+            elif kind == "graph":
+                graph.reduce_fn = _identity
+                graph(*data.batch(i))
+            elif kind == "gsession":
+                graph.reduce_fn = session_reduce
+                s = next(steps)
+                with session.guard():
+                    graph(*data.batch(s))
             elif kind == "plain":
                 step.reduce_fn = _identity
                 step(*data.batch(i))
@@ -191,7 +241,7 @@ def _interleave(
             dt = time.perf_counter() - t
             if i >= args.warmup:
                 times[kind].append(dt)
-                if kind == "session":
+                if kind == ("gsession" if args.graph_mode else "session"):
                     link_s += link_cpu() - cpu0
     # The direct cost of ms_recover's per-step calls, isolated from the step: one empty
     # iteration of steps()/guard() (commit and safe point included) and one allreduce call on
@@ -206,11 +256,12 @@ def _interleave(
         "digest_every_steps": session.config.digest_every_steps,
     }
     steps.close()
+    graph.close()
     return {
-        "cell_times": times["cell"],
-        "plain_times": times["plain"],
-        "backend_times": times["backend"],
-        "session_times": times["session"],
+        **{f"{kind}_times": t for kind, t in times.items()},
+        "hidden": args.hidden,
+        "graph_mode": args.graph_mode,
+        "graph_elements": graph.num_elements,
         "link_cpu_s": link_s,
         "calls": calls,
     }
@@ -220,7 +271,8 @@ def _train_one_step_cell() -> Any:
     """Plain MindSpore: ``nn.TrainOneStepCell`` on its own copy of the demo model, one graph."""
     net, loss_fn, optimizer = build()
     cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)
-    cell.construct = mindspore.jit(cell.construct)
+    if mindspore.get_context("mode") != mindspore.GRAPH_MODE:  # GRAPH_MODE compiles the cell
+        cell.construct = mindspore.jit(cell.construct)
     return cell
 
 

@@ -1,0 +1,153 @@
+"""GraphStep (one compiled graph, the reduction in it) against DataParallelStep, real MindSpore.
+
+Same bits as DataParallelStep with the same reduction; a reduction that fails leaves every
+parameter and optimizer entry unchanged, surfaces as its own exception type, and the same
+step object runs the step again afterwards; PyNative (jit) in this process, GRAPH_MODE in a
+fresh child process (the mode is per process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+nn = ms.nn
+
+from ms_recover.errors import CommError, Interrupted, MsRecoverError  # noqa: E402
+from ms_recover.mindspore.graphstep import GraphStep  # noqa: E402
+from ms_recover.mindspore.state import MindSporeState  # noqa: E402
+from ms_recover.mindspore.step import DataParallelStep  # noqa: E402
+from tests.e2e.graph_step_case import batch, build, scaled  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+CHILD = """
+import json
+import mindspore as ms
+import numpy as np
+from ms_recover.mindspore.state import MindSporeState
+from tests.e2e.graph_step_case import batch, build, scaled
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+from ms_recover.errors import Interrupted
+from ms_recover.mindspore.graphstep import GraphStep
+net, loss_fn, opt = build()
+step = GraphStep(net, loss_fn, opt, reduce_fn=scaled)
+losses = [step(*batch(s)) for s in range(5)]
+before = MindSporeState(net, opt).state_dict()
+def fail(flat):
+    raise Interrupted("recovery in progress")
+step.reduce_fn = fail
+try:
+    step(*batch(5))
+    raised = None
+except Interrupted as exc:
+    raised = type(exc).__name__
+after = MindSporeState(net, opt).state_dict()
+unchanged = all(np.array_equal(before[k], after[k]) for k in before)
+step.reduce_fn = scaled
+losses += [step(*batch(s)) for s in range(5, 8)]
+final = {k: v.tolist() for k, v in MindSporeState(net, opt).state_dict().items()}
+print("RESULT " + json.dumps({"raised": raised, "unchanged": unchanged, "losses": losses,
+                               "final": final}))
+"""
+
+
+def reference(steps: int) -> tuple[list[float], dict[str, np.ndarray]]:
+    net, loss_fn, opt = build()
+    step = DataParallelStep(net, loss_fn, opt, reduce_fn=scaled)
+    losses = [step(*batch(s)) for s in range(steps)]
+    return losses, MindSporeState(net, opt).state_dict()
+
+
+def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
+
+
+def test_same_losses_and_bits_as_data_parallel_step() -> None:
+    ref_losses, ref_state = reference(8)
+    net, loss_fn, opt = build()
+    step = GraphStep(net, loss_fn, opt, reduce_fn=scaled)
+    try:
+        losses = [step(*batch(s)) for s in range(8)]
+    finally:
+        step.close()
+    assert losses == ref_losses
+    assert_same(MindSporeState(net, opt).state_dict(), ref_state)
+
+
+@pytest.mark.parametrize("error", [Interrupted("recovery in progress"), CommError("peer gone")])
+def test_a_failed_reduction_applies_nothing_raises_its_own_type_and_the_step_reruns(
+    error: Exception,
+) -> None:
+    ref_losses, ref_state = reference(6)
+    net, loss_fn, opt = build()
+    step = GraphStep(net, loss_fn, opt, reduce_fn=scaled)
+    calls: list[int] = []
+    try:
+        losses = [step(*batch(s)) for s in range(3)]
+        before = MindSporeState(net, opt).state_dict()
+        assert {"beta1_power", "beta2_power", "global_step"} <= set(before)
+
+        def fail(flat: np.ndarray) -> np.ndarray:
+            calls.append(flat.size)
+            raise error
+
+        step.reduce_fn = fail
+        for _ in range(2):  # a failure twice in a row: each time nothing applied
+            with pytest.raises(type(error)) as got:
+                step(*batch(3))
+            assert got.value is error
+            assert_same(MindSporeState(net, opt).state_dict(), before)
+        assert calls == [step.num_elements] * 2  # the reduction ran, once per attempt
+        step.reduce_fn = scaled
+        losses += [step(*batch(s)) for s in range(3, 6)]
+    finally:
+        step.close()
+    assert losses == ref_losses
+    assert_same(MindSporeState(net, opt).state_dict(), ref_state)
+
+
+def test_a_reduction_returning_the_wrong_buffer_is_a_comm_error_and_applies_nothing() -> None:
+    net, loss_fn, opt = build()
+    step = GraphStep(net, loss_fn, opt, reduce_fn=lambda flat: flat[:-1].copy())
+    try:
+        before = MindSporeState(net, opt).state_dict()
+        with pytest.raises(CommError, match="float32 array"):
+            step(*batch(0))
+        assert_same(MindSporeState(net, opt).state_dict(), before)
+    finally:
+        step.close()
+
+
+def test_non_float32_parameters_are_refused_by_name() -> None:
+    ms.set_seed(1)
+    net = nn.Dense(4, 2).to_float(ms.float16)
+    for p in net.trainable_params():
+        p.set_dtype(ms.float16)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    with pytest.raises(MsRecoverError, match=r"float32 gradients only.*weight"):
+        GraphStep(net, nn.MSELoss(), opt)
+
+
+def test_graph_mode_in_a_fresh_process_matches_and_survives_a_failed_reduction() -> None:
+    ref_losses, ref_state = reference(8)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=150, env=env
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert done.returncode == 0 and line is not None, done.stderr[-3000:]
+    got = json.loads(line[len("RESULT ") :])
+    assert got["raised"] == "Interrupted" and got["unchanged"] is True
+    assert got["losses"] == ref_losses
+    final = {k: np.asarray(v, dtype=ref_state[k].dtype) for k, v in got["final"].items()}
+    assert_same(final, ref_state)
