@@ -257,9 +257,8 @@ def _report(
             "(b) vs plain TrainOneStepCell, adjacent steps, median, + digest check",
             il["vs_cell_pct"],
             "%",
-            "<=",
-            VS_CELL_TARGET_PCT,
-            "what a user pays against plain MindSpore (DESIGN §8: <= +10 % at ~0.5-1 ms)",
+            note="PyNative process (DataParallelStep's mode; the cell's step is not waited "
+            "for, see overhead_train): reference only, the GRAPH_MODE rows carry the verdict",
         ),
         Measure(
             "  of which DataParallelStep's split graphs, (a) - cell",
