@@ -49,6 +49,7 @@ class JobConfig:
     role: str = ""  # MS_ROLE
     manager_host: str = "127.0.0.1"  # MS_SCHED_HOST
     manager_port: int = DEFAULT_PORT  # MS_RECOVER_PORT
+    tft_port: int = 0  # MS_TFT_PORT: the manager also serves MindIO processors here (0: no)
     pod_ip: str = "127.0.0.1"  # POD_IP
     strategies: tuple[Strategy, ...] = DEFAULT_STRATEGIES  # MS_RECOVER_STRATEGY / MS_ENABLE_TFT
     secret: bytes = b""  # MS_RECOVER_SECRET / MS_RECOVER_SECRET_FILE
@@ -204,6 +205,8 @@ class JobConfig:
             )
         if not 0 <= self.manager_port < 65536:
             raise ConfigError(f"manager_port {self.manager_port} is not in 0..65535 (0: any)")
+        if not 0 <= self.tft_port < 65536:
+            raise ConfigError(f"{E.TFT_PORT}={self.tft_port} is not in 0..65535 (0: none)")
         if self.role not in ROLES:
             raise ConfigError(f"MS_ROLE {self.role!r} is not one of: {', '.join(map(repr, ROLES))}")
         if self.backend not in BACKENDS:
@@ -386,6 +389,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "role": environ.get(E.ROLE),
         "manager_host": environ.get(E.SCHED_HOST) or None,
         "manager_port": _int(environ, E.PORT),
+        "tft_port": _int(environ, E.TFT_PORT if environ.get(E.TFT_PORT) else E.TTP_PORT),
         "pod_ip": environ.get(E.POD_IP) or None,
         "strategies": _read_strategies(environ),
         "secret": _read_secret(environ),

@@ -388,6 +388,36 @@ def rule_env(job: Job) -> Iterator[JobIssue]:
             )
 
 
+def rule_ttp_port(job: Job) -> Iterator[JobIssue]:
+    """MindSpore's MindIO processors reach the manager at MS_TFT_PORT; MindCluster's samples
+    pass it as ``TTP_PORT`` (8000) with a container port of the same number on every replica."""
+    for replica in job.replicas:
+        if replica.container_index is None:
+            continue
+        env = _env(replica.container)
+        name = next((n for n in ("MS_TFT_PORT", "TTP_PORT") if n in env), None)
+        if name is None:
+            continue
+        raw = env[name].get("value")
+        path = replica.container_path + ("env",)
+        if raw is None:
+            continue  # from a fieldRef or a Secret: not checkable here
+        try:
+            port = int(str(raw))
+        except ValueError:
+            port = -1
+        if not 0 < port < 65536:
+            yield _error(path, f"{name}={raw!r} is not a port number (1..65535)")
+            continue
+        ports = [p for p in _as_list(replica.container.get("ports")) if isinstance(p, dict)]
+        if not any(p.get("containerPort") == port for p in ports):
+            yield _warning(
+                replica.container_path + ("ports",),
+                f"{name}={port} but no containerPort {port}; MindIO processors reach the "
+                f"manager there: add {{containerPort: {port}, name: ttp-port}}",
+            )
+
+
 RULES: tuple[Callable[[Job], Iterator[JobIssue]], ...] = (
     rule_framework,
     rule_recover_strategy,
@@ -398,4 +428,5 @@ RULES: tuple[Callable[[Job], Iterator[JobIssue]], ...] = (
     rule_containers,
     rule_ports,
     rule_env,
+    rule_ttp_port,
 )

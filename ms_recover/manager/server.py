@@ -83,6 +83,10 @@ class ManagerServer:
         else:
             self._sock.bind(f"tcp://{host}:{config.manager_port}")
             self.port = config.manager_port
+        if config.tft_port and config.tft_port != self.port:
+            # MindSpore's MindIO processors connect to MS_TFT_IP:MS_TFT_PORT (8000 in
+            # MindCluster's samples): the same ROUTER serves them there.
+            self._sock.bind(f"tcp://{host}:{config.tft_port}")
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
         self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)

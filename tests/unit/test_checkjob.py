@@ -404,3 +404,26 @@ def test_a_job_without_spec_is_an_error_and_its_labels_are_still_checked(
     errors = findings(report, "error")
     assert ("spec", "is missing; an AscendJob") in errors
     assert ("metadata.labels.framework", "is missing; the Ascend") in errors
+
+
+def test_ttp_port_needs_its_container_port_and_a_number(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, sample: dict[str, Any]
+) -> None:
+    # MindCluster's samples pass MindIO's port as TTP_PORT with a containerPort of the same
+    # number: MindSpore's processors reach the manager there (ms_recover serves it too).
+    doc = copy.deepcopy(sample)
+    _worker(doc).setdefault("env", []).append({"name": "TTP_PORT", "value": "8000"})
+    no_port = tmp_path / "no-port.yaml"
+    no_port.write_text(yaml.safe_dump(doc))
+    _worker(doc)["ports"].append({"containerPort": 8000, "name": "ttp-port"})
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump(doc))
+    _worker(doc)["env"][-1]["value"] = "80x0"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    _, report = check_json(capsys, str(no_port))
+    assert (f"{WORKER}.ports", "TTP_PORT=8000 but no containerPort") in findings(report, "warning")
+    _, report = check_json(capsys, str(ok))
+    assert not [f for f in report["findings"] if "TTP_PORT" in f["message"]]
+    code, text = check(capsys, str(bad))
+    assert code == 1 and "TTP_PORT='80x0' is not a port number (1..65535)" in text
