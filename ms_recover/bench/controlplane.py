@@ -214,6 +214,16 @@ class _Scale:
         )
         return time.monotonic() - t0
 
+    def progress(self) -> dict[str, Any]:
+        """How far the job got (read without the manager's lock: a snapshot for the report)."""
+        m = self.server.model
+        return {
+            "state": m.state.value,
+            "ranks_registered": sum(1 for info in list(m.ranks.values()) if info.registered),
+            "frames_in": self.server.frames_in,
+            "frames_out": self.server.frames_out,
+        }
+
     def idle(self, window_s: float) -> dict[str, Any]:
         """The running job, no fault: manager thread CPU share and frames per second."""
         assert self.thread is not None
@@ -325,6 +335,7 @@ def _run_scale(ranks: int, args: argparse.Namespace, fd_limit: int) -> dict[str,
             result["failed"] = (
                 f"did not form within {args.form_timeout:g} s at heartbeat {args.heartbeat:g} s"
             )
+            result["at_deadline"] = scale.progress()
             return _summarise(result)
         result["idle"] = scale.idle(args.idle)
         for i in range(args.repeats):
@@ -458,6 +469,14 @@ def _report(
         "rank); a recovery's REBUILD carries the world as rank ranges and, to survivors, only "
         "the endpoints registered since their last rebuild.",
     ]
+    for s in scales:
+        if s.get("at_deadline"):
+            got = s["at_deadline"]
+            rep.notes.append(
+                f"{s['ranks']} ranks at the formation deadline: job {got['state']}, "
+                f"{got['ranks_registered']} of {s['ranks']} ranks registered, "
+                f"{got['frames_in']} frames received, {got['frames_out']} sent."
+            )
     if skipped:
         rep.notes.append(
             f"Skipped {skipped}: more sockets than the open-file limit ({fd_limit}) "

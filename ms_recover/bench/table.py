@@ -102,10 +102,7 @@ class Report:
 
     def format(self) -> str:
         rows = [("measure", "value", "target", "result")]
-        rows += [
-            (m.name, f"{_num(m.value)} {m.unit}".strip(), m.target, m.verdict)
-            for m in self.measures
-        ]
+        rows += [(m.name, _cell(m), m.target, m.verdict) for m in self.measures]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [self.title, ""]
         for i, row in enumerate(rows):
@@ -150,6 +147,11 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(payload, fh, indent=2, sort_keys=True, default=str)
         fh.write("\n")
+
+
+def _cell(m: Measure) -> str:
+    shown = _num(m.value)
+    return shown if shown == "n/a" else f"{shown} {m.unit}".strip()
 
 
 def _num(value: float | None) -> str:

@@ -107,6 +107,10 @@ def test_controlplane_a_scale_that_does_not_form_is_a_miss_not_a_crash(tmp_path:
     assert report["ok"] is False
     row = _measures(report)["32 ranks / 4 agents: formation (connect -> running)"]
     assert (row["value"], row["pass"], row["failed"]) == (None, False, reason)
+    (scale,) = report["samples"]["scales"]
+    assert scale["at_deadline"]["state"] == "forming"
+    assert 0 <= scale["at_deadline"]["ranks_registered"] < 32
+    assert "32 ranks at the formation deadline: job forming" in out.stdout
 
 
 def test_recovery_rejects_bad_msrun_restart_repeats() -> None:

@@ -30,7 +30,9 @@ def test_a_failed_measure_is_a_miss_with_its_reason_in_table_and_json() -> None:
     assert untargeted.verdict == "MISS", "a failure without a target is still a MISS"
     rep = Report("b", "title", [m])
     assert not rep.ok
-    assert "x: formation: MISS, did not form within 60 s" in rep.format()
+    table = rep.format()
+    assert "x: formation: MISS, did not form within 60 s" in table
+    assert "n/a s" not in table, "no unit after a missing value"
 
 
 def test_strict_less_than_target() -> None:
