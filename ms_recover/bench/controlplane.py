@@ -144,6 +144,10 @@ def _thread_cpu(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
+class JobEnded(Exception):
+    """The simulated job ended (the manager chose ``exit``) before it ran."""
+
+
 class _Scale:
     """One job of ``ranks`` simulated ranks: the manager, the fakes, and the measurements."""
 
@@ -206,13 +210,19 @@ class _Scale:
             self.conns.append(parent)
         for conn in self.conns:
             self._reply(conn, "ready", max(0.0, deadline - time.monotonic()))
-        wait_for(
-            lambda: self.server.model.state is JobState.RUNNING,
-            max(0.0, deadline - time.monotonic()),
-            "the job to run",
-            poll_s=0.002,
-        )
+        wait_for(self._formed, max(0.0, deadline - time.monotonic()), "the job", poll_s=0.002)
         return time.monotonic() - t0
+
+    def _formed(self) -> bool:
+        state = self.server.model.state
+        if state in (JobState.EXITING, JobState.FINISHED):
+            raise JobEnded(f"the job ended while forming ({state.value}: {self.end_reason()})")
+        return state is JobState.RUNNING
+
+    def end_reason(self) -> str:
+        """The manager's last exit decision's reason, if it made one."""
+        exits = [e for e in self.events.recent("decision") if e.get("strategy") == "exit"]
+        return str(exits[-1].get("reason", "")) if exits else "no exit decision recorded"
 
     def progress(self) -> dict[str, Any]:
         """How far the job got (read without the manager's lock: a snapshot for the report)."""
@@ -335,6 +345,10 @@ def _run_scale(ranks: int, args: argparse.Namespace, fd_limit: int) -> dict[str,
             result["failed"] = (
                 f"did not form within {args.form_timeout:g} s at heartbeat {args.heartbeat:g} s"
             )
+            result["at_deadline"] = scale.progress()
+            return _summarise(result)
+        except JobEnded as exc:
+            result["failed"] = f"did not form at heartbeat {args.heartbeat:g} s: {exc}"
             result["at_deadline"] = scale.progress()
             return _summarise(result)
         result["idle"] = scale.idle(args.idle)
@@ -473,7 +487,7 @@ def _report(
         if s.get("at_deadline"):
             got = s["at_deadline"]
             rep.notes.append(
-                f"{s['ranks']} ranks at the formation deadline: job {got['state']}, "
+                f"{s['ranks']} ranks when formation gave up: job {got['state']}, "
                 f"{got['ranks_registered']} of {s['ranks']} ranks registered, "
                 f"{got['frames_in']} frames received, {got['frames_out']} sent."
             )

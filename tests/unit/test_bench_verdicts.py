@@ -153,3 +153,21 @@ def test_small_scales_are_context_unless_they_do_not_form() -> None:
     assert all(m.verdict == "-" for m in ok.values()), "targets apply at 16,384 ranks only"
     bad = _by_name(controlplane.scale_rows(_scale(1024, formed=False)))
     assert bad["1024 ranks / 128 agents: formation (connect -> running)"].verdict == "MISS"
+
+
+def test_a_job_that_ends_while_forming_fails_formation_at_once_with_the_managers_reason() -> None:
+    from types import SimpleNamespace
+
+    from ms_recover.manager.model import JobState
+    from ms_recover.observability.events import EventLog
+
+    scale = object.__new__(controlplane._Scale)
+    scale.events = EventLog()
+    scale.server = SimpleNamespace(model=SimpleNamespace(state=JobState.FORMING))
+    assert scale._formed() is False
+    scale.server.model.state = JobState.RUNNING
+    assert scale._formed() is True
+    scale.events.write("decision", strategy="exit", reason="rank 7 silent for 2 s")
+    scale.server.model.state = JobState.EXITING
+    with pytest.raises(controlplane.JobEnded, match=r"exiting: rank 7 silent for 2 s"):
+        scale._formed()
