@@ -232,6 +232,7 @@ class _Scale:
             "ranks_registered": sum(1 for info in list(m.ranks.values()) if info.registered),
             "frames_in": self.server.frames_in,
             "frames_out": self.server.frames_out,
+            "exit_reason": self.end_reason(),
         }
 
     def idle(self, window_s: float) -> dict[str, Any]:
@@ -489,7 +490,8 @@ def _report(
             rep.notes.append(
                 f"{s['ranks']} ranks when formation gave up: job {got['state']}, "
                 f"{got['ranks_registered']} of {s['ranks']} ranks registered, "
-                f"{got['frames_in']} frames received, {got['frames_out']} sent."
+                f"{got['frames_in']} frames received, {got['frames_out']} sent; "
+                f"manager's exit reason: {got['exit_reason']}."
             )
     if skipped:
         rep.notes.append(
