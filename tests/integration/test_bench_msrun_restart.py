@@ -60,6 +60,8 @@ loaded = int(open(ckpt).read()) if os.path.exists(ckpt) else -1
 time.sleep(0.3)  # "import and formation"
 for s in range(loaded + 1, a.steps):
     time.sleep(0.005)
+    while not peers_alive():  # a collective with a dead peer blocks
+        time.sleep(0.05)
     if rank == 0 and (s + 1) % a.ckpt_every == 0:
         with open(ckpt + ".tmp", "w") as fh:
             fh.write(str(s))
@@ -68,8 +70,6 @@ for s in range(loaded + 1, a.steps):
         put(f"timing_{rank}_{pid}.json", {"rank": rank, "pid": pid, "loaded_step": loaded,
             "first_step": s, "times": {"start": t_start, "first_step": time.time()}})
     if s % 10 == 0:
-        while not peers_alive():  # a collective with a dead peer blocks
-            time.sleep(0.05)
         put(f"progress_{rank}.json", {"rank": rank, "pid": pid, "step": s, "t": time.time()})
 """
 
@@ -94,6 +94,8 @@ def test_real_msrun_kill_exit_relaunch_is_timed_and_reaped(tmp_path: Path) -> No
     assert 0.3 < sample["relaunch_s"] < 30  # a new msrun, its workers' start, one step
     loaded = sample["loaded_step"]
     assert loaded >= 19 and (loaded + 1) % 20 == 0, "continued at a checkpoint of rank 0"
-    assert 0 <= sample["killed_at_step"] - loaded <= 20 + 10, "lost at most an interval (+1 record)"
+    # killed_at is estimated from progress records (every 10 steps) and the step time, and the
+    # survivor may finish the step in flight: within a step either way of the truth.
+    assert -1 <= sample["killed_at_step"] - loaded <= 20 + 10, "lost at most an interval"
     logs = sorted(p.name for p in (tmp_path / "work").iterdir())
     assert logs == ["ckpt", "run0", "run1"]
