@@ -25,16 +25,22 @@ DESIGN.md §8 holds stop-all at 16,384 ranks on 2,048 agents to 1 s.
 On one 2-core host the simulated ranks share the CPU with the manager (decoding STOP and
 encoding STOPPED for thousands of ranks), which a real cluster spreads over thousands of
 machines, so these times are an upper bound; the manager thread's own CPU time in the window
-is reported next to them. The simulated members heartbeat every 15 s (silence limit 60 s):
-the job default of 0.5 s would mean 37,000 heartbeats a second at full scale, and the manager
-reads no heartbeat while it sends the formation's REBUILD to every rank (one message of every
-rank's endpoint per rank, about 15 s at 16,384 ranks here), so a shorter limit declares ranks
-silent during formation.
+is reported next to them.
+
+The simulated members heartbeat at the job's default interval (``JobConfig.heartbeat_s``,
+0.5 s) unless ``--heartbeat`` says otherwise; the output says which. Between formation and the
+first fault the bench watches the running job for ``--idle`` seconds: the manager thread's CPU
+as a share of one core, and the frames it received and sent per second (counters in
+:class:`~ms_recover.manager.server.ManagerServer`). DESIGN.md §8, at 16,384 ranks on 2,048
+agents and the default heartbeat: forms in <= 5 s, stop-all <= 0.3 s, manager CPU < 10 % of
+one core between faults. A scale that does not form within ``--form-timeout`` is a MISS row
+with that reason, and the bench goes on with the next scale.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing as mp
 import os
 import resource
@@ -50,9 +56,14 @@ from ms_recover.manager.model import JobState
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.wait import wait_for
+from ms_recover.testing.wait import Timeout, wait_for
 
-TARGET_S = 1.0
+TARGET_STOP_S = 0.3
+TARGET_FORM_S = 5.0
+TARGET_CPU_PCT = 10.0
+DEFAULT_HEARTBEAT_S = float(
+    next(f.default for f in dataclasses.fields(JobConfig) if f.name == "heartbeat_s")  # type: ignore[arg-type]
+)
 FULL_RANKS = 16384
 FDS_PER_SOCKET = 2  # the TCP connection and the socket's mailbox
 FD_SPARE = 512
@@ -71,8 +82,21 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--heartbeat",
         type=float,
-        default=15.0,
-        help="heartbeat interval of the simulated members in s (default 15)",
+        default=DEFAULT_HEARTBEAT_S,
+        help="heartbeat interval of the simulated members in s (default: the job default, "
+        "%(default)s)",
+    )
+    p.add_argument(
+        "--form-timeout",
+        type=float,
+        default=60.0,
+        help="a scale that has not formed within this many s is a MISS (default %(default)s)",
+    )
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=3.0,
+        help="s of running job watched for manager CPU and message rate (default %(default)s)",
     )
     p.add_argument(
         "--fakes",
@@ -80,20 +104,23 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=0,
         help="fake processes (default: as few as the open-file limit allows, >= 2)",
     )
-    p.add_argument("--timeout", type=float, default=300.0, help="per-wait deadline in s")
+    p.add_argument("--timeout", type=float, default=120.0, help="per-wait deadline in s")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     bad = [n for n in args.ranks if n < 2 * args.ranks_per_agent or n % args.ranks_per_agent]
-    if bad or args.repeats < 1:
+    if bad or args.repeats < 1 or not args.form_timeout > 0 or not args.idle > 0:
         print(
             f"ms-recover bench controlplane: --ranks must be multiples of --ranks-per-agent "
-            f"({args.ranks_per_agent}) with at least 2 agents, --repeats >= 1; bad: {bad}",
+            f"({args.ranks_per_agent}) with at least 2 agents, --repeats >= 1, --form-timeout "
+            f"and --idle > 0; bad ranks: {bad}",
             file=sys.stderr,
         )
         return 2
     limit = _raise_fd_limit()
+    default = "the job default" if args.heartbeat == DEFAULT_HEARTBEAT_S else "NOT the job default"
+    print(f"controlplane: heartbeat {args.heartbeat:g} s ({default}, {DEFAULT_HEARTBEAT_S:g} s)")
     scales, skipped = [], []
     for n in sorted(set(args.ranks)):
         if n + n // args.ranks_per_agent + FD_SPARE > limit:
@@ -115,6 +142,10 @@ def _raise_fd_limit() -> int:
 def _thread_cpu(thread: threading.Thread) -> float:
     assert thread.ident is not None
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+class JobEnded(Exception):
+    """The simulated job ended (the manager chose ``exit``) before it ran."""
 
 
 class _Scale:
@@ -146,9 +177,11 @@ class _Scale:
         self.conns: list[Any] = []
         self.owner: dict[int, int] = {}  # node -> fake index
 
-    def start(self) -> float:
-        """Start the manager and the fakes; seconds until the job runs."""
+    def start(self, form_s: float) -> float:
+        """Start the manager and the fakes; seconds until the job runs (Timeout after
+        ``form_s``)."""
         t0 = time.monotonic()
+        deadline = t0 + form_s
         self.thread = self.server.start_thread()
         ctx = mp.get_context("spawn")
         cfg = self.config
@@ -176,13 +209,51 @@ class _Scale:
             self.procs.append(proc)
             self.conns.append(parent)
         for conn in self.conns:
-            self._reply(conn, "ready")
-        self._wait(lambda: self.server.model.state is JobState.RUNNING, "the job to run")
+            self._reply(conn, "ready", max(0.0, deadline - time.monotonic()))
+        wait_for(self._formed, max(0.0, deadline - time.monotonic()), "the job", poll_s=0.002)
         return time.monotonic() - t0
 
-    def _reply(self, conn: Any, what: str) -> Any:
-        if not conn.poll(self.timeout):
-            raise TimeoutError(f"no {what!r} from a fake process within {self.timeout:g}s")
+    def _formed(self) -> bool:
+        state = self.server.model.state
+        if state in (JobState.EXITING, JobState.FINISHED):
+            raise JobEnded(f"the job ended while forming ({state.value}: {self.end_reason()})")
+        return state is JobState.RUNNING
+
+    def end_reason(self) -> str:
+        """The manager's last exit decision's reason, if it made one."""
+        exits = [e for e in self.events.recent("decision") if e.get("strategy") == "exit"]
+        return str(exits[-1].get("reason", "")) if exits else "no exit decision recorded"
+
+    def progress(self) -> dict[str, Any]:
+        """How far the job got (read without the manager's lock: a snapshot for the report)."""
+        m = self.server.model
+        return {
+            "state": m.state.value,
+            "ranks_registered": sum(1 for info in list(m.ranks.values()) if info.registered),
+            "frames_in": self.server.frames_in,
+            "frames_out": self.server.frames_out,
+            "exit_reason": self.end_reason(),
+        }
+
+    def idle(self, window_s: float) -> dict[str, Any]:
+        """The running job, no fault: manager thread CPU share and frames per second."""
+        assert self.thread is not None
+        srv = self.server
+        cpu0, in0, out0, t0 = _thread_cpu(self.thread), srv.frames_in, srv.frames_out, time.time()
+        time.sleep(window_s)  # a measurement window, not a wait for a condition
+        wall = time.time() - t0
+        return {
+            "window_s": wall,
+            "cpu_pct": (_thread_cpu(self.thread) - cpu0) / wall * 100,
+            "in_per_s": (srv.frames_in - in0) / wall,
+            "out_per_s": (srv.frames_out - out0) / wall,
+            "state": srv.model.state.value,
+        }
+
+    def _reply(self, conn: Any, what: str, timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        if not conn.poll(timeout):
+            raise Timeout(f"no {what!r} from a fake process within {timeout:g}s")
         got, value = conn.recv()
         assert got == what, (got, what)
         return value
@@ -250,40 +321,65 @@ class _Scale:
 
 
 def _run_scale(ranks: int, args: argparse.Namespace, fd_limit: int) -> dict[str, Any]:
+    """One scale's samples; a scale that does not form (or stop) in time comes back with
+    ``failed`` set to the reason instead of raising."""
     scale = _Scale(ranks, args, fd_limit)
     print(
         f"controlplane: {ranks} ranks on {scale.nodes} agents ({scale.n_fakes} fake processes) ...",
         flush=True,
     )
+    result: dict[str, Any] = {
+        "ranks": ranks,
+        "agents": scale.nodes,
+        "fake_processes": scale.n_fakes,
+        "heartbeat_s": args.heartbeat,
+        "failed": "",
+        "formation_s": None,
+        "idle": None,
+        "repeats": [],
+    }
+    samples: list[dict[str, Any]] = result["repeats"]
     try:
-        formation = scale.start()
-        samples = []
+        try:
+            result["formation_s"] = scale.start(args.form_timeout)
+        except Timeout:
+            result["failed"] = (
+                f"did not form within {args.form_timeout:g} s at heartbeat {args.heartbeat:g} s"
+            )
+            result["at_deadline"] = scale.progress()
+            return _summarise(result)
+        except JobEnded as exc:
+            result["failed"] = f"did not form at heartbeat {args.heartbeat:g} s: {exc}"
+            result["at_deadline"] = scale.progress()
+            return _summarise(result)
+        result["idle"] = scale.idle(args.idle)
         for i in range(args.repeats):
             node = (1 + i * 7919) % scale.nodes
             samples.append(scale.stop_all(node * scale.per + i % scale.per))
         final = scale.finish_round()
-    finally:
-        scale.close()
-    return {
-        "ranks": ranks,
-        "agents": scale.nodes,
-        "fake_processes": scale.n_fakes,
-        "formation_s": formation,
-        "repeats": samples,
-        "stop_all": summary(s["stop_all_s"] for s in samples),
-        "manager_cpu": summary(s["manager_cpu_s"] for s in samples),
-        "fault_event": summary(s["fault_event_s"] for s in samples),
-        "final_round": {
+        result["final_round"] = {
             "ok": final["ok"],
             "phases": final["phases"],
             "replaced": final["replaced"],
-        },
-    }
+        }
+    except Timeout as exc:
+        result["failed"] = f"formed, then timed out at heartbeat {args.heartbeat:g} s: {exc}"
+    finally:
+        scale.close()
+    return _summarise(result)
+
+
+def _summarise(result: dict[str, Any]) -> dict[str, Any]:
+    samples = result["repeats"]
+    result["stop_all"] = summary(s["stop_all_s"] for s in samples)
+    result["manager_cpu"] = summary(s["manager_cpu_s"] for s in samples)
+    result["fault_event"] = summary(s["fault_event_s"] for s in samples)
+    return result
 
 
 def _extrapolate(scales: list[dict[str, Any]]) -> float | None:
     """Least-squares line through (ranks, median stop-all), evaluated at full scale."""
-    pts = [(s["ranks"], s["stop_all"]["median"]) for s in scales]
+    pts = [(s["ranks"], s["stop_all"]["median"]) for s in scales if s["stop_all"]["n"]]
     if len(pts) < 2:
         return None
     n = len(pts)
@@ -292,40 +388,72 @@ def _extrapolate(scales: list[dict[str, Any]]) -> float | None:
     return float(my + slope * (FULL_RANKS - mx))
 
 
+def _target(full: bool, op: str, limit: float) -> dict[str, Any]:
+    """DESIGN.md §8's targets hold at 16,384 ranks; smaller scales are context."""
+    if full:
+        return {"op": op, "limit": limit}
+    return {"note": f"target applies at {FULL_RANKS} ranks"}
+
+
+def scale_rows(s: dict[str, Any]) -> list[Measure]:
+    """One scale's rows; names depend on the scale only, so runs compare row by row."""
+    full = s["ranks"] >= FULL_RANKS
+    label = f"{s['ranks']} ranks / {s['agents']} agents"
+    failed = s["failed"]
+    formed = s["formation_s"] is not None
+    idle = s["idle"] or {}
+    stop, cpu = s["stop_all"], s["manager_cpu"]
+    why = failed if failed and (not formed or not stop["n"]) else ""
+    return [
+        Measure(
+            f"{label}: formation (connect -> running)",
+            s["formation_s"],
+            "s",
+            failed="" if formed else failed,
+            **_target(full, "<=", TARGET_FORM_S),
+        ),
+        Measure(
+            f"{label}: manager CPU between faults",
+            idle.get("cpu_pct"),
+            "% of a core",
+            failed="" if formed else failed,
+            **_target(full, "<", TARGET_CPU_PCT),
+        ),
+        Measure(f"{label}: manager frames received", idle.get("in_per_s"), "/s"),
+        Measure(f"{label}: manager frames sent", idle.get("out_per_s"), "/s"),
+        Measure(
+            f"{label}: stop-all (median)",
+            stop["median"],
+            "s",
+            failed=why,
+            **_target(full, "<=", TARGET_STOP_S),
+        ),
+        Measure(f"{label}: stop-all (max)", stop["max"], "s"),
+        Measure(f"{label}: manager thread CPU during stop-all", cpu["median"], "s"),
+        Measure(
+            f"{label}: rebuild phase of the final round",
+            s.get("final_round", {}).get("phases", {}).get("rebuild"),
+            "s",
+        ),
+    ]
+
+
 def _report(
     args: argparse.Namespace, scales: list[dict[str, Any]], skipped: list[int], fd_limit: int
 ) -> Report:
+    default = "the job default" if args.heartbeat == DEFAULT_HEARTBEAT_S else "not the job default"
     rep = Report(
         "controlplane",
-        "ms-recover bench controlplane: fault -> every survivor's "
-        "STOPPED recorded by the manager (real ManagerServer, simulated peers over "
-        "ZeroMQ/TCP)",
+        f"ms-recover bench controlplane: real ManagerServer, simulated peers over ZeroMQ/TCP, "
+        f"heartbeat {args.heartbeat:g} s ({default})",
     )
     for s in scales:
-        full = s["ranks"] >= FULL_RANKS
-        label = f"{s['ranks']} ranks / {s['agents']} agents"
-        rep.add(
-            Measure(
-                f"stop-all, {label}, median of {s['stop_all']['n']}",
-                s["stop_all"]["median"],
-                "s",
-                "<=" if full else "",
-                TARGET_S if full else None,
-                "" if full else f"target applies at {FULL_RANKS} ranks",
-            ),
-            Measure(f"stop-all, {label}, max", s["stop_all"]["max"], "s"),
-            Measure("  manager thread CPU in that window", s["manager_cpu"]["median"], "s"),
-            Measure(
-                "  rebuild phase of the final round", s["final_round"]["phases"]["rebuild"], "s"
-            ),
-            Measure("  job formation (connect -> running)", s["formation_s"], "s"),
-        )
+        rep.add(*scale_rows(s))
     if not any(s["ranks"] >= FULL_RANKS for s in scales):
-        guess = _extrapolate(scales)
         rep.add(
             Measure(
                 f"stop-all at {FULL_RANKS} ranks, extrapolated",
-                guess,
+                _extrapolate(scales),
                 "s",
                 note="not measured: a straight line through the medians above",
             )
@@ -336,22 +464,35 @@ def _report(
         "ranks_per_agent": args.ranks_per_agent,
         "repeats": args.repeats,
         "heartbeat_s": args.heartbeat,
+        "heartbeat_is_job_default": args.heartbeat == DEFAULT_HEARTBEAT_S,
+        "form_timeout_s": args.form_timeout,
+        "idle_window_s": args.idle,
         "fd_limit": fd_limit,
         "transport": "one ZeroMQ DEALER socket + TCP connection per simulated agent "
         "and rank, on 127.0.0.1",
     }
     rep.samples = {"scales": scales}
     rep.notes = [
+        f"Heartbeat {args.heartbeat:g} s: {default} ({DEFAULT_HEARTBEAT_S:g} s).",
         "Simulated agents and ranks run in a few local processes and answer at once; they share "
         "this host's cores with the manager, so the times are an upper bound for the manager.",
-        "The manager thread CPU row is the manager's own work in the window (decode, decide, "
-        "encode, send), independent of how fast the simulated peers are.",
+        f"'Between faults': the running job watched for {args.idle:g} s before the first fault; "
+        "frames counted in ManagerServer.dispatch (received) and send (one per recipient).",
         "Repeat 1 stops a running job; later repeats are a new fault right after the previous "
         "stop-all (a new epoch, STOP to every survivor again), without a rebuild in between.",
         "Formation's REBUILD grows with the square of the job (every rank's endpoint to every "
         "rank); a recovery's REBUILD carries the world as rank ranges and, to survivors, only "
         "the endpoints registered since their last rebuild.",
     ]
+    for s in scales:
+        if s.get("at_deadline"):
+            got = s["at_deadline"]
+            rep.notes.append(
+                f"{s['ranks']} ranks when formation gave up: job {got['state']}, "
+                f"{got['ranks_registered']} of {s['ranks']} ranks registered, "
+                f"{got['frames_in']} frames received, {got['frames_out']} sent; "
+                f"manager's exit reason: {got['exit_reason']}."
+            )
     if skipped:
         rep.notes.append(
             f"Skipped {skipped}: more sockets than the open-file limit ({fd_limit}) "

@@ -15,12 +15,20 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-OPS = {"<=": lambda v, lim: v <= lim, ">=": lambda v, lim: v >= lim}
+OPS = {
+    "<=": lambda v, lim: v <= lim,
+    ">=": lambda v, lim: v >= lim,
+    "<": lambda v, lim: v < lim,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Measure:
-    """One measured number; ``op``/``limit`` (in ``unit``) make it a target check."""
+    """One measured number; ``op``/``limit`` (in ``unit``) make it a target check.
+
+    ``failed`` says why there is no value because the thing measured did not happen (a job that
+    did not form): such a row is a MISS whatever its target, never a silent ``-``.
+    """
 
     name: str
     value: float | None
@@ -28,6 +36,7 @@ class Measure:
     op: str = ""
     limit: float | None = None
     note: str = ""
+    failed: str = ""
 
     @property
     def target(self) -> str:
@@ -35,7 +44,10 @@ class Measure:
 
     @property
     def passed(self) -> bool | None:
-        """True/False against the target; None when there is no target or no value."""
+        """True/False against the target; None when there is no target or no value; False
+        when the measurement ``failed``."""
+        if self.failed:
+            return False
         if not self.op or self.limit is None or self.value is None or math.isnan(self.value):
             return None
         return bool(OPS[self.op](self.value, self.limit))
@@ -54,6 +66,7 @@ class Measure:
             "limit": self.limit,
             "pass": self.passed,
             "note": self.note,
+            "failed": self.failed or None,
         }
 
 
@@ -89,10 +102,7 @@ class Report:
 
     def format(self) -> str:
         rows = [("measure", "value", "target", "result")]
-        rows += [
-            (m.name, f"{_num(m.value)} {m.unit}".strip(), m.target, m.verdict)
-            for m in self.measures
-        ]
+        rows += [(m.name, _cell(m), m.target, m.verdict) for m in self.measures]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines = [self.title, ""]
         for i, row in enumerate(rows):
@@ -104,7 +114,8 @@ class Report:
             )
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths))
-        notes = [f"  {m.name}: {m.note}" for m in self.measures if m.note]
+        notes = [f"  {m.name}: {m.note}" for m in self.measures if m.note and not m.failed]
+        notes += [f"  {m.name}: MISS, {m.failed}" for m in self.measures if m.failed]
         if notes:
             lines += ["", "where:"] + notes
         if self.notes:
@@ -136,6 +147,11 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(payload, fh, indent=2, sort_keys=True, default=str)
         fh.write("\n")
+
+
+def _cell(m: Measure) -> str:
+    shown = _num(m.value)
+    return shown if shown == "n/a" else f"{shown} {m.unit}".strip()
 
 
 def _num(value: float | None) -> str:

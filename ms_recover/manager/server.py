@@ -94,6 +94,10 @@ class ManagerServer:
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
+        # Frames received (dispatched) and sent (one per identity): plain counters, read by
+        # ``bench controlplane`` for the manager's message rate.
+        self.frames_in = 0
+        self.frames_out = 0
         self._lock = threading.Lock()
         self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
             M.AgentHello: self._on_agent_hello,
@@ -204,6 +208,7 @@ class ManagerServer:
         """Decode, replay-check and handle one ROUTER message. Never raises: whatever a frame
         holds, it is handled or dropped and logged (rate limited)."""
         identity, body = frames[0], frames[1:]
+        self.frames_in += 1
         try:
             env = self.codec.decode(body)
         except ProtocolError as exc:
@@ -239,6 +244,7 @@ class ManagerServer:
             self.errors.drop(str(exc), "manager")
             return
         for identity in identities:
+            self.frames_out += 1
             try:
                 send_frames(self._sock, [identity, *frames])
             except zmq.ZMQError as exc:

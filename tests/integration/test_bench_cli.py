@@ -64,27 +64,59 @@ def test_detect_reports_rank_and_node_detection(tmp_path: Path) -> None:
     assert running_with(f"bench-detect-{pid}") == [], "the benchmark left processes behind"
 
 
-def test_controlplane_small_scale_reports_stop_all(tmp_path: Path) -> None:
+def test_controlplane_small_scale_at_the_default_heartbeat(tmp_path: Path) -> None:
     path = tmp_path / "cp.json"
-    out, _ = _bench("controlplane", "--ranks", "256", "--repeats", "2", "--json", str(path))
+    out, _ = _bench(
+        "controlplane", "--ranks", "32", "--repeats", "2", "--idle", "1", "--json", str(path)
+    )
     assert out.returncode == 0, out.stderr
+    assert "heartbeat 0.5 s (the job default" in out.stdout
     report = json.loads(path.read_text())
     assert report["bench"] == "controlplane"
+    assert report["settings"]["heartbeat_s"] == 0.5
+    assert report["settings"]["heartbeat_is_job_default"] is True
     (scale,) = report["samples"]["scales"]
-    assert scale["ranks"] == 256 and scale["agents"] == 32
+    assert scale["ranks"] == 32 and scale["agents"] == 4 and scale["failed"] == ""
     repeats = scale["repeats"]
     assert [r["from_state"] for r in repeats] == ["running", "stopping"]
-    assert [r["survivors"] for r in repeats] == [255, 254]
+    assert [r["survivors"] for r in repeats] == [31, 30]
     for r in repeats:
         assert 0 < r["fault_event_s"] <= r["stop_all_s"] < 30
         assert r["manager_cpu_s"] > 0
     assert scale["final_round"]["ok"] is True
     assert len(scale["final_round"]["replaced"]) == 2
+    idle = scale["idle"]
+    # 32 ranks + 4 agents heartbeat every 0.5 s: about 72 frames/s reach the manager.
+    assert 30 < idle["in_per_s"] < 150 and idle["out_per_s"] >= 0 and idle["state"] == "running"
+    assert 0 < idle["cpu_pct"] < 100
     m = _measures(report)
-    stop = m["stop-all, 256 ranks / 32 agents, median of 2"]
-    assert stop["pass"] is None, "the 1 s target applies at 16,384 ranks only"
+    stop = m["32 ranks / 4 agents: stop-all (median)"]
+    assert stop["pass"] is None, "the 0.3 s target applies at 16,384 ranks only"
+    assert m["32 ranks / 4 agents: formation (connect -> running)"]["value"] > 0
     extrapolated = m["stop-all at 16384 ranks, extrapolated"]
     assert extrapolated["value"] is None  # one scale: no trend to extrapolate
+
+
+def test_controlplane_a_scale_that_does_not_form_is_a_miss_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "cp.json"
+    out, _ = _bench("controlplane", "--ranks", "32", "--form-timeout", "0.001", "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    reason = "did not form within 0.001 s at heartbeat 0.5 s"
+    assert f"32 ranks / 4 agents: formation (connect -> running): MISS, {reason}" in out.stdout
+    report = json.loads(path.read_text())
+    assert report["ok"] is False
+    row = _measures(report)["32 ranks / 4 agents: formation (connect -> running)"]
+    assert (row["value"], row["pass"], row["failed"]) == (None, False, reason)
+    (scale,) = report["samples"]["scales"]
+    assert scale["at_deadline"]["state"] == "forming"
+    assert 0 <= scale["at_deadline"]["ranks_registered"] < 32
+    assert "32 ranks when formation gave up: job forming" in out.stdout
+
+
+def test_recovery_rejects_bad_msrun_restart_repeats() -> None:
+    out, _ = _bench("recovery", "--msrun-restart-repeats", "0", timeout=30)
+    assert out.returncode == 2
+    assert "--msrun-restart-repeats >= 1" in out.stderr
 
 
 def test_bench_help_lists_every_benchmark() -> None:
