@@ -27,4 +27,5 @@ from ms_recover.jobcheck.rules import rule_ports as rule_ports
 from ms_recover.jobcheck.rules import rule_process_recover as rule_process_recover
 from ms_recover.jobcheck.rules import rule_recover_strategy as rule_recover_strategy
 from ms_recover.jobcheck.rules import rule_replicas as rule_replicas
+from ms_recover.jobcheck.rules import rule_ttp_port as rule_ttp_port
 from ms_recover.jobcheck.rules import rule_wait_reschedule as rule_wait_reschedule
