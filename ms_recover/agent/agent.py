@@ -14,10 +14,9 @@ Guarantees:
   of the job (code 0) the ranks are instead given up to ``phase_timeout_s`` to leave on their
   own (``session.finish()`` returns, atexit runs), and their real exit codes are reported;
 * on SIGTERM (or :meth:`Agent.stop`) every child is terminated and reaped before returning;
-* a manager silent for ``heartbeat_s * liveness`` (it answers every heartbeat) gets a fresh
-  DEALER socket, then again after twice as long, and so on (Paranoid Pirate); when a restarted
-  manager asks (``Rejoin``) the agent registers again and re-sends the last exit of every local
-  rank that is not running, so a fault that happened while the manager was away is handled;
+* a restarted manager on the same address is reached again by ZeroMQ's own reconnect; when it
+  asks (``Rejoin``) the agent registers again and re-sends the last exit of every local rank
+  that is not running, so a fault that happened while the manager was away is handled;
 * if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
   ranks are killed and the agent exits 1: without a manager nothing can be recovered.
 """
@@ -73,7 +72,6 @@ class Agent:
         self._exits: dict[int, tuple[Exited, bool]] = {}
         self._drain: tuple[float, int] | None = None  # (deadline, exit code) at the job's end
         self._last_heard = time.monotonic()
-        self._reconnect_after = config.silence_s
 
     def stop(self) -> None:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
@@ -144,7 +142,6 @@ class Agent:
                 env = self.chan.recv(int(self.poll_s * 1000))
                 if env is not None and not self._stale(env):
                     self._last_heard = time.monotonic()
-                    self._reconnect_after = cfg.silence_s
                     self._epoch = max(self._epoch, env.epoch)
                     self._handle(env.msg)
                 if self.exit_code is None and self._all_done():
@@ -159,8 +156,11 @@ class Agent:
         return self.exit_code if self.exit_code is not None else 128 + 15
 
     def _manager_alive(self) -> bool:
-        """False once the manager has been silent for the grace; meanwhile, reconnect with a
-        doubling backoff so a restarted manager on the same address is found."""
+        """False once the manager has been silent for the grace. Meanwhile the DEALER keeps
+        its socket: ZeroMQ reconnects to a restarted manager on the same address by itself,
+        which then answers with ``Rejoin``. Recreating the socket under the same identity
+        could be refused by a live but slow manager's ROUTER (the identity still in use), and
+        a healthy node would then be declared lost."""
         quiet = time.monotonic() - self._last_heard
         grace = self.config.lost_manager_grace_s
         if quiet > grace:
@@ -170,10 +170,6 @@ class Agent:
                 grace,
             )
             return False
-        if quiet > self._reconnect_after:
-            log.warning("manager silent for %.1fs: reconnecting", quiet)
-            self.chan.reconnect()
-            self._reconnect_after *= 2
         return True
 
     def _rejoin(self, reason: str) -> None:
