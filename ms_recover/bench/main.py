@@ -12,6 +12,7 @@ The host is shared, so every number is a median over repeats.
                 (<= 5 s), stop-all (<= 0.3 s), manager CPU between faults (< 10 %)
   allreduce     host allreduce bus bandwidth vs MindSpore's CPU AllReduce (>= 5x) and a raw
                 loopback socket copy (>= 50 %)
+  all           every benchmark above, one after the other, and the Measured table from them
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ BENCHES: list[tuple[str, str, str]] = [
         "allreduce",
         "ms_recover.bench.allreduce",
         "host allreduce bus bandwidth vs MindSpore's CPU AllReduce and a loopback socket copy",
+    ),
+    (
+        "all",
+        "ms_recover.bench.everything",
+        "every benchmark above in one run; writes the README's Measured table from it",
     ),
 ]
 

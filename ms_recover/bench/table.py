@@ -40,7 +40,7 @@ class Measure:
 
     @property
     def target(self) -> str:
-        return f"{self.op} {_num(self.limit)} {self.unit}" if self.op else "-"
+        return f"{self.op} {fmt_num(self.limit)} {self.unit}" if self.op else "-"
 
     @property
     def passed(self) -> bool | None:
@@ -150,11 +150,12 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
 
 
 def _cell(m: Measure) -> str:
-    shown = _num(m.value)
+    shown = fmt_num(m.value)
     return shown if shown == "n/a" else f"{shown} {m.unit}".strip()
 
 
-def _num(value: float | None) -> str:
+def fmt_num(value: float | None) -> str:
+    """A measured number as the tables show it: integers whole, else 3 significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if float(value).is_integer() and abs(value) >= 1:
