@@ -111,19 +111,18 @@ class RebuildRecorder(LocalBackend):
         self.builds.append((epoch, dict(members)))
 
 
-def test_a_rebuild_delta_is_applied_over_the_endpoints_known():
+def test_a_rebuild_builds_the_world_with_only_the_endpoints_it_carries():
     backend = RebuildRecorder(4)
     session = Session(JobConfig(), 0, backend, ArrayState(0.0), standalone=True)
     session.link = Link()  # type: ignore[assignment]
     session.phase = Phase.STOPPED  # a REBUILD follows a STOP
-    full = {r: f"tcp://h{r}:1" for r in range(4)}
-    session._handle(1, M.Rebuild([[0, 3]], full, True, []))
-    session._handle(2, M.Rebuild([[0, 3]], {3: "tcp://h3:2"}, False, []))
-    session._handle(3, M.Rebuild([[0, 1], [3, 3]], {}, False, []))  # rank 2 left the world
-    assert backend.builds == [
-        (1, full),
-        (2, {**full, 3: "tcp://h3:2"}),
-        (3, {0: "tcp://h0:1", 1: "tcp://h1:1", 3: "tcp://h3:2"}),
+    session._handle(1, M.Rebuild([[0, 3]], {1: "tcp://h1:1", 2: "tcp://h2:1"}, True, []))
+    session._handle(2, M.Rebuild([[0, 3]], {1: "tcp://h1:2"}, False, []))
+    session._handle(3, M.Rebuild([[0, 1], [3, 3]], {3: "tcp://h3:2"}, False, []))  # 2 left
+    assert backend.builds == [  # "" marks a member this rank does not send to; none carried
+        (1, {0: "", 1: "tcp://h1:1", 2: "tcp://h2:1", 3: ""}),
+        (2, {0: "", 1: "tcp://h1:2", 2: "", 3: ""}),
+        (3, {0: "", 1: "", 3: "tcp://h3:2"}),
     ]
     assert session.members == [0, 1, 3] and session.data_world == 3
     assert session.link.sent == [M.Rebuilt(0)] * 3  # type: ignore[attr-defined]
@@ -132,10 +131,10 @@ def test_a_rebuild_delta_is_applied_over_the_endpoints_known():
 @pytest.mark.parametrize(
     "msg, problem",
     [
-        (M.Rebuild([[0, 3]], {0: "tcp://h0:1"}, False, []), "never sent"),
+        (M.Rebuild([[0, 2]], {3: "tcp://h3:1"}, False, []), r"ranks \[3\] outside its world"),
         (M.Rebuild([[0, 4]], {}, True, []), "malformed REBUILD"),
     ],
-    ids=["unknown-endpoint", "rank-outside-the-world"],
+    ids=["endpoint-outside-the-world", "rank-outside-the-world"],
 )
 def test_a_rebuild_the_rank_cannot_follow_is_a_recovery_error(msg, problem):
     session = Session(JobConfig(), 0, RebuildRecorder(4), ArrayState(0.0), standalone=True)
