@@ -10,7 +10,10 @@ order is sorted), the member at position ``i`` sends to:
 * ``g[(i + 2**k) % n]`` for every ``2**k < n``: the dissemination barrier;
 * ``g[i ^ 2**k]`` for every ``i ^ 2**k < n``: recursive doubling/halving partners. No path uses
   them today; they are here so that a recursive-doubling small-allreduce path for worlds of
-  more than two ranks needs no protocol change.
+  more than two ranks needs no protocol change. Such a path must pick its partners from this
+  set: with ``n`` not a power of two, fold position ``i >= 2**m`` (the largest power below
+  ``n``) onto ``i ^ 2**m = i - 2**m``, then double among the first ``2**m``. (MPICH's
+  even/odd fold renumbers the ranks, so its partners are not in the set.)
 
 Point to point (repair, MindIO's ``send_recv``) needs the destination: a repair pair
 ``(src, dst)`` gives ``src`` the endpoint of ``dst``.

@@ -83,11 +83,18 @@ def test_the_answer_to_a_new_group_names_the_peers_a_member_sends_to() -> None:
     assert peers_of_group(m, 1, "g", [0, 2, 4, 6]) is None
 
 
-def test_a_16384_rank_rebuild_encodes_small() -> None:
-    """One rank's REBUILD at 16,384 ranks with no groups: a few hundred bytes, not ~500 KB."""
-    m = JobModel(JobConfig(node_nums=2048, proc_per_node=8))
+def _formation_bytes(nodes: int) -> list[int]:
+    m = JobModel(JobConfig(node_nums=nodes, proc_per_node=8))
     for r, info in m.ranks.items():
         info.endpoint = f"tcp://10.0.{r >> 8}.{r & 255}:40000"
     codec = Codec("job", b"k" * 32)
-    sizes = [len(b"".join(codec.encode(s.msg, 1, "manager", 1))) for s in rebuild(m)[:100]]
-    assert max(sizes) < 2048
+    return [len(b"".join(codec.encode(s.msg, 1, "manager", 1))) for s in rebuild(m)]
+
+
+def test_formation_payload_grows_linearly_not_with_the_square() -> None:
+    """Bytes per rank's REBUILD: a few hundred at 16,384 ranks (every endpoint was ~430 KB),
+    and from 2,048 to 16,384 ranks they grow like log n, not like n."""
+    small, large = _formation_bytes(256), _formation_bytes(2048)
+    assert len(large) == 16384 and max(large) < 1024
+    per_rank_small, per_rank_large = sum(small) / len(small), sum(large) / len(large)
+    assert per_rank_large < 1.5 * per_rank_small  # quadratic would be 8x
