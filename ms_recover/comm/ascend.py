@@ -345,6 +345,11 @@ class AscendBackend(CommBackend):
                 f"{dst} returned {rc} (expected 0)"
             )
 
+    def add_peers(self, endpoints: dict[int, str]) -> None:
+        """HCCL reaches peers by rank id; named arrays go over the host path, which does not."""
+        if self.host_path is not None:
+            self.host_path.add_peers(endpoints)
+
     def send(self, arrays: dict[str, NDArray[Any]], dst: int, tag: str = "") -> None:
         self._check_live("send")
         self._require_host_path("send").send(arrays, dst, tag)

@@ -49,7 +49,10 @@ class CommBackend(abc.ABC):
 
     @abc.abstractmethod
     def init(self, epoch: int, members: dict[int, str]) -> None:
-        """Create the world group over ``members`` (rank -> endpoint) at ``epoch``."""
+        """Create the world group over ``members`` (rank -> endpoint) at ``epoch``.
+
+        An empty endpoint marks a member this rank does not send to
+        (:mod:`~ms_recover.comm.peers`)."""
 
     @abc.abstractmethod
     def _make_group(self, name: str, ranks: tuple[int, ...]) -> None:
@@ -95,6 +98,11 @@ class CommBackend(abc.ABC):
     @abc.abstractmethod
     def rebuild(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
         """Recreate the world group and every logged group at ``epoch``."""
+
+    def add_peers(self, endpoints: dict[int, str]) -> None:  # noqa: B027 - a hook
+        """Learn more members' data endpoints (rank -> endpoint) within this epoch: a repair
+        pair, or the peers of a group created since the build. Backends that reach peers by
+        rank id (Ascend, local) need none: the default does nothing."""
 
     def on_step_end(self) -> None:  # noqa: B027 - a hook: doing nothing is the default
         """Called after every committed step (the Ascend backend clears MindSpore's ARF flag)."""

@@ -13,6 +13,11 @@ Algorithms (``n`` members of a group, ring order = the group's rank order):
 * **barrier**: dissemination, ``ceil(log2 n)`` rounds of empty messages.
 * **send/recv**: a manifest plus a chunked byte stream (see :mod:`hoststream`).
 
+A rank holds endpoints only for the peers it sends to (:mod:`~ms_recover.comm.peers`: ring
+successor, barrier and recursive-doubling partners of each group it is in, repair pairs, added
+by :meth:`HostBackend.add_peers`). A collective on a group where one of those is missing
+raises CommError before it sends anything, on the rank that misses it.
+
 Zero-copy sends must not see their buffer change before zmq has read it. Sends from buffers
 that go back to the caller (the caller's arrays, the segment a rank finishes reducing) are
 tracked and waited for before returning; all-gather forwards re-send the received zmq frame.
@@ -34,6 +39,7 @@ from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.comm.hostauth import DataCurve
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
 from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
+from ms_recover.comm.peers import group_targets
 from ms_recover.errors import CommError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -119,6 +125,7 @@ class HostBackend(CommBackend):
         self._link.after_send = self._after_send
         self._groups: dict[str, tuple[int, ...]] = {}
         self._seq: dict[str, int] = {}
+        self._blind: dict[str, list[int]] = {}  # group -> peers it sends to with no endpoint
         self._built = False
 
     def _after_send(self) -> None:
@@ -162,6 +169,8 @@ class HostBackend(CommBackend):
         self._boxes.advance(epoch)
         self._groups = {WORLD: tuple(sorted(members))}
         self._seq = {WORLD: 0}
+        self._blind = {}
+        self._look(WORLD)
         self.group_log = GroupLog()
         self._built = True
         for name, ranks in group_log:
@@ -188,6 +197,23 @@ class HostBackend(CommBackend):
             raise CommError(f"a group name must not be empty (ranks {list(ranks)})")
         self._groups[name] = ranks
         self._seq[name] = 0
+        self._look(name)
+
+    def _look(self, name: str) -> None:
+        """Note which peers this rank sends to in group ``name`` it has no endpoint for."""
+        ranks = self._groups[name]
+        if self.rank not in ranks:
+            self._blind.pop(name, None)
+            return
+        targets = group_targets(ranks, ranks.index(self.rank))
+        self._blind[name] = sorted(r for r in targets if not self._link.reaches(r))
+
+    def add_peers(self, endpoints: dict[int, str]) -> None:
+        """Connect to more members of this epoch (a repair pair, a group created since the
+        build). CommError for a rank that is not a member."""
+        self._link.add_peers(endpoints)
+        for name in self._groups:
+            self._look(name)
 
     def abort(self) -> None:
         self._link.abort()
@@ -216,6 +242,9 @@ class HostBackend(CommBackend):
             )
         if root is not None and root not in ranks:
             raise CommError(f"{kind} root {root} is not in group {group!r} (ranks {list(ranks)})")
+        blind = self._blind.get(group)
+        if blind:
+            raise CommError(f"{kind} on group {group!r}: {self._link.unreachable(blind[0])}")
         seq = self._seq[group]
         self._seq[group] = seq + 1
         return _Call(self.epoch, self.rank, group, ranks, seq, kind, meta)

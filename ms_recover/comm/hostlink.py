@@ -2,8 +2,10 @@
 
 * One inbound ROUTER, bound once on an ephemeral port and kept across rebuilds, so a surviving
   rank keeps its endpoint.
-* One outbound DEALER per member (this rank included, so sending to oneself is not a special
-  case), recreated on every build. DEALERs carry no fixed routing id: a restarted peer must
+* One outbound DEALER per member whose endpoint this rank was given (itself included, so
+  sending to oneself is not a special case), recreated on every build. A rank is given only the
+  endpoints of the peers it sends to (:mod:`~ms_recover.comm.peers`); sending to a member
+  without one raises CommError at once. DEALERs carry no fixed routing id: a restarted peer must
   never collide with the id of its dead predecessor; the sender's rank is in the header.
 * With a password (see :mod:`~ms_recover.comm.hostauth`), the ROUTER accepts only peers that
   present it, and the DEALERs present it; with ``curve`` the same holds for the job's CURVE
@@ -83,6 +85,7 @@ class Link:
             ) from exc
         self.endpoint = f"tcp://{advertise_host or bind_host}:{port}"
         self._dealers: dict[int, zmq.Socket[bytes]] = {}
+        self._members: frozenset[int] = frozenset()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -104,13 +107,30 @@ class Link:
     # -- lifecycle -------------------------------------------------------------------------
 
     def connect(self, epoch: int, members: dict[int, str]) -> None:
-        """Replace every outbound socket by a fresh one per member (unsent data is dropped)."""
+        """Replace every outbound socket (unsent data is dropped) by one per member with an
+        endpoint; an empty endpoint marks a member this rank does not send to."""
         self.check_open()
         for sock in self._dealers.values():
             sock.close(linger=0)
         self._dealers = {}
-        for rank, endpoint in sorted(members.items()):
-            endpoint = self.endpoint if rank == self.rank else endpoint
+        self._members = frozenset(members)
+        self.epoch = epoch
+        self.add_peers({**members, self.rank: self.endpoint})
+
+    def add_peers(self, endpoints: dict[int, str]) -> None:
+        """Connect to the members of ``endpoints`` this rank has no socket to yet (within an
+        epoch a member's endpoint does not change). CommError for a rank that is not a member
+        of the epoch or an unusable endpoint."""
+        self.check_open()
+        strangers = sorted(r for r in endpoints if r not in self._members)
+        if strangers:
+            raise CommError(
+                f"rank {self.rank}: endpoints of ranks {strangers} that are not members of "
+                f"epoch {self.epoch} (members: {sorted(self._members)})"
+            )
+        for rank, endpoint in sorted(endpoints.items()):
+            if not endpoint or rank in self._dealers:
+                continue
             sock = self._socket(zmq.DEALER)
             if self._password is not None:
                 configure_client(sock, self._password, self._curve)
@@ -120,7 +140,10 @@ class Link:
                 sock.close(linger=0)
                 raise CommError(f"rank {rank} endpoint {endpoint!r} is not usable: {exc}") from exc
             self._dealers[rank] = sock
-        self.epoch = epoch
+
+    def reaches(self, rank: int) -> bool:
+        """True if this rank has an endpoint (a socket) for ``rank`` in this epoch."""
+        return rank in self._dealers
 
     def abort(self) -> None:
         """Make every current and future wait raise Interrupted. Safe from any thread."""
@@ -182,10 +205,7 @@ class Link:
         """
         sock = self._dealers.get(dst)
         if sock is None:
-            raise CommError(
-                f"rank {self.rank}: rank {dst} is not a member of epoch {self.epoch}"
-                f" (members: {sorted(self._dealers)})"
-            )
+            raise CommError(self.unreachable(dst))
         data = header.encode()
         deadline = self._deadline()
         try:
@@ -202,6 +222,19 @@ class Link:
         if self.after_send is not None:
             self.after_send()
         return tracker if track else None
+
+    def unreachable(self, dst: int) -> str:
+        """Why this rank cannot send to ``dst`` (it has no endpoint for it)."""
+        if dst not in self._members:
+            return (
+                f"rank {self.rank}: rank {dst} is not a member of epoch {self.epoch}"
+                f" (members: {sorted(self._members)})"
+            )
+        return (
+            f"rank {self.rank}: no data endpoint for rank {dst} in epoch {self.epoch}: a rank "
+            "is sent only the endpoints of the peers it sends to (ring neighbours, group "
+            f"members, repair pairs; see ms_recover.comm.peers), and rank {dst} is not one"
+        )
 
     def take(self, key: Key, what: str) -> tuple[Header, zmq.Frame]:
         """Next message of mailbox ``key``, pumping the inbound socket until it arrives."""

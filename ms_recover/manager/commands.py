@@ -4,7 +4,10 @@ of the job. Pure functions of the job model.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ms_recover import exitcodes
+from ms_recover.comm.peers import group_targets, needs_all
 from ms_recover.manager.actions import (
     Action,
     Emit,
@@ -15,26 +18,43 @@ from ms_recover.manager.actions import (
 )
 from ms_recover.manager.model import Ack, JobModel, JobState
 from ms_recover.manager.records import DecisionRecord, JobEndRecord
-from ms_recover.protocol.messages import AgentExit, Exit, Rebuild, runs
+from ms_recover.protocol.messages import AgentExit, Exit, Peers, Rebuild, runs
 
 
 def rebuild(m: JobModel, active: frozenset[int] | None = None) -> list[SendRanks]:
-    """REBUILD for every member: each gets the endpoints registered since its last rebuild
-    (a rank that never acknowledged one, in this incarnation, gets all of them)."""
+    """REBUILD for every member, each with what that rank uses and nothing else, so a
+    formation's payload grows with the ranks and the group sizes, not with ranks squared:
+
+    * the data endpoints of exactly the peers it sends to in this world and its groups
+      (:func:`~ms_recover.comm.peers.needs_all`), at most ``2 * log2(n) + 1`` per group;
+    * the logged groups it is a member of, in log order (it takes no part in the others).
+
+    ``full`` marks the first REBUILD a rank acknowledges in its incarnation.
+    """
     world = sorted(m.active if active is None else active)
-    wire_world, group_log = runs(world), m.group_log.to_wire()
-    by_known: dict[int, list[int]] = {}
-    for r in world:
-        by_known.setdefault(m.ranks[r].acked_epoch(Ack.REBUILD), []).append(r)
+    wire_world, entries = runs(world), m.group_log.to_wire()
+    wanted = needs_all(world, m.group_log)
+    groups_of: dict[int, list[list[Any]]] = {r: [] for r in world}
+    for entry in entries:
+        for r in entry[1]:
+            if r in groups_of:
+                groups_of[r].append(entry)
     sends = []
-    for known, ranks in sorted(by_known.items()):
-        full = known < 0
-        endpoints = {
-            q: m.ranks[q].endpoint for q in world if full or m.ranks[q].endpoint_epoch >= known
-        }
-        msg = Rebuild(wire_world, endpoints, full, group_log)
-        sends.append(SendRanks("rebuild", tuple(ranks), msg))
+    for r in world:
+        endpoints = {q: m.ranks[q].endpoint for q in sorted(wanted[r])}
+        full = m.ranks[r].acked_epoch(Ack.REBUILD) < 0
+        msg = Rebuild(wire_world, endpoints, full, groups_of[r])
+        sends.append(SendRanks("rebuild", (r,), msg))
     return sends
+
+
+def peers_of_group(m: JobModel, rank: int, name: str, ranks: list[int]) -> Peers | None:
+    """The answer to ``rank``'s GroupCreated: the endpoints it sends to in the new group
+    (None for a rank outside the group: it sends nothing there)."""
+    if rank not in ranks:
+        return None
+    wanted = group_targets(ranks, ranks.index(rank)) & m.active
+    return Peers(name, {q: m.ranks[q].endpoint for q in sorted(wanted)})
 
 
 def exit_job(m: JobModel, code: int, reason: str) -> list[Action]:

@@ -201,7 +201,9 @@ def _plan(
         return Failure(f"repair impossible: {exc}", first=tuple(first))
     actions = list(first)
     for rank in steps:
-        msg = Repair(target, attempt, plan.send_to(rank), plan.recv_from.get(rank, -1))
+        send_to = plan.send_to(rank)
+        endpoints = {q: m.ranks[q].endpoint for q in send_to}  # repair pairs: see comm.peers
+        msg = Repair(target, attempt, send_to, plan.recv_from.get(rank, -1), endpoints)
         actions.append(SendRanks(f"repair plan attempt {attempt}", (rank,), msg))
     reason = f"repair to step {target}: {plan.recv_from or 'nothing to copy'}"
     return actions + [Transition(reason, JobState.REPAIRING)]

@@ -20,6 +20,7 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.manager import divergence
+from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Restore
@@ -514,6 +515,10 @@ class ManagerServer:
                 self.events.write("group", epoch=self.model.epoch, name=msg.name, ranks=msg.ranks)
         except CommError as exc:
             log.warning("rank %d: %s", msg.rank, exc)
+            return
+        reply = peers_of_group(self.model, msg.rank, msg.name, msg.ranks)
+        if reply is not None:  # the rank waits for it before its first call on the group
+            self._send(ident, reply)
 
     def _on_stopped(self, ident: bytes, env: Envelope, msg: M.Stopped) -> None:
         info = self._worker(ident, msg.rank)

@@ -233,9 +233,11 @@ class Rebuild(Message):
     """manager -> worker: rebuild the world and every logged group.
 
     ``world`` lists the member ranks as inclusive ``[first, last]`` runs (see :func:`runs`).
-    ``endpoints`` holds data endpoints: every member's when ``full``, else only those that may
-    have changed since the last Rebuild this rank acknowledged; it keeps the others from then.
-    So after a rank is replaced, survivors get one endpoint, not the whole world's.
+    ``endpoints`` holds the data endpoints of exactly the members this rank sends to in this
+    world and the logged groups (:mod:`ms_recover.comm.peers`: ring successor, barrier and
+    recursive-doubling partners), replacing any it had: O(log n) per group, not the world's.
+    ``group_log`` holds the logged groups this rank is a member of, in log order.
+    ``full`` is True for the first Rebuild this rank acknowledges in its incarnation.
     """
 
     KIND: ClassVar[bytes] = b"rebuild"
@@ -275,7 +277,8 @@ class Repair(Message):
     """manager -> worker: bring every rank to ``target_step``.
 
     ``send_to`` lists ranks this rank must send its whole state to; ``recv_from`` is the rank
-    to receive from, or -1.
+    to receive from, or -1. ``endpoints`` are the data endpoints of ``send_to`` (a repair pair
+    is usually no ring neighbour, so the Rebuild did not carry them).
     """
 
     KIND: ClassVar[bytes] = b"repair"
@@ -283,6 +286,17 @@ class Repair(Message):
     attempt: int
     send_to: list[int]
     recv_from: int
+    endpoints: dict[int, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peers(Message):
+    """manager -> worker: the answer to GroupCreated, the data endpoints of the members this
+    rank sends to in the new group ``name`` (:mod:`ms_recover.comm.peers`)."""
+
+    KIND: ClassVar[bytes] = b"peers"
+    name: str
+    endpoints: dict[int, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +381,7 @@ KINDS: dict[bytes, type[Message]] = {
         Stop,
         Rebuild,
         Repair,
+        Peers,
         Resume,
         Exit,
         Dump,

@@ -38,6 +38,7 @@ from ms_recover import exitcodes
 from ms_recover.comm.base import CommBackend
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
+from ms_recover.errors import CommError
 from ms_recover.protocol import messages as M
 from ms_recover.ttp.enums import Action, RepairType, ReportState
 from ms_recover.ttp.handlers import (
@@ -105,7 +106,6 @@ class Processor:
         self._announce = False
         self._dump: tuple[int, str] | None = None
         self._done = False
-        self._endpoints: dict[int, str] = {}
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -285,11 +285,9 @@ class Processor:
             )
 
     def _on_rebuild(self, epoch: int, msg: M.Rebuild) -> None:
-        if msg.full:  # else only the endpoints that changed are sent: keep the others
-            self._endpoints = {}
-        self._endpoints.update(msg.endpoints)
         world = M.ranks_of(msg.world, self.world_size)
-        members = {r: self._endpoints.get(r, "") for r in world}
+        # Only the peers this rank sends to come with an endpoint (ms_recover.comm.peers).
+        members = {r: msg.endpoints.get(r, "") for r in world}
         if self._formed and not self.reboot:
             fn, ctx = self._handler("clean")
             is_uce = self._report in (ReportState.RS_UCE, ReportState.RS_UCE_CORRUPTED)
@@ -327,10 +325,12 @@ class Processor:
             infos.append(_info(RepairType.RT_ROLLBACK, [self.rank], [self.rank]))
         error_ranks = list(msg.send_to) if msg.send_to else [self.rank]
         try:
+            if self.data_plane is not None and msg.endpoints:
+                self.data_plane.add_peers(msg.endpoints)  # send_recv's destinations
             for info in infos:
                 fn, ctx = self._handler("repair")
                 self._call("repair", fn, step, True, error_ranks, info, self.step_args, ctx)
-        except HandlerFailed as exc:
+        except (HandlerFailed, CommError) as exc:
             return M.Repaired(
                 self.rank, msg.attempt, False, self.committed, msg.recv_from, str(exc)
             )

@@ -50,6 +50,8 @@ class ManagerLink:
         #: log); set by the session. Called on the link thread.
         self.registration: Callable[[], Iterable[M.Message]] | None = None
         self._rejoining = False
+        #: Called on the link thread with each Peers (the endpoints of a new group's peers).
+        self.on_peers: Callable[[M.Peers], None] | None = None
         self._identity, self._generation = identity, 0
         self._poller = zmq.Poller()
         # The thread sleeps in poll() until the manager writes, a message is queued (a byte on
@@ -128,6 +130,10 @@ class ManagerLink:
     def _latch(self, env: Envelope) -> None:
         self.last_heard = time.monotonic()
         if isinstance(env.msg, M.StatusReply):
+            return
+        if isinstance(env.msg, M.Peers):  # an answer, not a command: no epoch, no inbox
+            if self.on_peers is not None:
+                self.on_peers(env.msg)
             return
         if isinstance(env.msg, M.Rejoin):
             self._rejoin(env.msg.reason)

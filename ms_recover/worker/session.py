@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -82,12 +83,15 @@ class Session:
         self._await_manager = False
         self._report_next_commit = False
         self.members: list[int] = list(range(backend.world_size))
-        self._endpoints: dict[int, str] = {}  # every data endpoint REBUILD has sent so far
+        # Peers answers by group name (the link thread writes, create_group waits for one).
+        self._peers: dict[str, dict[int, str]] = {}
+        self._peers_cond = threading.Condition()
         self._guard = _Guard(self)
         self.link: ManagerLink | None = None
         if not standalone:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
             self.link = ManagerLink(config, rank, ident, backend.abort)
+            self.link.on_peers = self._on_peers
             backend.on_group_created = self._group_created
         backend.faults = self.faults
 
@@ -298,21 +302,19 @@ class Session:
         return False
 
     def _members_of(self, msg: M.Rebuild) -> dict[int, str]:
-        """Rank -> data endpoint of the new world: the endpoints sent now over those known."""
-        if msg.full:
-            self._endpoints = {}
-        self._endpoints.update(msg.endpoints)
+        """Rank -> data endpoint of the new world; "" for a member this rank does not send to
+        (REBUILD carries only the peers it sends to, see :mod:`ms_recover.comm.peers`)."""
         try:
             world = M.ranks_of(msg.world, self.comm.world_size)
         except ValueError as exc:
             raise RecoveryError(f"rank {self.rank}: malformed REBUILD: {exc}") from exc
-        unknown = [r for r in world if r not in self._endpoints]
-        if unknown:
+        strangers = sorted(set(msg.endpoints) - set(world))
+        if strangers:
             raise RecoveryError(
-                f"rank {self.rank}: REBUILD names ranks {unknown} whose data "
-                "endpoints it was never sent"
+                f"rank {self.rank}: malformed REBUILD: endpoints of ranks {strangers} "
+                "outside its world"
             )
-        return {r: self._endpoints[r] for r in world}
+        return {r: msg.endpoints.get(r, "") for r in world}
 
     def _dump(self, epoch: int, msg: M.Dump) -> None:
         assert self.link is not None
@@ -333,6 +335,7 @@ class Session:
         tag = f"repair.{epoch}.{msg.attempt}"
         try:
             if msg.send_to:
+                self.comm.add_peers(msg.endpoints)  # repair pairs are rarely ring neighbours
                 payload = repair.pack(self._state().state_dict(), self.committed)
                 if self.faults.armed:
                     self.faults.before_repair_send(payload)
@@ -378,8 +381,28 @@ class Session:
         sys.exit(msg.code)
 
     def _group_created(self, name: str, ranks: tuple[int, ...]) -> None:
-        if self.link is not None:
-            self.link.send(M.GroupCreated(self.rank, name, list(ranks)))
+        """Log the group with the manager and, as a member, wait for the endpoints of the
+        peers this rank sends to in it (CommError if they do not come in a phase timeout)."""
+        if self.link is None:
+            return
+        self.link.send(M.GroupCreated(self.rank, name, list(ranks)))
+        if self.rank not in ranks:
+            return
+        timeout = self.config.phase_timeout_s
+        with self._peers_cond:
+            got = self._peers_cond.wait_for(lambda: name in self._peers, timeout)
+            endpoints = self._peers.pop(name, {})
+        if not got:
+            raise CommError(
+                f"rank {self.rank}: the manager sent no data endpoints for group {name!r} "
+                f"within {timeout:g}s (a group of that name with other ranks? see its log)"
+            )
+        self.comm.add_peers(endpoints)
+
+    def _on_peers(self, msg: M.Peers) -> None:
+        with self._peers_cond:
+            self._peers[msg.name] = dict(msg.endpoints)
+            self._peers_cond.notify_all()
 
 
 class _Guard:

@@ -237,6 +237,25 @@ def test_mindio_reboot_rank_handshake_contract() -> None:
     assert repaired.ok and repaired.committed_step == 4 and proc.repair_step == 5
 
 
+def test_mindio_repair_source_gets_its_receivers_endpoints_before_send_recv() -> None:
+    """A survivor sending by send_recv: the Repair's endpoints reach the data plane first (a
+    repair pair is rarely a ring neighbour, so the Rebuild did not carry them)."""
+    cfg = JobConfig(node_nums=1, proc_per_node=4, phase_timeout_s=5.0)
+    rank = Rank(0, cfg)
+    proc = rank.proc
+    proc._formed, proc.committed = True, 4
+    order: list[str] = []
+
+    class Plane:
+        def add_peers(self, endpoints: dict[int, str]) -> None:
+            order.append(f"peers {endpoints}")
+
+    proc.data_plane = Plane()  # type: ignore[assignment]
+    rank.proc.register("repair", lambda *a: order.append("repair") or 0, "ctx0")
+    repaired = proc._on_repair(M.Repair(4, 0, [3], -1, {3: "tcp://h3:1"}))
+    assert repaired.ok and order == ["peers {3: 'tcp://h3:1'}", "repair"]
+
+
 def test_mindio_controller_calls_mindx_callbacks_with_one_or_two_args() -> None:
     ctl = Controller(0, 2)
     got: dict[str, tuple[Any, ...]] = {}

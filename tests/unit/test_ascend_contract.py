@@ -150,6 +150,9 @@ class RecordingHost(CommBackend):
     def rebuild(self, epoch: int, members: dict[int, str], group_log: GroupLog) -> None:
         self.events.append(f"rebuild {epoch} {group_log.names()}")
 
+    def add_peers(self, endpoints: dict[int, str]) -> None:
+        self.events.append(f"peers {sorted(endpoints)}")
+
     def close(self) -> None:
         self.events.append("close")
 
@@ -383,6 +386,7 @@ def test_named_state_goes_over_the_host_path() -> None:
     backend, fake = make(rank=0, host=host)
     backend.init(0, MEMBERS)
     assert backend.endpoint == host.endpoint
+    backend.add_peers({1: "tcp://10.0.0.1:7000"})  # a repair pair's endpoint, for the host path
     backend.send({"w": np.zeros(2)}, 1, tag="repair")
     assert host.sent[0][1:] == (1, "repair")
     assert backend.recv(2, tag="repair")["w"].tolist() == [2.0, 2.0]
@@ -392,5 +396,11 @@ def test_named_state_goes_over_the_host_path() -> None:
     backend.rebuild(1, MEMBERS, LOG)
     backend.close()
     backend.close()
-    assert host.events == ["init 0", "abort", "rebuild 1 ['dp', 'dp2', 'pp']", "close"]
+    assert host.events == [
+        "init 0",
+        "peers [1]",
+        "abort",
+        "rebuild 1 ['dp', 'dp2', 'pp']",
+        "close",
+    ]
     assert fake.names().count("release") == 1

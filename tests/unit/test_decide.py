@@ -223,10 +223,12 @@ def test_forming_waits_for_every_rank(make_job: Callable[..., Job]) -> None:
     assert job.model.state is JobState.REBUILDING and job.model.epoch == 1
     rebuilds = msgs(job.take(), M.Rebuild)
     assert [who for who, _ in rebuilds] == ["r0", "r1", "r2", "r3"]
-    assert all(m == rebuilds[0][1] for _, m in rebuilds)
-    assert rebuilds[0][1] == M.Rebuild(
-        [[0, 3]], {r: f"tcp://h{r}:5{r}" for r in range(4)}, True, []
-    )
+    # Each rank gets the endpoints of the ranks it sends to (ring +1, +2, XOR 1 and 2).
+    sends_to = {0: [1, 2], 1: [0, 2, 3], 2: [3, 0], 3: [0, 1, 2]}
+    for who, msg in rebuilds:
+        rank = int(who[1:])
+        endpoints = {q: f"tcp://h{q}:5{q}" for q in sorted(sends_to[rank])}
+        assert msg == M.Rebuild([[0, 3]], endpoints, True, [])
 
 
 def test_formation_round_runs_to_running_with_a_job_start_event(
@@ -565,7 +567,7 @@ def test_stopping_waits_for_survivors_and_replacements(make_job: Callable[..., J
     assert sorted(who for who, _ in msgs(job.take(), M.Rebuild)) == ["r0", "r1", "r2", "r3"]
 
 
-def test_survivors_get_only_the_new_endpoint_and_a_newcomer_gets_all(
+def test_a_replacement_s_new_endpoint_goes_to_the_ranks_that_send_to_it(
     make_job: Callable[..., Job],
 ) -> None:
     job = make_job()
@@ -576,10 +578,11 @@ def test_survivors_get_only_the_new_endpoint_and_a_newcomer_gets_all(
     job.register_rank(3, endpoint="tcp://h3:7000")
     job.tick()
     rebuilds = dict(msgs(job.take(), M.Rebuild))
-    everyone = {0: "tcp://h0:50", 1: "tcp://h1:51", 2: "tcp://h2:52", 3: "tcp://h3:7000"}
-    assert rebuilds["r3"] == M.Rebuild([[0, 3]], everyone, True, [])
-    for survivor in ("r0", "r1", "r2"):
-        assert rebuilds[survivor] == M.Rebuild([[0, 3]], {3: "tcp://h3:7000"}, False, [])
+    ep = {0: "tcp://h0:50", 1: "tcp://h1:51", 2: "tcp://h2:52", 3: "tcp://h3:7000"}
+    assert rebuilds["r3"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (0, 1, 2)}, True, [])
+    assert rebuilds["r0"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (1, 2)}, False, [])
+    assert rebuilds["r1"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (0, 2, 3)}, False, [])
+    assert rebuilds["r2"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (0, 3)}, False, [])
 
 
 def test_a_stop_ack_of_an_older_epoch_does_not_count(make_job: Callable[..., Job]) -> None:
@@ -606,10 +609,10 @@ def test_rebuilding_to_repairing_with_a_plan_per_rank(make_job: Callable[..., Jo
     assert job.model.state is JobState.REPAIRING
     assert job.model.round is not None and job.model.round.target_step == 10
     repairs = dict(msgs(job.take(), M.Repair))
-    assert repairs == {
-        "r0": M.Repair(10, 0, [1], -1),
+    assert repairs == {  # a sender gets its receivers' endpoints: repair pairs
+        "r0": M.Repair(10, 0, [1], -1, {1: "tcp://h1:51"}),
         "r1": M.Repair(10, 0, [], 0),
-        "r2": M.Repair(10, 0, [3], -1),
+        "r2": M.Repair(10, 0, [3], -1, {3: "tcp://h3:53"}),
         "r3": M.Repair(10, 0, [], 2),
     }
 
@@ -633,7 +636,7 @@ def test_repair_failure_retries_without_the_bad_source(make_job: Callable[..., J
     repairs = dict(msgs(job.take(), M.Repair))
     assert repairs["r3"] == M.Repair(10, 1, [], 0)
     assert repairs["r2"] == M.Repair(10, 1, [], -1)
-    assert repairs["r0"] == M.Repair(10, 1, [3], -1)
+    assert repairs["r0"] == M.Repair(10, 1, [3], -1, {3: "tcp://h3:53"})
     (retry,) = job.events("repair_retry")
     assert retry["attempt"] == 1 and retry["bad_sources"] == [2]
     assert "checksum mismatch" in retry["reason"]

@@ -21,6 +21,7 @@ PURE = (
     "ms_recover.manager.model",
     "ms_recover.manager.decide",
     "ms_recover.manager.planner",
+    "ms_recover.comm.peers",
 )
 # Added by the strategy plug-in work; checked as soon as it exists.
 STRATEGIES = "ms_recover.manager.strategies"

@@ -3,6 +3,7 @@ did not run."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
-from ms_recover.errors import RecoveryError
+from ms_recover.errors import CommError, RecoveryError
 from ms_recover.protocol import messages as M
 from ms_recover.worker import repair
 from ms_recover.worker.phase import Phase
@@ -37,6 +38,9 @@ class PeerBackend(LocalBackend):
 
     def send(self, arrays: dict[str, np.ndarray], dst: int, tag: str = "") -> None:
         self.sent.append((dst, tag, arrays))
+
+    def add_peers(self, endpoints: dict[int, str]) -> None:
+        self.sent.append(("peers", dict(endpoints)))
 
     def recv(self, src: int, tag: str = "") -> dict[str, np.ndarray]:
         return self.inbox[src]
@@ -83,10 +87,15 @@ def test_a_received_state_is_loaded_and_the_steps_not_run_are_recorded(committed
 
 def test_a_source_sends_its_state_and_skips_nothing():
     session, _, link = _session(9, {})
-    session._handle(4, M.Repair(target_step=9, attempt=1, send_to=[1, 3], recv_from=-1))
+    endpoints = {1: "tcp://h1:1", 3: "tcp://h3:1"}
+    session._handle(4, M.Repair(9, 1, send_to=[1, 3], recv_from=-1, endpoints=endpoints))
     backend = session.comm
-    assert [(dst, tag) for dst, tag, _ in backend.sent] == [(1, "repair.4.1"), (3, "repair.4.1")]
-    arrays, step = repair.unpack(backend.sent[0][2], src=0)
+    assert backend.sent[0] == ("peers", endpoints)  # the pairs' endpoints before the sends
+    assert [(dst, tag) for dst, tag, _ in backend.sent[1:]] == [
+        (1, "repair.4.1"),
+        (3, "repair.4.1"),
+    ]
+    arrays, step = repair.unpack(backend.sent[1][2], src=0)
     assert step == 9 and arrays["w"].tolist() == [9.0, 9.0, 9.0]
     assert session.skipped == [] and link.sent == [M.Repaired(0, 1, True, 9, -1, "")]
 
@@ -111,19 +120,18 @@ class RebuildRecorder(LocalBackend):
         self.builds.append((epoch, dict(members)))
 
 
-def test_a_rebuild_delta_is_applied_over_the_endpoints_known():
+def test_a_rebuild_builds_the_world_with_only_the_endpoints_it_carries():
     backend = RebuildRecorder(4)
     session = Session(JobConfig(), 0, backend, ArrayState(0.0), standalone=True)
     session.link = Link()  # type: ignore[assignment]
     session.phase = Phase.STOPPED  # a REBUILD follows a STOP
-    full = {r: f"tcp://h{r}:1" for r in range(4)}
-    session._handle(1, M.Rebuild([[0, 3]], full, True, []))
-    session._handle(2, M.Rebuild([[0, 3]], {3: "tcp://h3:2"}, False, []))
-    session._handle(3, M.Rebuild([[0, 1], [3, 3]], {}, False, []))  # rank 2 left the world
-    assert backend.builds == [
-        (1, full),
-        (2, {**full, 3: "tcp://h3:2"}),
-        (3, {0: "tcp://h0:1", 1: "tcp://h1:1", 3: "tcp://h3:2"}),
+    session._handle(1, M.Rebuild([[0, 3]], {1: "tcp://h1:1", 2: "tcp://h2:1"}, True, []))
+    session._handle(2, M.Rebuild([[0, 3]], {1: "tcp://h1:2"}, False, []))
+    session._handle(3, M.Rebuild([[0, 1], [3, 3]], {3: "tcp://h3:2"}, False, []))  # 2 left
+    assert backend.builds == [  # "" marks a member this rank does not send to; none carried
+        (1, {0: "", 1: "tcp://h1:1", 2: "tcp://h2:1", 3: ""}),
+        (2, {0: "", 1: "tcp://h1:2", 2: "", 3: ""}),
+        (3, {0: "", 1: "", 3: "tcp://h3:2"}),
     ]
     assert session.members == [0, 1, 3] and session.data_world == 3
     assert session.link.sent == [M.Rebuilt(0)] * 3  # type: ignore[attr-defined]
@@ -132,10 +140,10 @@ def test_a_rebuild_delta_is_applied_over_the_endpoints_known():
 @pytest.mark.parametrize(
     "msg, problem",
     [
-        (M.Rebuild([[0, 3]], {0: "tcp://h0:1"}, False, []), "never sent"),
+        (M.Rebuild([[0, 2]], {3: "tcp://h3:1"}, False, []), r"ranks \[3\] outside its world"),
         (M.Rebuild([[0, 4]], {}, True, []), "malformed REBUILD"),
     ],
-    ids=["unknown-endpoint", "rank-outside-the-world"],
+    ids=["endpoint-outside-the-world", "rank-outside-the-world"],
 )
 def test_a_rebuild_the_rank_cannot_follow_is_a_recovery_error(msg, problem):
     session = Session(JobConfig(), 0, RebuildRecorder(4), ArrayState(0.0), standalone=True)
@@ -143,3 +151,42 @@ def test_a_rebuild_the_rank_cannot_follow_is_a_recovery_error(msg, problem):
     session.phase = Phase.STOPPED
     with pytest.raises(RecoveryError, match=problem):
         session._handle(1, msg)
+
+
+class GroupBackend(PeerBackend):
+    """Rank 0 of four: groups of any of them are accepted (their traffic is not the point)."""
+
+    def _make_group(self, name: str, ranks: tuple[int, ...]) -> None:
+        pass
+
+
+def _grouping_session(timeout_s: float) -> tuple[Session, PeerBackend, Link]:
+    backend = GroupBackend({})
+    backend.world_size = 4
+    config = JobConfig(phase_timeout_s=timeout_s, heartbeat_s=0.05)
+    session = Session(config, 0, backend, standalone=True)
+    link = Link()
+    session.link = link  # type: ignore[assignment]
+    backend.on_group_created = session._group_created
+    return session, backend, link
+
+
+def test_a_member_of_a_new_group_waits_for_its_peers_endpoints():
+    session, backend, link = _grouping_session(20.0)
+    answer = M.Peers("g", {2: "tcp://h2:1"})
+    timer = threading.Timer(0.05, session._on_peers, (answer,))  # the link thread's part
+    timer.start()
+    try:
+        backend.create_group("g", [0, 2])
+    finally:
+        timer.join()
+    assert link.sent == [M.GroupCreated(0, "g", [0, 2])]
+    assert backend.sent == [("peers", {2: "tcp://h2:1"})]
+    backend.create_group("h", [1, 2])  # not a member: nothing to wait for
+    assert backend.sent == [("peers", {2: "tcp://h2:1"})]
+
+
+def test_a_new_group_whose_peers_never_come_is_a_comm_error():
+    _, backend, _ = _grouping_session(0.5)
+    with pytest.raises(CommError, match="no data endpoints for group 'g' within 0.5s"):
+        backend.create_group("g", [0, 3])

@@ -1,0 +1,100 @@
+"""Which data endpoints a rank needs (ms_recover.comm.peers), and that a formation's REBUILDs
+carry O(log n + groups) endpoints per rank, linear in total, at 16,384 ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ms_recover.comm.peers import group_targets, needs, needs_all
+from ms_recover.config import JobConfig
+from ms_recover.manager.commands import peers_of_group, rebuild
+from ms_recover.manager.model import JobModel
+from ms_recover.protocol.codec import Codec
+from ms_recover.protocol.messages import Rebuild
+
+
+def test_a_member_sends_to_its_ring_successor_barrier_and_doubling_partners() -> None:
+    order = list(range(10, 18))  # eight members: positions 0..7
+    # position 5: +1, +2, +4 -> 6, 7, 1; XOR 1, 2, 4 -> 4, 7, 1
+    assert group_targets(order, 5) == {16, 17, 11, 14}
+    assert group_targets([7, 3], 1) == {7}  # two members: the one exchange
+    assert group_targets([4], 0) == set()
+    # Not a power of two: position 4 of 5 folds onto 0 (XOR 4); +1, +2, +4 wrap to 0, 1, 3.
+    assert group_targets([0, 1, 2, 3, 4], 4) == {0, 1, 3}
+
+
+def test_groups_follow_their_own_order_and_pairs_give_the_sender_its_receiver() -> None:
+    world = range(8)
+    groups = [("odd", (7, 1, 5, 3))]  # ring order as created, not sorted
+    # world: +1, +2, +4 -> 2, 3, 5; XOR 1, 2, 4 -> 0, 3, 5. "odd" at position 1: +1, +2 ->
+    # 5, 3; XOR 1, 2 -> 7, 3.
+    assert needs(1, world, groups) == {0, 2, 3, 5} | {5, 3, 7}
+    assert needs(1, world, groups, pairs=[(1, 6), (6, 1)]) == needs(1, world, groups) | {6}
+    assert 1 not in needs(6, world, pairs=[(1, 6)]) - needs(6, world)
+    # Members that left the world (elastic shrink) are never named.
+    assert needs(0, [0, 2, 4], [("g", (0, 1, 2))]) == {2, 4}
+    assert needs(9, world) == set()
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 13, 64, 100])
+def test_every_rank_sent_to_by_the_rule_is_in_the_set(n: int) -> None:
+    """The host algorithms' send targets (ring, exchange, chain, barrier) are all covered."""
+    wanted = needs_all(range(n))
+    for i in range(n):
+        ring = {(i + 1) % n} - {i}
+        barrier = {(i + 2**k) % n for k in range(max(0, math.ceil(math.log2(n))))} - {i}
+        doubling = {i ^ 2**k for k in range(n.bit_length()) if i ^ 2**k < n} - {i}
+        assert ring | barrier | doubling == wanted[i]
+        assert len(wanted[i]) <= 2 * math.ceil(math.log2(n)) + 1
+
+
+def test_formation_at_16384_ranks_sends_endpoints_linear_in_ranks() -> None:
+    config = JobConfig(node_nums=2048, proc_per_node=8)
+    m = JobModel(config)
+    for r, info in m.ranks.items():
+        info.endpoint = f"tcp://10.{r >> 16}.{(r >> 8) & 255}.{r & 255}:40000"
+    for node in range(2048):  # a data-parallel group per local rank (size 2,048) and a
+        m.group_log.add(f"tp{node}", config.ranks_of(node))  # tensor group per node (8)
+    for local in range(8):
+        m.group_log.add(f"dp{local}", list(range(local, 16384, 8)))
+    sends = rebuild(m)
+    assert [s.ranks for s in sends] == [(r,) for r in range(16384)]
+    counts = [len(s.msg.endpoints) for s in sends if isinstance(s.msg, Rebuild)]
+    # world (n = 16,384) + dp (2,048) + tp (8): at most 2 * (14 + 11 + 3) + 3 peers
+    assert max(counts) <= 2 * (14 + 11 + 3) + 3
+    assert sum(counts) <= 59 * 16384  # linear: not 16,384 * 16,383
+    for s in sends[:64]:  # every endpoint sent is one of the rule's, with the right address
+        (rank,) = s.ranks
+        assert isinstance(s.msg, Rebuild)
+        assert set(s.msg.endpoints) == needs(rank, range(16384), m.group_log)
+        assert all(m.ranks[q].endpoint == ep for q, ep in s.msg.endpoints.items())
+
+
+def test_the_answer_to_a_new_group_names_the_peers_a_member_sends_to() -> None:
+    m = JobModel(JobConfig(node_nums=4, proc_per_node=2))
+    for r, info in m.ranks.items():
+        info.endpoint = f"tcp://h{r}:1"
+    reply = peers_of_group(m, 6, "g", [0, 2, 4, 6])
+    assert reply is not None and reply.name == "g"
+    # position 3 of 4: +1, +2 -> 0, 2; XOR 1, 2 -> 4, 2 (the world's peers came with REBUILD)
+    assert reply.endpoints == {0: "tcp://h0:1", 2: "tcp://h2:1", 4: "tcp://h4:1"}
+    assert peers_of_group(m, 1, "g", [0, 2, 4, 6]) is None
+
+
+def _formation_bytes(nodes: int) -> list[int]:
+    m = JobModel(JobConfig(node_nums=nodes, proc_per_node=8))
+    for r, info in m.ranks.items():
+        info.endpoint = f"tcp://10.0.{r >> 8}.{r & 255}:40000"
+    codec = Codec("job", b"k" * 32)
+    return [len(b"".join(codec.encode(s.msg, 1, "manager", 1))) for s in rebuild(m)]
+
+
+def test_formation_payload_grows_linearly_not_with_the_square() -> None:
+    """Bytes per rank's REBUILD: a few hundred at 16,384 ranks (every endpoint was ~430 KB),
+    and from 2,048 to 16,384 ranks they grow like log n, not like n."""
+    small, large = _formation_bytes(256), _formation_bytes(2048)
+    assert len(large) == 16384 and max(large) < 1024
+    per_rank_small, per_rank_large = sum(small) / len(small), sum(large) / len(large)
+    assert per_rank_large < 1.5 * per_rank_small  # quadratic would be 8x
