@@ -95,10 +95,9 @@ class RankSet:
         inc = self.incarnations.get(rank, -1) + 1
         self.incarnations[rank] = inc
         env = rank_env(self.config, rank, inc)
-        proc = self.spares.activate(env)  # a pre-warmed spare, if one is ready
-        if proc is not None:
-            self.spares.fill()  # warm the next one while this one rejoins
-        else:
+        # A pre-warmed spare, if one is ready; poll() starts the next once this one settled.
+        proc = self.spares.activate(env)
+        if proc is None:
             out = self._log_file(rank)
             proc = subprocess.Popen(
                 self.command,
