@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
-from ms_recover.bench import sparecost
+from ms_recover.bench import recovery, sparecost
+from ms_recover.manager.records import PHASES
 from ms_recover.testing.wait import wait_for
 
 HOLDER = (
@@ -60,3 +62,35 @@ def test_rows_report_medians_without_a_target():
     assert rows["a training rank's RSS, for comparison"].value == 600.0
     assert abs(rows["CPU of a waiting spare"].value - 0.4) < 1e-9
     assert all(r.verdict == "-" for r in rows.values())
+
+
+def _sample(mttr: float) -> dict:
+    phases = dict.fromkeys(PHASES, mttr / len(PHASES))
+    return {"mttr_s": mttr, "phases": phases, "lost_steps": 0}
+
+
+def _restart() -> dict:
+    parts = {name: 1.0 for name, *_ in recovery.RESTART_PARTS}
+    return {"restart_s": 10.0, "parts_median_over_ranks": parts}
+
+
+def test_the_spare_row_carries_its_target_verdict_phases_and_cost():
+    args = argparse.Namespace(nodes=2, procs_per_node=2, repeats=3, warm_steps=30)
+    args.ckpt_every, args.spares = 100, 1
+    fp = {
+        "spares": [{"rss": 440.0, "pss": 220.0, "private": 177.0}],
+        "ranks": [{"rss": 444.0, "pss": 230.0, "private": 180.0}],
+        "idle_cpu": 0.0,
+    }
+    inplace = {"step_s": 0.02, "samples": [_sample(1.0)] * 3, "footprint": None}
+    for mttrs, verdict in (([0.07, 0.11, 0.3], "PASS"), ([0.1, 0.2, 0.3], "MISS")):
+        spare = {"step_s": 0.02, "samples": [_sample(m) for m in mttrs], "footprint": fp}
+        base = {"step_s": 0.02, "samples": [_restart()] * 3}
+        rep = recovery._report(args, inplace, spare, base, "/tmp/x")
+        rows = {m.name.strip(): m for m in rep.measures}
+        row = rows["MTTR with 1 pre-warmed spare(s)/node, median of 3"]
+        assert (row.target, row.verdict) == ("<= 0.15 s", verdict)
+        assert rows["spare MTTR, max"].value == 0.3
+        assert all(f"spare phase {p}" in rows for p in PHASES)
+        assert rows["memory per warm spare (RSS, median)"].value == 440.0
+        assert sparecost.SPARES_DEFAULT in rep.notes
