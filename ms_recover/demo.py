@@ -85,7 +85,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--spares",
         type=int,
         default=0,
-        help="pre-warmed spare processes per node (MindSpore already imported) that replace "
+        help="pre-warmed spare processes per node (MindSpore imported, step compiled) that "
+        "replace "
         "a failed rank without a cold start (default 0)",
     )
     p.add_argument(

@@ -58,6 +58,7 @@ MANAGER_WAIT = "MS_RECOVER_MANAGER_WAIT_S"
 NO_MANAGER = "MS_RECOVER_NO_MANAGER"
 TASKD_PROCESS_ENABLE = "TASKD_PROCESS_ENABLE"
 SPARE_FD = "MS_RECOVER_SPARE_FD"  # a pre-warmed spare reads its rank's environment from it
+SPARE_SETTLED_FD = "MS_RECOVER_SPARE_SETTLED_FD"  # ... and writes a byte once it committed
 DIE_WITH = "MS_RECOVER_DIE_WITH_PID"  # LocalPods: the agent dies with this (parent) process
 DIGEST_EVERY = "MS_RECOVER_DIGEST_EVERY_STEPS"
 

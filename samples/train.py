@@ -5,6 +5,7 @@ Run it alone (``python train.py``) and it trains as a plain single-process job.
 """
 
 import argparse
+import os
 
 import mindspore
 from mindspore import nn
@@ -25,12 +26,22 @@ net = nn.SequentialCell(nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 4))
 loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 optimizer = nn.Adam(net.trainable_params(), learning_rate=1e-3)
 
-# Join the job. A restarted rank returns from here with its state repaired from a replica.
-session = ms_recover.init(state=MindSporeState(net, optimizer))
 train_step = DataParallelStep(
     net, loss_fn, optimizer, reduce_fn=lambda grads: session.allreduce(grads, "mean")
 )
 x, y = make_dataset(4096, 32, 4, seed=0)
+
+
+def warm_up():
+    # Runs only in a pre-warmed spare (`ms-recover agent --spares 1`) before it waits for a
+    # rank: the step compiles now, not during a recovery. Any batch of the real shape will do
+    # (the spare's environment has the job's RANK_SIZE); every value is put back afterwards.
+    per_rank = args.global_batch // int(os.environ.get("RANK_SIZE", "1"))
+    train_step.warm_up(x[:per_rank], y[:per_rank])
+
+
+# Join the job. A restarted rank returns from here with its state repaired from a replica.
+session = ms_recover.init(state=MindSporeState(net, optimizer), warm_up=warm_up)
 
 for step in session.steps(args.steps):  # recovery happens between steps
     with session.guard():  # a step interrupted by a fault is redone after recovery

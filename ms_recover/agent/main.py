@@ -45,7 +45,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--spares",
         type=int_arg(0, MAX_SPARES),
         default=0,
-        help="keep N pre-warmed spare processes (script run up to ms_recover.init) "
+        help="keep N pre-warmed spare processes (script run up to ms_recover.init, step "
+        "compiled by its warm_up) "
         f"to replace failed ranks without a cold start (0..{MAX_SPARES}, default 0)",
     )
     p.add_argument(

@@ -50,6 +50,17 @@ def rank_env(config: JobConfig, rank: int, incarnation: int) -> dict[str, str]:
     }
 
 
+#: Variables that name one rank; a spare gets the rest of :func:`rank_env` when it starts.
+RANK_IDENTITY = (E.NODE_ID, E.RANK_ID, E.DEVICE_ID, E.LOCAL_RANK, E.INCARNATION)
+
+
+def spare_env(config: JobConfig) -> dict[str, str]:
+    """A spare's environment before it takes a rank: the job's (world size, manager, ...),
+    so its program sees what a rank's sees while it builds and compiles, minus the identity."""
+    env = rank_env(config, config.node_rank * config.proc_per_node, 0)
+    return {k: v for k, v in env.items() if k not in RANK_IDENTITY}
+
+
 class RankSet:
     """The rank processes of one node, by global rank id: the agent's own hands
     (:class:`~ms_recover.agent.hands.RankHands`)."""
@@ -65,7 +76,11 @@ class RankSet:
         self._logs: dict[int, IO[bytes]] = {}
         self._agent_pid = os.getpid()
         self.spares = SparePool(
-            command, dict(os.environ), spares, self._log_file(-1), self._die_with_me
+            command,
+            {**os.environ, **spare_env(config)},
+            spares,
+            self._log_file(-1),
+            self._die_with_me,
         )
 
     def start_all(self, ranks: Sequence[int]) -> None:
@@ -80,10 +95,9 @@ class RankSet:
         inc = self.incarnations.get(rank, -1) + 1
         self.incarnations[rank] = inc
         env = rank_env(self.config, rank, inc)
-        proc = self.spares.activate(env)  # a pre-warmed spare, if one is ready
-        if proc is not None:
-            self.spares.fill()  # warm the next one while this one rejoins
-        else:
+        # A pre-warmed spare, if one is ready; poll() starts the next once this one settled.
+        proc = self.spares.activate(env)
+        if proc is None:
             out = self._log_file(rank)
             proc = subprocess.Popen(
                 self.command,
@@ -110,6 +124,7 @@ class RankSet:
 
     def poll(self) -> list[Exited]:
         """Ranks that exited since the last poll (each reported once)."""
+        self.spares.poll()  # a taken spare settled: warm the next one now
         exited = []
         for rank, proc in list(self.procs.items()):
             code = proc.poll()

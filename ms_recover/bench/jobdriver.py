@@ -75,13 +75,20 @@ class JobDriver:
 
     def warm_spares(self) -> int:
         """Spares of this job's agents ready to take a rank: blocked reading their still-open
-        assignment pipe, i.e. past MindSpore's import and the model build (Linux ``/proc``)."""
+        assignment pipe, i.e. past MindSpore's import, the model build and the program's
+        warm-up (Linux ``/proc``)."""
+        return len(self.warm_spare_pids())
+
+    def warm_spare_pids(self) -> list[int]:
         agents = {proc.pid for proc in self.job.pods.procs.values()}
-        warm = 0
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and _is_warm_spare(int(entry), agents):
-                warm += 1
-        return warm
+        return [
+            int(entry)
+            for entry in os.listdir("/proc")
+            if entry.isdigit() and _is_warm_spare(int(entry), agents)
+        ]
+
+    def rank_pids(self) -> list[int]:
+        return [int(r["pid"]) for r in self.job.status()["ranks"] if r.get("pid")]
 
 
 def _is_warm_spare(pid: int, parents: set[int]) -> bool:

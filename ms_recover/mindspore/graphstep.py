@@ -148,6 +148,18 @@ class GraphStep:
             self._warmed.add(signature)
         return self._run(cell, tensors)
 
+    def warm_up(self, *batch: Any) -> None:
+        """Build, compile and run the graph once on ``batch`` with the identity reduction, then
+        restore every value bit for bit (what the first step with a new signature does);
+        called ahead by a spare (``ms_recover.init(warm_up=...)``), it takes the compile off
+        that step. Only the shapes and dtypes of ``batch`` matter."""
+        tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
+        cell = self._cell if self._cell is not None else self._build()
+        signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if signature not in self._warmed:
+            self._warm_up(cell, tensors)
+            self._warmed.add(signature)
+
     def close(self) -> None:
         """Release the op's slot; the step must not be called afterwards."""
         self._slot.close()

@@ -200,16 +200,30 @@ class DataParallelStep:
         new graph) warms both phases up on ``batch`` (see the module doc) and restores every
         value before computing the real gradients.
         """
-        tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
-        signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
-        if signature not in self._warmed:
-            self._warm_up(tensors)
-            self._warmed.add(signature)
+        tensors = self._warm(batch)
         loss, grads = self._grad(*tensors)
         # Read the gradients before the loss: reading the scalar loss first costs about 10 ms
         # per step on MindSpore 2.10 CPU (measured), reading it last costs nothing.
         flat = self.layout.flatten(grads)
         return float(loss.asnumpy()), flat
+
+    def warm_up(self, *batch: Any) -> None:
+        """Compile and run both phases once on ``batch``, then restore every value bit for bit.
+
+        What the first step with a new batch signature does anyway; called ahead (a spare,
+        before it waits for a rank: ``ms_recover.init(warm_up=...)``), it takes the compile
+        off that step. Only the shapes and dtypes of ``batch`` matter; a later step with the
+        same signature compiles nothing. No collective runs (``reduce_fn`` is not called).
+        """
+        self._warm(batch)
+
+    def _warm(self, batch: tuple[Any, ...]) -> tuple[Tensor, ...]:
+        tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
+        signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if signature not in self._warmed:
+            self._warm_up(tensors)
+            self._warmed.add(signature)
+        return tensors
 
     def _warm_up(self, tensors: tuple[Tensor, ...]) -> None:
         """Execute both compiled phases once, then restore the state bit for bit."""

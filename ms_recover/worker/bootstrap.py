@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Callable
 
 from ms_recover import env as E
 from ms_recover import faulthooks
@@ -15,6 +16,7 @@ from ms_recover.errors import ConfigError, RecoveryError
 from ms_recover.worker.scheduler import bind_to_launcher, run_scheduler_role
 from ms_recover.worker.session import Session
 from ms_recover.worker.spare import await_assignment
+from ms_recover.worker.spare import settled as spare_settled
 from ms_recover.worker.state import StateProvider
 
 log = logging.getLogger("ms_recover.worker")
@@ -48,7 +50,10 @@ def _standalone(state: StateProvider | None, why: str) -> Session:
 
 
 def init(
-    state: StateProvider | None = None, shard: int = 0, connect_timeout_s: float | None = None
+    state: StateProvider | None = None,
+    shard: int = 0,
+    connect_timeout_s: float | None = None,
+    warm_up: Callable[[], object] | None = None,
 ) -> Session:
     """Join the job as the rank the agent started, or run alone if there is no job.
 
@@ -59,8 +64,12 @@ def init(
     manager answers in a one-rank job, it warns once and runs as a plain single job.
     In msrun's scheduler process (``MS_ROLE=MS_SCHED``) it never returns: it serves the manager
     or exits 0 (:mod:`ms_recover.worker.scheduler`).
+
+    ``warm_up`` runs only in a pre-warmed spare, before it waits for a rank: e.g. the step's
+    ``warm_up`` on a batch of the real shape, so the spare's first step compiles nothing. It
+    must leave the training state as it found it (the steps' ``warm_up`` do, bit for bit).
     """
-    if not await_assignment():  # a pre-warmed spare the agent released unused
+    if not await_assignment(warm_up):  # a pre-warmed spare the agent released unused
         raise SystemExit(0)
     if os.environ.get(E.ROLE) == E.ROLE_SCHED:
         run_scheduler_role(os.environ)
@@ -80,6 +89,7 @@ def init(
     backend = make_backend(config, rank)
     faults = faulthooks.from_env(rank, incarnation)
     session = Session(config, rank, backend, state, shard, incarnation, faults)
+    session.on_first_commit = spare_settled  # a former spare lets its agent warm the next one
     try:
         session.connect(timeout)
     except RecoveryError:

@@ -87,6 +87,8 @@ class Session:
         self._peers: dict[str, dict[int, str]] = {}
         self._peers_cond = threading.Condition()
         self._guard = _Guard(self)
+        #: Called once, after the first commit (a former spare tells its agent it settled).
+        self.on_first_commit: Callable[[], None] | None = None
         self.link: ManagerLink | None = None
         if not standalone:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
@@ -189,6 +191,9 @@ class Session:
         self.comm.on_step_end()
         if self.faults.armed:
             self.faults.after_commit(step, flush=self.comm.close)
+        if self.on_first_commit is not None:
+            callback, self.on_first_commit = self.on_first_commit, None
+            callback()
 
     def safe_point(self) -> None:
         """Handle any latched command; returns once training may go on."""

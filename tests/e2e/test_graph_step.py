@@ -83,6 +83,30 @@ def test_same_losses_and_bits_as_data_parallel_step() -> None:
     assert_same(MindSporeState(net, opt).state_dict(), ref_state)
 
 
+def test_warm_up_ahead_changes_nothing_and_the_first_step_compiles_no_new_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a pre-warmed spare does before it waits: build and compile on a batch of the right
+    # shape. The state (RNG included) is untouched, and the later steps give the reference's
+    # bits without building another graph.
+    ref_losses, ref_state = reference(3)
+    net, loss_fn, opt = build()
+    state = MindSporeState(net, opt, include_rng=True)
+    step = GraphStep(net, loss_fn, opt, reduce_fn=scaled)
+    try:
+        before = state.state_dict()
+        step.warm_up(*batch(5))
+        assert_same(state.state_dict(), before)
+        cell, warm_ups = step._cell, []
+        monkeypatch.setattr(step, "_warm_up", lambda *a: warm_ups.append(a))
+        losses = [step(*batch(s)) for s in range(3)]
+        assert step._cell is cell and warm_ups == []
+    finally:
+        step.close()
+    assert losses == ref_losses
+    assert_same(MindSporeState(net, opt).state_dict(), ref_state)
+
+
 @pytest.mark.parametrize("error", [Interrupted("recovery in progress"), CommError("peer gone")])
 def test_a_failed_reduction_applies_nothing_raises_its_own_type_and_the_step_reruns(
     error: Exception,

@@ -160,6 +160,35 @@ def test_a_fresh_process_first_step_keeps_subnormals_like_a_warm_replica() -> No
     assert after["beta1_power"] != 0  # 6e-45 * 0.9**2 is still the subnormal 4.2e-45
 
 
+def test_a_spare_warmed_up_before_its_repair_matches_a_warm_replica_and_compiles_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pre-warmed spare runs warm_up on a batch of the right shape before it has a rank, then
+    # loads the repaired state (with subnormals, as in the test above) and trains: the same
+    # bits as the replica that trained all along, warm_up itself changes no value (RNG
+    # included), and the first real step does not warm up (compile) again.
+    (net_a, opt_a), (net_c, opt_c) = build(), build()
+    warm, spare = MindSporeState(net_a, opt_a), MindSporeState(net_c, opt_c, include_rng=True)
+    step_a = DataParallelStep(net_a, LOSS, opt_a)
+    step_a(*batch(0))
+    step_c = DataParallelStep(net_c, LOSS, opt_c)
+    before = spare.state_dict()
+    step_c.warm_up(*batch(7))  # another batch: only its shape matters
+    assert bit_diff(spare.state_dict(), before) == []
+    warm_ups: list[int] = []
+    original = step_c._warm_up
+    monkeypatch.setattr(step_c, "_warm_up", lambda t: (warm_ups.append(1), original(t)))
+    repaired = warm.state_dict()
+    repaired["beta1_power"] = np.array(6e-45, np.float32)
+    warm.load_state_dict(repaired)
+    MindSporeState(net_c, opt_c).load_state_dict(repaired)
+    for s in (1, 2):
+        step_a(*batch(s))
+        step_c(*batch(s))
+        assert bit_diff(MindSporeState(net_c, opt_c).state_dict(), warm.state_dict()) == []
+    assert warm_ups == []
+
+
 def test_mismatches_name_the_parameter_and_load_nothing() -> None:
     net, opt = build()
     state = MindSporeState(net, opt)

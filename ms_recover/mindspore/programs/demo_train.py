@@ -12,6 +12,7 @@ whole state (weights and optimizer moments), so runs can be compared bit for bit
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import mindspore
@@ -20,6 +21,7 @@ from mindspore import nn
 from numpy.typing import NDArray
 
 import ms_recover
+from ms_recover.env import RANK_SIZE
 from ms_recover.mindspore.graphstep import GraphStep
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
@@ -57,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = mindspore.GRAPH_MODE if args.graph_step else mindspore.PYNATIVE_MODE
     mindspore.set_context(mode=mode, device_target="CPU")
     net, loss_fn, optimizer = build()
-    session = ms_recover.init(state=MindSporeState(net, optimizer))
     share = {"n": 0, "step": 0}  # this rank's samples in the current step, and the step
-    worlds = WorldSchedule.from_env(session)  # only a reference run of an elastic one has one
 
     def reduce(flat: NDArray[np.float32]) -> NDArray[np.float32]:
         # Each rank's mean gradient weighted by its share of the global batch, then summed:
@@ -70,6 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     kind = GraphStep if args.graph_step else DataParallelStep
     step = kind(net, loss_fn, optimizer, reduce_fn=reduce)
     x_all, y_all = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
+
+    def warm_up() -> None:
+        # A spare compiles on the batch shape of a rank of the whole world (its environment
+        # has the job's RANK_SIZE); a rank of a shrunk world compiles its shape when it runs.
+        idx = split_indices(0, 0, int(os.environ.get(RANK_SIZE, "1")), GLOBAL_BATCH, SAMPLES, SEED)
+        step.warm_up(x_all[idx], y_all[idx])
+
+    session = ms_recover.init(state=MindSporeState(net, optimizer), warm_up=warm_up)
+    worlds = WorldSchedule.from_env(session)  # only a reference run of an elastic one has one
     losses: dict[int, float] = {}
     for s in session.steps(args.steps):
         with session.guard():
