@@ -151,3 +151,41 @@ def test_graph_mode_in_a_fresh_process_matches_and_survives_a_failed_reduction()
     assert got["losses"] == ref_losses
     final = {k: np.asarray(v, dtype=ref_state[k].dtype) for k, v in got["final"].items()}
     assert_same(final, ref_state)
+
+
+def _scale_in_place(flat: np.ndarray) -> np.ndarray:
+    np.multiply(flat, np.float32(0.75), out=flat)  # the same bits as scaled(), in the op's buffer
+    return flat
+
+
+@pytest.mark.parametrize("fail_on", ["first", "last"])
+def test_in_place_buckets_give_the_same_bits_and_a_failure_on_any_bucket_applies_nothing(
+    fail_on: str,
+) -> None:
+    ref_losses, ref_state = reference(5)
+    net, loss_fn, opt = build()
+    # 2 KB: the first layer's weight (16x32) is reduced in its own buffer, the rest is staged.
+    step = GraphStep(net, loss_fn, opt, reduce_fn=_scale_in_place, inplace_bytes=2048)
+    assert [(b.members, b.inplace) for b in step.buckets] == [((0,), True), ((1, 2, 3), False)]
+    calls: list[int] = []
+
+    def fail(flat: np.ndarray) -> np.ndarray:
+        calls.append(flat.size)
+        if len(calls) == (1 if fail_on == "first" else len(step.buckets)):
+            raise CommError("peer gone")
+        return _scale_in_place(flat)  # the buckets before the failing one: reduced in place
+
+    try:
+        losses = [step(*batch(s)) for s in range(3)]
+        before = MindSporeState(net, opt).state_dict()
+        step.reduce_fn = fail
+        with pytest.raises(CommError, match="peer gone"):
+            step(*batch(3))
+        assert calls == [512, 164][: len(calls)] and len(calls) == (1 if fail_on == "first" else 2)
+        assert_same(MindSporeState(net, opt).state_dict(), before)
+        step.reduce_fn = _scale_in_place
+        losses += [step(*batch(s)) for s in range(3, 5)]
+    finally:
+        step.close()
+    assert losses == ref_losses
+    assert_same(MindSporeState(net, opt).state_dict(), ref_state)
