@@ -32,6 +32,11 @@ Two ways of comparing them, because the host is shared and noisy:
 With two ranks, the share of the host allreduce in the step is reported
 too (no target: it is the data plane's cost, not ms_recover's overhead).
 
+``--msrun2`` (on by default) sets 2 ranks of GraphStep under ms_recover (the host allreduce an
+op in the graph) beside msrun's own answer on the same job: MindSpore's cluster with a
+data-parallel GRAPH_MODE ``TrainOneStepCell`` whose ``DistributedGradReducer`` runs mccl's
+AllReduce in the graph (:mod:`ms_recover.bench.vsmsrun`); DESIGN §8 wants ours faster.
+
 A second interleaved job runs in GRAPH_MODE (the baseline DESIGN §8 names: a GRAPH_MODE
 ``TrainOneStepCell``) against :class:`~ms_recover.mindspore.graphstep.GraphStep` (the whole step
 one compiled graph, the reduction a custom op inside it, on its own copy of the model): (g) with
@@ -53,8 +58,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
+from ms_recover.bench import vsmsrun
 from ms_recover.bench.table import Measure, Report
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
@@ -89,16 +96,34 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="also measure a wider MLP 64-H-H-8 (~7-10 ms step here; default 1024; 0: off)",
     )
     p.add_argument("--wide-steps", type=int, default=400, help="timed steps of the wide run")
+    p.add_argument(
+        "--msrun2",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run 2 ranks of GraphStep against msrun's in-graph mccl DistributedGradReducer "
+        "step of the same job (default on)",
+    )
+    p.add_argument("--msrun2-steps", type=int, default=400, help="timed steps of each 2-rank run")
+    p.add_argument(
+        "--msrun2-repeats", type=int, default=1, help="2-rank run pairs, ABBA order (default 1)"
+    )
     p.add_argument("--timeout", type=float, default=240.0, help="per-run deadline in s")
     p.add_argument("--workdir", help="outputs and logs go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 100 or args.repeats < 0 or args.wide < 0 or args.wide_steps < 20:
+    if (
+        args.steps < 100
+        or args.repeats < 0
+        or args.wide < 0
+        or args.wide_steps < 20
+        or args.msrun2_steps < 20
+        or args.msrun2_repeats < 1
+    ):
         print(
             "ms-recover bench overhead: needs --steps >= 100, --repeats >= 0, --wide >= 0 "
-            "(0: off), --wide-steps >= 20",
+            "(0: off), --wide-steps >= 20, --msrun2-steps >= 20, --msrun2-repeats >= 1",
             file=sys.stderr,
         )
         return 2
@@ -126,8 +151,17 @@ def run(args: argparse.Namespace) -> int:
     if args.world2:
         print("overhead: 2 ranks, host allreduce share ...", flush=True)
         world2 = runner.job("session", procs=2)
+    msrun2 = None
+    if args.msrun2:
+        print("overhead: 2 ranks, GraphStep vs msrun's mccl DistributedGradReducer ...", flush=True)
+        msrun2 = vsmsrun.measure(
+            runner, Path(workdir), args.msrun2_steps, args.msrun2_repeats, args.timeout
+        )
     rep = _report(args, inter, pairs, world2, workdir)
     rep.add(*_graph_rows(graph, wide))
+    if msrun2 is not None:
+        rep.add(*vsmsrun.rows(msrun2))
+        rep.samples["msrun2"] = msrun2
     rep.samples["graph"] = {"demo": _graph_stats(graph), "wide": wide and _graph_stats(wide)}
     return rep.emit(args.json)
 

@@ -184,7 +184,7 @@ class ReduceSlot:
             np.zeros(b.size, np.float32) if not b.inplace else None for b in self.buckets
         ]
         self._error: BaseException | None = None
-        self._views: tuple[tuple[int, ...], list[FlatGrads]] = ((), [])
+        self._views: tuple[tuple[int, ...], list[FlatGrads], bool] = ((), [], False)
         self._callback = _CALLBACK(self._call)  # kept alive as long as the slot
         with _lock:
             free = next((i for i in range(lib.msr_slots()) if i not in _slots), None)
@@ -202,16 +202,16 @@ class ReduceSlot:
     def _call(self, _slot: int, k: int, ptrs: Any, sizes: Any) -> int:
         # Never let an exception escape into ctypes: it would be printed and turned into 0.
         try:
-            self.reduce_views(self._grads(k, ptrs, sizes))
+            self.reduce_views(*self._grads(k, ptrs, sizes))
             return 0
         except BaseException as exc:  # noqa: BLE001 - latched and re-raised by the caller
             self._error = exc
             return 1
 
-    def _grads(self, k: int, ptrs: Any, sizes: Any) -> list[FlatGrads]:
+    def _grads(self, k: int, ptrs: Any, sizes: Any) -> tuple[list[FlatGrads], bool]:
         addrs = tuple(int(ptrs[i] or 0) for i in range(k))
         if addrs == self._views[0]:
-            return self._views[1]  # a compiled graph keeps its buffers from step to step
+            return self._views[1], self._views[2]  # a graph keeps its buffers between steps
         got = [int(sizes[i]) for i in range(k)]
         if got != self.sizes or 0 in addrs:
             raise CommError(f"the op was given gradients of sizes {got}, not {self.sizes}")
@@ -219,12 +219,18 @@ class ReduceSlot:
             np.ctypeslib.as_array(ctypes.cast(a, ctypes.POINTER(ctypes.c_float)), (n,))
             for a, n in zip(addrs, got, strict=True)
         ]
-        self._views = (addrs, views)
-        return views
+        shared = _overlapping(views)
+        if shared:
+            log.info("gradients share memory: every bucket is staged")
+        self._views = (addrs, views, shared)
+        return views, shared
 
-    def reduce_views(self, grads: Sequence[FlatGrads]) -> None:
-        """Reduce these gradient buffers in place, bucket by bucket (what the op calls)."""
-        shared = _overlapping(grads)
+    def reduce_views(self, grads: Sequence[FlatGrads], shared: bool | None = None) -> None:
+        """Reduce these gradient buffers in place, bucket by bucket (what the op calls).
+
+        ``shared``: whether any two of them overlap (computed when not given)."""
+        if shared is None:
+            shared = _overlapping(grads)
         done = []
         for bucket, stage in zip(self.buckets, self._stages, strict=True):
             if bucket.inplace and not shared:
@@ -250,7 +256,7 @@ class ReduceSlot:
             if _slots.get(self.index) is self:
                 lib.msr_register(self.index, _CALLBACK(), 0, 0)
                 del _slots[self.index]
-        self._views = ((), [])
+        self._views = ((), [], False)
 
     def take_error(self) -> BaseException | None:
         """The exception the last failed reduction raised (cleared by this call), if any."""
