@@ -418,6 +418,11 @@ def _graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         ]
         return float(statistics.median(diffs) / cell * 100)
 
+    # As in the PyNative rows: the replica digest runs on one commit in ``every``, which a
+    # median of adjacent steps cannot see; its amortized cost is added to the (gb) row.
+    calls = inter.get("calls", {})
+    every = calls.get("digest_every_steps", 0)
+    digest_pct = calls.get("digest_s", 0.0) / every / cell * 100 if every else 0.0
     return {
         "hidden": inter.get("hidden", 0),
         "elements": inter.get("graph_elements"),
@@ -425,9 +430,11 @@ def _graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         "graph_step_s": statistics.median(inter["graph_times"]),
         "gsession_step_s": statistics.median(inter["gsession_times"]),
         "graph_pct": vs_cell("graph"),
-        "gsession_pct": vs_cell("gsession"),
+        "gsession_pct": vs_cell("gsession") + digest_pct,
+        "digest_pct": digest_pct,
         "gsession_halves_pct": [vs_cell("gsession", 0, half), vs_cell("gsession", half)],
         "plain_pct": vs_cell("plain") if "plain_times" in inter else None,
+        "floor_pct": vs_cell("floor") if "floor_times" in inter else None,
     }
 
 
@@ -455,6 +462,13 @@ def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Meas
                 "one compiled graph, the reduction op called once per step",
             ),
             Measure(
+                f"{what}: floor, the op with an empty body, vs TrainOneStepCell",
+                g["floor_pct"],
+                "%",
+                note="TrainOneStepCell whose grad_reducer is GraphStep's op doing nothing (no "
+                "callback, no reduction): what any in-graph op costs; reference, no target",
+            ),
+            Measure(
                 f"{what}: (a) DataParallelStep, identity reduce, vs TrainOneStepCell",
                 g["plain_pct"],
                 "%",
@@ -466,7 +480,14 @@ def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Meas
                 "%",
                 "<=",
                 target,
-                f"steps()/guard()/commit + session.allreduce in the op; halves: {halves}",
+                f"steps()/guard()/commit + session.allreduce in the op + the digest check "
+                f"amortized; halves (without it): {halves}",
+            ),
+            Measure(
+                f"{what}:   of which the replica digest check, amortized",
+                g["digest_pct"],
+                "%",
+                note="one state copy + CRC-32 every digest_every_steps commits",
             ),
         ]
     return [r for r in rows if r.value is not None]  # no DataParallelStep arm in the wide job

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("graphreduce.cc")
 FUNC = "MsrReduce"
+NOOP_FUNC = "MsrNoop"  # the same op with an empty body: the floor bench overhead measures
 _CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_int,
     ctypes.c_int64,
@@ -101,6 +102,11 @@ def build_library() -> Path:
             os.unlink(tmp)
     log.info("built the in-graph reduction op: %s", target)
     return target
+
+
+def noop_func() -> str:
+    """The ``func`` of the op with an empty body (built on first use, as the real one)."""
+    return f"{build_library()}:{NOOP_FUNC}"
 
 
 def load_library() -> ctypes.CDLL:

@@ -83,4 +83,18 @@ int MsrReduce(int nparam, void **params, int *ndims, int64_t **shapes, const cha
   return rc == 0 ? 0 : 5;
 }
 
+// MsrNoop(slot, g_1 .. g_k) -> token: the same op with an empty body (no callback, nothing
+// reduced). `bench overhead` measures it as the floor: what any in-graph op costs the step.
+int MsrNoop(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+            void *stream, void *extra) {
+  (void)ndims;
+  (void)shapes;
+  (void)dtypes;
+  (void)stream;
+  (void)extra;
+  if (nparam < 2) return 3;
+  *static_cast<float *>(params[nparam - 1]) = 0.0f;
+  return 0;
+}
+
 }  // extern "C"

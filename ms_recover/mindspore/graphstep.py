@@ -49,7 +49,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ms_recover.errors import MsRecoverError
-from ms_recover.mindspore.graphop import INPLACE_BYTES, Bucket, FlatGrads, ReduceSlot
+from ms_recover.mindspore.graphop import INPLACE_BYTES, Bucket, FlatGrads, ReduceSlot, noop_func
 from ms_recover.mindspore.state import MindSporeState, device_sync
 from ms_recover.mindspore.step import ReduceFn, _Layout, enable_determinism
 
@@ -76,10 +76,10 @@ class _HostGradReducer(nn.Cell):  # type: ignore[misc]
     """The ``grad_reducer`` of a TrainOneStepCell: the gradients reduced in place by one op
     call, handed on only through its token, so the optimizer runs after the op or not at all."""
 
-    def __init__(self, slot: ReduceSlot) -> None:
+    def __init__(self, func: str, slot: int) -> None:
         super().__init__()
         self.op = ops.Custom(
-            slot.func,
+            func,
             out_shape=lambda *_: (1,),
             out_dtype=lambda *_: mindspore.float32,
             func_type="aot",
@@ -88,11 +88,23 @@ class _HostGradReducer(nn.Cell):  # type: ignore[misc]
         # follows it in the program (the optimizer's step counters too, which do not consume
         # the gradients) runs after it; if it fails, none of them has run.
         self.op.add_prim_attr("side_effect_mem", True)
-        self.slot = Tensor(np.int64(slot.index))
+        self.slot = Tensor(np.int64(slot))
 
     def construct(self, grads: Any) -> Any:
         token = self.op(self.slot, *grads)
         return ops.depend(grads, token)
+
+
+def floor_cell(net: Any, loss_fn: Any, optimizer: Any) -> Any:
+    """A ``TrainOneStepCell`` whose ``grad_reducer`` is GraphStep's op with an empty body
+    (no callback, nothing reduced, the gradients untouched): the fixed cost of the op itself,
+    which ``bench overhead`` reports as the floor of any in-graph reduction. Not a training
+    step for a job: it reduces nothing."""
+    cell = nn.TrainOneStepCell(_LossCell(net, loss_fn), optimizer)
+    cell.grad_reducer = _HostGradReducer(noop_func(), 0)
+    if mindspore.get_context("mode") != mindspore.GRAPH_MODE:
+        cell.construct = mindspore.jit(cell.construct)
+    return cell
 
 
 class GraphStep:
@@ -173,7 +185,7 @@ class GraphStep:
 
     def _build(self) -> Any:
         cell = nn.TrainOneStepCell(_LossCell(self.net, self.loss_fn), self.optimizer)
-        cell.grad_reducer = _HostGradReducer(self._slot)
+        cell.grad_reducer = _HostGradReducer(self._slot.func, self._slot.index)
         if mindspore.get_context("mode") != mindspore.GRAPH_MODE:
             cell.construct = mindspore.jit(cell.construct)
         self._cell = cell

@@ -20,7 +20,9 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   the identity reduce, ``gsession`` under ``session.steps()`` / ``guard()`` with
   ``session.allreduce`` as the reduce (the op calls it; one rank: a copy).
   ``--graph-mode`` runs the process in GRAPH_MODE (the baseline the design names: a GRAPH_MODE
-  ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms; ``--hidden H`` swaps
+  ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms, and ``floor``: a
+  TrainOneStepCell whose grad_reducer is GraphStep's op with an empty body (the fixed cost of
+  any in-graph op, :func:`~ms_recover.mindspore.graphstep.floor_cell`); ``--hidden H`` swaps
   the demo MLP for a wider one (64-H-H-8).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
@@ -43,7 +45,7 @@ import numpy as np
 from mindspore import nn
 from numpy.typing import NDArray
 
-from ms_recover.mindspore.graphstep import GraphStep
+from ms_recover.mindspore.graphstep import GraphStep, floor_cell
 from ms_recover.mindspore.programs.demo_train import (
     CLASSES,
     GLOBAL_BATCH,
@@ -222,20 +224,22 @@ def _interleave(
     steps = session.steps(1 << 62)
     cell = _train_one_step_cell()
     graph = GraphStep(*build())
+    floor: Any = floor_cell(*build()) if args.graph_mode else None
     order: tuple[str, ...] = ("cell", "plain", "backend", "session")
     if args.graph_mode:  # DataParallelStep too at the demo's size, for the comparison
-        order = (
-            ("cell", "graph", "gsession") if args.hidden else ("cell", "plain", "graph", "gsession")
-        )
+        order = ("cell", "floor", "graph", "gsession")
+        if not args.hidden:
+            order = ("cell", "plain", "floor", "graph", "gsession")
     times: dict[str, list[float]] = {kind: [] for kind in order}
     link_s = 0.0
     for i in range(args.warmup + args.steps):
         for kind in order if i % 2 == 0 else order[::-1]:
             cpu0 = link_cpu()
             t = time.perf_counter()
-            if kind == "cell":
+            if kind in ("cell", "floor"):
                 x, y = data.batch(i)
-                loss = cell(mindspore.Tensor(x), mindspore.Tensor(y))
+                run = cell if kind == "cell" else floor
+                loss = run(mindspore.Tensor(x), mindspore.Tensor(y))
                 if args.graph_mode:
                     # Wait for the step's end and read the loss, as GraphStep does. Not in
                     # PyNative: there a jit graph's loss read stalls 10-40 ms while the
