@@ -435,6 +435,7 @@ def _graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         "gsession_halves_pct": [vs_cell("gsession", 0, half), vs_cell("gsession", half)],
         "plain_pct": vs_cell("plain") if "plain_times" in inter else None,
         "floor_pct": vs_cell("floor") if "floor_times" in inter else None,
+        "gcomm_pct": vs_cell("gcomm") if "gcomm_times" in inter else None,
     }
 
 
@@ -482,6 +483,13 @@ def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Meas
                 target,
                 f"steps()/guard()/commit + session.allreduce in the op + the digest check "
                 f"amortized; halves (without it): {halves}",
+            ),
+            Measure(
+                f"{what}: (gc) GraphStep, the backend's allreduce directly, vs TrainOneStepCell",
+                g["gcomm_pct"],
+                "%",
+                note="the data plane in the op without the session (one rank: the allreduce "
+                "returns a copy, written back into the gradients); (gb) - (gc): the session",
             ),
             Measure(
                 f"{what}:   of which the replica digest check, amortized",

@@ -16,6 +16,7 @@ def _inter(hidden: int) -> dict[str, object]:
         "cell_times": cell,
         "floor_times": [t + 0.00005 for t in cell],
         "graph_times": [t + 0.0001 for t in cell],
+        "gcomm_times": [t + 0.00015 for t in cell],
         "gsession_times": [t + 0.0002 for t in cell],
         # 5 ms every 100 commits: 50 us a step, amortized
         "calls": {"digest_s": 0.005, "digest_every_steps": 100},
@@ -32,5 +33,10 @@ def test_the_gb_row_includes_the_digest_check_and_the_floor_row_has_no_target() 
     assert (gb.op, gb.limit) == ("<=", overhead.WIDE_TARGET_PCT)
     g = rows["demo MLP, GRAPH_MODE: (g) GraphStep, identity reduce, vs TrainOneStepCell"]
     assert g.value == pytest.approx(0.0001 / cell * 100) and g.limit == overhead.VS_CELL_TARGET_PCT
+    gc = rows[
+        "demo MLP, GRAPH_MODE: (gc) GraphStep, the backend's allreduce directly, "
+        "vs TrainOneStepCell"
+    ]
+    assert gc.value == pytest.approx(0.00015 / cell * 100) and gc.verdict == "-"
     floor = rows["demo MLP, GRAPH_MODE: floor, the op with an empty body, vs TrainOneStepCell"]
     assert floor.value == pytest.approx(0.00005 / cell * 100) and floor.verdict == "-"

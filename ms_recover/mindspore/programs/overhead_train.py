@@ -22,8 +22,9 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   ``--graph-mode`` runs the process in GRAPH_MODE (the baseline the design names: a GRAPH_MODE
   ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms, and ``floor``: a
   TrainOneStepCell whose grad_reducer is GraphStep's op with an empty body (the fixed cost of
-  any in-graph op, :func:`~ms_recover.mindspore.graphstep.floor_cell`); ``--hidden H`` swaps
-  the demo MLP for a wider one (64-H-H-8).
+  any in-graph op, :func:`~ms_recover.mindspore.graphstep.floor_cell`), and ``gcomm``:
+  GraphStep reducing with the backend's allreduce directly (the data plane, no session);
+  ``--hidden H`` swaps the demo MLP for a wider one (64-H-H-8).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
@@ -227,9 +228,9 @@ def _interleave(
     floor: Any = floor_cell(*build()) if args.graph_mode else None
     order: tuple[str, ...] = ("cell", "plain", "backend", "session")
     if args.graph_mode:  # DataParallelStep too at the demo's size, for the comparison
-        order = ("cell", "floor", "graph", "gsession")
+        order = ("cell", "floor", "graph", "gcomm", "gsession")
         if not args.hidden:
-            order = ("cell", "plain", "floor", "graph", "gsession")
+            order = ("cell", "plain", "floor", "graph", "gcomm", "gsession")
     times: dict[str, list[float]] = {kind: [] for kind in order}
     link_s = 0.0
     for i in range(args.warmup + args.steps):
@@ -248,6 +249,9 @@ def _interleave(
                     float(loss.asnumpy())
             elif kind == "graph":
                 graph.reduce_fn = _identity
+                graph(*data.batch(i))
+            elif kind == "gcomm":
+                graph.reduce_fn = lambda flat: session.comm.allreduce(flat, "mean")
                 graph(*data.batch(i))
             elif kind == "gsession":
                 graph.reduce_fn = session_reduce
