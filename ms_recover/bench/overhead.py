@@ -436,6 +436,7 @@ def _graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         "plain_pct": vs_cell("plain") if "plain_times" in inter else None,
         "floor_pct": vs_cell("floor") if "floor_times" in inter else None,
         "gcomm_pct": vs_cell("gcomm") if "gcomm_times" in inter else None,
+        "gskip_pct": vs_cell("gskip") if "gskip_times" in inter else None,
     }
 
 
@@ -483,6 +484,13 @@ def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Meas
                 target,
                 f"steps()/guard()/commit + session.allreduce in the op + the digest check "
                 f"amortized; halves (without it): {halves}",
+            ),
+            Measure(
+                f"{what}: (gs) GraphStep on_failure='skip', identity reduce, vs TrainOneStepCell",
+                g["gskip_pct"],
+                "%",
+                note="the graph branches around the optimizer instead of failing: a failed "
+                "reduction costs no 3 s wait and no recompile; reference, no target",
             ),
             Measure(
                 f"{what}: (gc) GraphStep, the backend's allreduce directly, vs TrainOneStepCell",

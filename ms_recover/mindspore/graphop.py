@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("graphreduce.cc")
 FUNC = "MsrReduce"
+FLAG_FUNC = "MsrReduceFlag"  # a failed reduction sets the token instead of failing the op
 NOOP_FUNC = "MsrNoop"  # the same op with an empty body: the floor bench overhead measures
 _CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_int,
@@ -208,6 +209,11 @@ class ReduceSlot:
     def func(self) -> str:
         """The ``func`` argument of ``ops.Custom(..., func_type="aot")``."""
         return f"{library_path()}:{FUNC}"
+
+    @property
+    def flag_func(self) -> str:
+        """The same op, but a reduction that raises sets its token to 1 instead of failing."""
+        return f"{library_path()}:{FLAG_FUNC}"
 
     def _call(self, _slot: int, k: int, ptrs: Any, sizes: Any) -> int:
         # Never let an exception escape into ctypes: it would be printed and turned into 0.

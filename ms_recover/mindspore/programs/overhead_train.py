@@ -24,7 +24,9 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   TrainOneStepCell whose grad_reducer is GraphStep's op with an empty body (the fixed cost of
   any in-graph op, :func:`~ms_recover.mindspore.graphstep.floor_cell`), and ``gcomm``:
   GraphStep reducing with the backend's allreduce directly (the data plane, no session);
-  ``--hidden H`` swaps the demo MLP for a wider one (64-H-H-8).
+  ``gskip``: GraphStep with ``on_failure="skip"`` (the graph branches around the optimizer),
+  identity reduce, on a fourth copy of the model. ``--hidden H`` swaps the demo MLP for a
+  wider one (64-H-H-8).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
@@ -225,12 +227,13 @@ def _interleave(
     steps = session.steps(1 << 62)
     cell = _train_one_step_cell()
     graph = GraphStep(*build())
+    skip = GraphStep(*build(), on_failure="skip") if args.graph_mode else None
     floor: Any = floor_cell(*build()) if args.graph_mode else None
     order: tuple[str, ...] = ("cell", "plain", "backend", "session")
     if args.graph_mode:  # DataParallelStep too at the demo's size, for the comparison
-        order = ("cell", "floor", "graph", "gcomm", "gsession")
+        order = ("cell", "floor", "graph", "gskip", "gcomm", "gsession")
         if not args.hidden:
-            order = ("cell", "plain", "floor", "graph", "gcomm", "gsession")
+            order = ("cell", "plain", "floor", "graph", "gskip", "gcomm", "gsession")
     times: dict[str, list[float]] = {kind: [] for kind in order}
     link_s = 0.0
     for i in range(args.warmup + args.steps):
@@ -250,6 +253,9 @@ def _interleave(
             elif kind == "graph":
                 graph.reduce_fn = _identity
                 graph(*data.batch(i))
+            elif kind == "gskip":
+                assert skip is not None
+                skip(*data.batch(i))
             elif kind == "gcomm":
                 graph.reduce_fn = lambda flat: session.comm.allreduce(flat, "mean")
                 graph(*data.batch(i))
@@ -288,6 +294,8 @@ def _interleave(
     }
     steps.close()
     graph.close()
+    if skip is not None:
+        skip.close()
     return {
         **{f"{kind}_times": t for kind, t in times.items()},
         "hidden": args.hidden,
