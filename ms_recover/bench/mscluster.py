@@ -71,11 +71,17 @@ INHERITED_CLUSTER_VARS = (
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What the workers are asked to time: tensors of these element counts, ``repeats`` times."""
+    """What the workers are asked to time: tensors of these element counts, ``repeats`` times.
+
+    ``program``: the worker program (default :data:`PROGRAM`; another one speaks the same
+    event lines and takes ``--counts``, ``--repeats`` and ``--out``), with ``extra`` arguments.
+    """
 
     counts: tuple[int, ...]
     world: int
     repeats: int
+    program: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,8 +278,9 @@ def measure(plan: Plan, workdir: Path, limits: Limits) -> Outcome:
 
 def _attempt(plan: Plan, adir: Path, limits: Limits) -> tuple[Verdict, dict[int, RankProgress]]:
     adir.mkdir(parents=True, exist_ok=True)
-    argv = PROGRAM + ["--counts", *map(str, plan.counts), "--repeats", str(plan.repeats)]
-    argv += ["--out", str(adir)]
+    argv = list(plan.program) or PROGRAM
+    argv += ["--counts", *map(str, plan.counts), "--repeats", str(plan.repeats)]
+    argv += ["--out", str(adir), *plan.extra]
     port = free_port()
     with _Cluster(adir) as cluster:
         cluster.start(

@@ -32,6 +32,11 @@ Two ways of comparing them, because the host is shared and noisy:
 With two ranks, the share of the host allreduce in the step is reported
 too (no target: it is the data plane's cost, not ms_recover's overhead).
 
+``--msrun2`` (on by default) sets 2 ranks of GraphStep under ms_recover (the host allreduce an
+op in the graph) beside msrun's own answer on the same job: MindSpore's cluster with a
+data-parallel GRAPH_MODE ``TrainOneStepCell`` whose ``DistributedGradReducer`` runs mccl's
+AllReduce in the graph (:mod:`ms_recover.bench.vsmsrun`); DESIGN §8 wants ours faster.
+
 A second interleaved job runs in GRAPH_MODE (the baseline DESIGN §8 names: a GRAPH_MODE
 ``TrainOneStepCell``) against :class:`~ms_recover.mindspore.graphstep.GraphStep` (the whole step
 one compiled graph, the reduction a custom op inside it, on its own copy of the model): (g) with
@@ -53,16 +58,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
+from ms_recover.bench import vsmsrun
+from ms_recover.bench.graphrows import graph_rows, graph_stats
 from ms_recover.bench.table import Measure, Report
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.localjob import LocalJob
 
-VS_CELL_TARGET_PCT = 10.0
-WIDE_TARGET_PCT = 2.0
 PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.programs.overhead_train"]
 
 
@@ -89,16 +95,34 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="also measure a wider MLP 64-H-H-8 (~7-10 ms step here; default 1024; 0: off)",
     )
     p.add_argument("--wide-steps", type=int, default=400, help="timed steps of the wide run")
+    p.add_argument(
+        "--msrun2",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run 2 ranks of GraphStep against msrun's in-graph mccl DistributedGradReducer "
+        "step of the same job (default on)",
+    )
+    p.add_argument("--msrun2-steps", type=int, default=400, help="timed steps of each 2-rank run")
+    p.add_argument(
+        "--msrun2-repeats", type=int, default=1, help="2-rank run pairs, ABBA order (default 1)"
+    )
     p.add_argument("--timeout", type=float, default=240.0, help="per-run deadline in s")
     p.add_argument("--workdir", help="outputs and logs go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 100 or args.repeats < 0 or args.wide < 0 or args.wide_steps < 20:
+    if (
+        args.steps < 100
+        or args.repeats < 0
+        or args.wide < 0
+        or args.wide_steps < 20
+        or args.msrun2_steps < 20
+        or args.msrun2_repeats < 1
+    ):
         print(
             "ms-recover bench overhead: needs --steps >= 100, --repeats >= 0, --wide >= 0 "
-            "(0: off), --wide-steps >= 20",
+            "(0: off), --wide-steps >= 20, --msrun2-steps >= 20, --msrun2-repeats >= 1",
             file=sys.stderr,
         )
         return 2
@@ -126,9 +150,18 @@ def run(args: argparse.Namespace) -> int:
     if args.world2:
         print("overhead: 2 ranks, host allreduce share ...", flush=True)
         world2 = runner.job("session", procs=2)
+    msrun2 = None
+    if args.msrun2:
+        print("overhead: 2 ranks, GraphStep vs msrun's mccl DistributedGradReducer ...", flush=True)
+        msrun2 = vsmsrun.measure(
+            runner, Path(workdir), args.msrun2_steps, args.msrun2_repeats, args.timeout
+        )
     rep = _report(args, inter, pairs, world2, workdir)
-    rep.add(*_graph_rows(graph, wide))
-    rep.samples["graph"] = {"demo": _graph_stats(graph), "wide": wide and _graph_stats(wide)}
+    rep.add(*graph_rows(graph, wide))
+    if msrun2 is not None:
+        rep.add(*vsmsrun.rows(msrun2))
+        rep.samples["msrun2"] = msrun2
+    rep.samples["graph"] = {"demo": graph_stats(graph), "wide": wide and graph_stats(wide)}
     return rep.emit(args.json)
 
 
@@ -370,69 +403,3 @@ def _report(
         "far more than 1 % between runs; the step-by-step one is the steadier.",
     ]
     return rep
-
-
-def _graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
-    """GraphStep's arms against the TrainOneStepCell arm: median paired differences, in %."""
-    cell_times = inter["cell_times"]
-    cell = statistics.median(cell_times)
-    half = len(cell_times) // 2
-
-    def vs_cell(kind: str, lo: int = 0, hi: int | None = None) -> float:
-        diffs = [
-            y - x for x, y in zip(cell_times[lo:hi], inter[f"{kind}_times"][lo:hi], strict=True)
-        ]
-        return float(statistics.median(diffs) / cell * 100)
-
-    return {
-        "hidden": inter.get("hidden", 0),
-        "elements": inter.get("graph_elements"),
-        "cell_step_s": cell,
-        "graph_step_s": statistics.median(inter["graph_times"]),
-        "gsession_step_s": statistics.median(inter["gsession_times"]),
-        "graph_pct": vs_cell("graph"),
-        "gsession_pct": vs_cell("gsession"),
-        "gsession_halves_pct": [vs_cell("gsession", 0, half), vs_cell("gsession", half)],
-        "plain_pct": vs_cell("plain") if "plain_times" in inter else None,
-    }
-
-
-def _graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measure]:
-    rows = []
-    for got, target, what in ((inter, VS_CELL_TARGET_PCT, "demo MLP"), (wide, WIDE_TARGET_PCT, "")):
-        if got is None:
-            continue
-        g = _graph_stats(got)
-        what = (what or f"wide MLP 64-{g['hidden']}-{g['hidden']}-8") + ", GRAPH_MODE"
-        halves = " / ".join(f"{h:+.2f} %" for h in g["gsession_halves_pct"])
-        rows += [
-            Measure(
-                f"{what}: TrainOneStepCell step, median",
-                g["cell_step_s"] * 1e3,
-                "ms",
-                note=f"{g['elements']} gradient values",
-            ),
-            Measure(
-                f"{what}: (g) GraphStep, identity reduce, vs TrainOneStepCell",
-                g["graph_pct"],
-                "%",
-                "<=",
-                target,
-                "one compiled graph, the reduction op called once per step",
-            ),
-            Measure(
-                f"{what}: (a) DataParallelStep, identity reduce, vs TrainOneStepCell",
-                g["plain_pct"],
-                "%",
-                note="today's step (two graphs, numpy round trip), same job, for comparison",
-            ),
-            Measure(
-                f"{what}: (gb) GraphStep under ms_recover vs TrainOneStepCell",
-                g["gsession_pct"],
-                "%",
-                "<=",
-                target,
-                f"steps()/guard()/commit + session.allreduce in the op; halves: {halves}",
-            ),
-        ]
-    return [r for r in rows if r.value is not None]  # no DataParallelStep arm in the wide job

@@ -3,22 +3,26 @@
 ``graphreduce.cc`` (next to this module) is compiled with the host's C++ compiler at first use
 into a per-user cache (``$XDG_CACHE_HOME/ms_recover``, else ``~/.cache/ms_recover``), keyed by
 the source's hash, and renamed into place atomically, so concurrent ranks never load a half
-written library. The op gathers the gradients into a flat float32 buffer owned by a
-:class:`ReduceSlot`, calls the slot's Python reduction once on it through a ctypes callback,
-and scatters the result back into the graph.
+written library. The op hands the addresses of the gradient buffers the backward pass wrote to
+a :class:`ReduceSlot` through a ctypes callback; the slot reduces them in place, bucket by
+bucket (:func:`plan_buckets`), and the optimizer reads the reduced values from the same
+buffers. A gradient of at least ``inplace_bytes`` is reduced where it lies, with no copy at
+all when the reduction works in place; the smaller ones are gathered into staging buckets,
+reduced, and scattered back.
 
 Why not ``func_type="pyfunc"``: its per-call cost was about 0.16 ms on this host (a demo step
 is about 0.5 ms); the ctypes callback costs a few tens of microseconds, mostly the GIL hand-over
 from MindSpore's kernel thread.
 
-A reduction that raises is latched in its slot (ctypes would otherwise print and swallow it);
-the op then fails, MindSpore aborts the graph before the optimizer ran, and
+A reduction that raises, on any bucket, is latched in its slot (ctypes would otherwise print
+and swallow it); the op then fails, MindSpore aborts the graph before the optimizer ran, and
 :meth:`ReduceSlot.take_error` hands the original exception back to the caller.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import logging
 import os
@@ -26,7 +30,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +43,21 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("graphreduce.cc")
 FUNC = "MsrReduce"
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p))
+FLAG_FUNC = "MsrReduceFlag"  # a failed reduction sets the token instead of failing the op
+NOOP_FUNC = "MsrNoop"  # the same op with an empty body: the floor bench overhead measures
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_int64),
+)
+# A gradient this large is reduced where it lies, in its own bucket. Gathering one into a
+# staging bucket and back is slow inside the graph (the buffers are cold there): on the
+# 64-1024-1024-8 MLP, staging its 256 KB first layer cost about 2 % of a 8.5 ms step. Each
+# bucket is one allreduce call on many ranks, so tiny gradients are still gathered.
+INPLACE_BYTES = 256 << 10
+STAGE_BYTES = 4 << 20  # the smaller ones are gathered into staging buckets of up to this
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _slots: dict[int, ReduceSlot] = {}
@@ -91,35 +109,93 @@ def build_library() -> Path:
     return target
 
 
+def noop_func() -> str:
+    """The ``func`` of the op with an empty body (built on first use, as the real one)."""
+    return f"{build_library()}:{NOOP_FUNC}"
+
+
 def load_library() -> ctypes.CDLL:
     """The op's library, loaded once per process (MindSpore dlopens the same file)."""
     global _lib
     with _lock:
         if _lib is None:
             lib = ctypes.CDLL(str(build_library()))
-            lib.msr_register.argtypes = [ctypes.c_int64, _CALLBACK, ctypes.c_void_p, ctypes.c_int64]
+            lib.msr_register.argtypes = [ctypes.c_int64, _CALLBACK, ctypes.c_int64, ctypes.c_int64]
             lib.msr_register.restype = ctypes.c_int
             lib.msr_slots.restype = ctypes.c_int
             _lib = lib
         return _lib
 
 
-class ReduceSlot:
-    """One registered reduction: a flat buffer and the Python function the op calls on it.
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """Gradients reduced by one call of the reduction: ``members`` are indices into the
+    gradient list; ``inplace``: one gradient, reduced in its own buffer; else the members are
+    gathered, in order, into a staging buffer of ``size`` values."""
 
-    ``reduce_fn(flat) -> flat`` is called with this slot's buffer (float32, ``size`` values)
-    and must return an array of the same shape and dtype (the buffer itself, reduced in place,
-    or a new array, which the op then reads directly: it is kept until the next call). It runs
-    on a MindSpore kernel thread while the caller's thread waits in the graph, with the
-    caller's floating-point environment.
+    members: tuple[int, ...]
+    inplace: bool
+    size: int
+
+
+def plan_buckets(
+    sizes: Sequence[int], inplace_bytes: int = INPLACE_BYTES, stage_bytes: int = STAGE_BYTES
+) -> list[Bucket]:
+    """The buckets of gradients of these element counts (float32), in a fixed order.
+
+    Each gradient of at least ``inplace_bytes`` is a bucket of its own, reduced in place; the
+    others, in their order, fill staging buckets of at most ``stage_bytes`` (a single gradient
+    larger than that still gets one). Buckets are ordered by their first member. The plan
+    depends only on the sizes, so every rank of a job reduces the same buckets in the same
+    order.
+    """
+    inplace = [Bucket((i,), True, n) for i, n in enumerate(sizes) if n * 4 >= inplace_bytes]
+    staged: list[Bucket] = []
+    members: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if n * 4 >= inplace_bytes:
+            continue
+        if members and (total + n) * 4 > stage_bytes:
+            staged.append(Bucket(tuple(members), False, total))
+            members, total = [], 0
+        members.append(i)
+        total += n
+    if members:
+        staged.append(Bucket(tuple(members), False, total))
+    return sorted(inplace + staged, key=lambda b: b.members[0])
+
+
+class ReduceSlot:
+    """One registered reduction: the Python function the op calls on each bucket of gradients.
+
+    ``reduce_fn(buf) -> buf`` is called once per bucket (:func:`plan_buckets`), in the plan's
+    order, with a float32 vector: the gradient's own buffer (an in-place bucket) or a staging
+    buffer. It returns an array of the same shape and dtype: ``buf`` itself, reduced in
+    place, or a new array, which is then copied into the gradients. Results are written back
+    only once every bucket has been reduced. It runs on a MindSpore kernel thread while the
+    caller's thread waits in the graph, with the caller's floating-point environment.
+
+    If two gradients share memory (the backward pass may hand out one tensor twice), every
+    bucket of that call is staged, so nothing is reduced twice; the calls of the reduction
+    are the same either way.
     """
 
-    def __init__(self, size: int, reduce_fn: Callable[[FlatGrads], FlatGrads]) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        reduce_fn: Callable[[FlatGrads], FlatGrads],
+        inplace_bytes: int = INPLACE_BYTES,
+    ) -> None:
         lib = load_library()
         self.reduce_fn = reduce_fn
-        self.buffer: FlatGrads = np.zeros(size, np.float32)
+        self.sizes = [int(n) for n in sizes]
+        self.buckets = plan_buckets(self.sizes, inplace_bytes)
+        self._stages = [
+            np.zeros(b.size, np.float32) if not b.inplace else None for b in self.buckets
+        ]
         self._error: BaseException | None = None
-        self._result: FlatGrads | None = None  # alive while the op reads it
+        self._views: tuple[tuple[int, ...], list[FlatGrads], bool] = ((), [], False)
         self._callback = _CALLBACK(self._call)  # kept alive as long as the slot
         with _lock:
             free = next((i for i in range(lib.msr_slots()) if i not in _slots), None)
@@ -127,42 +203,105 @@ class ReduceSlot:
                 raise MsRecoverError(f"at most {lib.msr_slots()} in-graph reductions per process")
             _slots[free] = self
         self.index = free
-        lib.msr_register(free, self._callback, self.buffer.ctypes.data, size)
+        lib.msr_register(free, self._callback, len(self.sizes), sum(self.sizes))
 
     @property
     def func(self) -> str:
         """The ``func`` argument of ``ops.Custom(..., func_type="aot")``."""
         return f"{library_path()}:{FUNC}"
 
-    def _call(self, _slot: int, result: Any) -> int:
+    @property
+    def flag_func(self) -> str:
+        """The same op, but a reduction that raises sets its token to 1 instead of failing."""
+        return f"{library_path()}:{FLAG_FUNC}"
+
+    def _call(self, _slot: int, k: int, ptrs: Any, sizes: Any) -> int:
         # Never let an exception escape into ctypes: it would be printed and turned into 0.
         try:
-            out = self.reduce_fn(self.buffer)
-            if out is not self.buffer:
-                self._check(out)
-                self._result = np.ascontiguousarray(out)
-                result[0] = self._result.ctypes.data
+            self.reduce_views(*self._grads(k, ptrs, sizes))
             return 0
         except BaseException as exc:  # noqa: BLE001 - latched and re-raised by the caller
             self._error = exc
             return 1
 
-    def _check(self, out: Any) -> None:
-        want = self.buffer.shape
-        if isinstance(out, np.ndarray) and out.shape == want and out.dtype == np.float32:
-            return
-        got = f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise CommError(f"the reduced gradient buffer must be a {want} float32 array, got {got}")
+    def _grads(self, k: int, ptrs: Any, sizes: Any) -> tuple[list[FlatGrads], bool]:
+        addrs = tuple(int(ptrs[i] or 0) for i in range(k))
+        if addrs == self._views[0]:
+            return self._views[1], self._views[2]  # a graph keeps its buffers between steps
+        got = [int(sizes[i]) for i in range(k)]
+        if got != self.sizes or 0 in addrs:
+            raise CommError(f"the op was given gradients of sizes {got}, not {self.sizes}")
+        views = [
+            np.ctypeslib.as_array(ctypes.cast(a, ctypes.POINTER(ctypes.c_float)), (n,))
+            for a, n in zip(addrs, got, strict=True)
+        ]
+        shared = _overlapping(views)
+        if shared:
+            log.info("gradients share memory: every bucket is staged")
+        self._views = (addrs, views, shared)
+        return views, shared
+
+    def reduce_views(self, grads: Sequence[FlatGrads], shared: bool | None = None) -> None:
+        """Reduce these gradient buffers in place, bucket by bucket (what the op calls).
+
+        ``shared``: whether any two of them overlap (computed when not given)."""
+        if shared is None:
+            shared = _overlapping(grads)
+        done = []
+        for bucket, stage in zip(self.buckets, self._stages, strict=True):
+            if bucket.inplace and not shared:
+                buf = grads[bucket.members[0]]
+            else:
+                buf = stage if stage is not None else np.empty(bucket.size, np.float32)
+                _gather(buf, [grads[i] for i in bucket.members])
+            out = self.reduce_fn(buf)
+            if out is not buf:
+                _check(out, buf)
+            done.append((bucket, buf, out))
+        for bucket, buf, out in done:  # every bucket reduced: only now is anything written
+            if bucket.inplace and not shared:
+                if out is not buf:
+                    np.copyto(buf, out)
+            else:
+                _scatter(out, [grads[i] for i in bucket.members])
 
     def close(self) -> None:
         """Free the slot (the op must not run on it afterwards)."""
         lib = load_library()
         with _lock:
             if _slots.get(self.index) is self:
-                lib.msr_register(self.index, _CALLBACK(), None, 0)
+                lib.msr_register(self.index, _CALLBACK(), 0, 0)
                 del _slots[self.index]
+        self._views = ((), [], False)
 
     def take_error(self) -> BaseException | None:
         """The exception the last failed reduction raised (cleared by this call), if any."""
         error, self._error = self._error, None
         return error
+
+
+def _gather(buf: FlatGrads, parts: Sequence[FlatGrads]) -> None:
+    off = 0
+    for part in parts:
+        buf[off : off + part.size] = part
+        off += part.size
+
+
+def _scatter(buf: FlatGrads, parts: Sequence[FlatGrads]) -> None:
+    off = 0
+    for part in parts:
+        part[:] = buf[off : off + part.size]
+        off += part.size
+
+
+def _overlapping(grads: Sequence[FlatGrads]) -> bool:
+    spans = sorted((g.ctypes.data, g.ctypes.data + g.nbytes) for g in grads if g.size)
+    return any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def _check(out: Any, buf: FlatGrads) -> None:
+    want = buf.shape
+    if isinstance(out, np.ndarray) and out.shape == want and out.dtype == np.float32:
+        return
+    got = f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__
+    raise CommError(f"the reduced gradient buffer must be a {want} float32 array, got {got}")

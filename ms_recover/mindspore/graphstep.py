@@ -1,26 +1,35 @@
 """GraphStep: one data-parallel training step as ONE compiled MindSpore graph.
 
-The same step as :class:`~ms_recover.mindspore.step.DataParallelStep` (same arguments, same
-``reduce_fn`` contract, same bits), but forward, backward, the gradient reduction and the
-optimizer update are one graph: MindSpore's own ``nn.TrainOneStepCell`` whose ``grad_reducer``
-(the slot where ``DistributedGradReducer`` goes under msrun) is a compiled custom op
-(:mod:`~ms_recover.mindspore.graphop`) that hands the gradients, gathered into one flat float32
-buffer in optimizer order, to ``reduce_fn`` exactly once per step, and feeds the result to the
-optimizer. No numpy flatten/split and no device sync between two graphs. Works in GRAPH_MODE
-(the cell is compiled as a graph) and in PyNative (its ``construct`` is wrapped in
-``mindspore.jit``). Prefer GRAPH_MODE under a session: on MindSpore 2.10 CPU in PyNative,
-waiting for a jit graph's scalar loss takes 10-40 ms whenever another Python thread wakes up
-(the session's heartbeat thread does), for a plain ``TrainOneStepCell`` as much as for this
-step (measured; ``DataParallelStep``'s two functional graphs see about 1 ms of it); GRAPH_MODE
-has no such stall.
+The same step as :class:`~ms_recover.mindspore.step.DataParallelStep` (same arguments), but
+forward, backward, the gradient reduction and the optimizer update are one graph: MindSpore's
+own ``nn.TrainOneStepCell`` whose ``grad_reducer`` (the slot where ``DistributedGradReducer``
+goes under msrun) is a compiled custom op (:mod:`~ms_recover.mindspore.graphop`) that reduces
+the gradients in place, where the backward pass wrote them, and hands the optimizer a token to
+wait for. ``reduce_fn`` is called once per bucket (:func:`~ms_recover.mindspore.graphop.
+plan_buckets`: each gradient of at least ``inplace_bytes`` alone, in its own buffer; the
+smaller ones gathered in optimizer order), in the same order on every rank, every step; a
+model whose gradients are all small (the demo's) has one bucket, the whole flat buffer in
+optimizer order, as ``DataParallelStep`` hands it. The bits are ``DataParallelStep``'s
+whenever the reduction of an element does not depend on where the buffer is cut (the identity,
+a scaling, the 2-rank host allreduce; a ring over more ranks may add in another order, still
+the same on every rank and every rerun). No numpy flatten/split, no device sync between two
+graphs, and no copy at all of an in-place bucket that ``reduce_fn`` reduces in place.
 
-A reduction that raises (``Interrupted`` during recovery, ``CommError``, anything) fails the op;
-MindSpore aborts the graph before the optimizer ran (the op is ordered before every write of
-the optimizer, which all consume its outputs or follow it in the side-effect chain), so nothing
-was applied, and the same exception object is raised to the caller. MindSpore refuses to run a
-graph again after one of its kernels failed, so the next call builds and compiles a fresh graph
-(and warms it up, below): a failed step costs one recompilation, and the step can simply be
-run again, as ``retry`` requires.
+Works in GRAPH_MODE (the cell is compiled as a graph) and in PyNative (its ``construct`` is
+wrapped in ``mindspore.jit``). Prefer GRAPH_MODE under a session: on MindSpore 2.10 CPU in
+PyNative, waiting for a jit graph's scalar loss takes 10-40 ms whenever another Python thread
+wakes up (the session's heartbeat thread does), for a plain ``TrainOneStepCell`` as much as for
+this step (measured; ``DataParallelStep``'s two functional graphs see about 1 ms of it);
+GRAPH_MODE has no such stall.
+
+A reduction that raises on any bucket, the last included (``Interrupted`` during recovery,
+``CommError``, anything), fails the op; MindSpore aborts the graph before the optimizer ran (the
+op is ordered before every write of the optimizer, which all consume its token or follow it in
+the side-effect chain), so nothing was applied (the gradients it had already reduced in place
+are the graph's own temporaries), and the same exception object is raised to the caller.
+MindSpore refuses to run a graph again after one of its kernels failed, so the next call
+builds and compiles a fresh graph (and warms it up, below): a failed step costs one
+recompilation, and the step can simply be run again, as ``retry`` requires.
 
 Warm-up (as ``DataParallelStep`` on branch ``exact``): on MindSpore 2.10 CPU a graph's first
 execution runs with flush-to-zero set, so before its first real step with each batch signature
@@ -40,7 +49,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ms_recover.errors import MsRecoverError
-from ms_recover.mindspore.graphop import FlatGrads, ReduceSlot
+from ms_recover.mindspore.graphop import INPLACE_BYTES, Bucket, FlatGrads, ReduceSlot, noop_func
 from ms_recover.mindspore.state import MindSporeState, device_sync
 from ms_recover.mindspore.step import ReduceFn, _Layout, enable_determinism
 
@@ -63,31 +72,68 @@ class _LossCell(nn.Cell):  # type: ignore[misc]
         return self.loss_fn(self.net(*batch[:-1]), batch[-1])
 
 
-class _HostGradReducer(nn.Cell):  # type: ignore[misc]
-    """The ``grad_reducer`` of a TrainOneStepCell: the gradients through one op call."""
+ON_FAILURE = ("abort", "skip")
 
-    def __init__(self, shapes: list[tuple[int, ...]], slot: ReduceSlot) -> None:
+
+def _reduce_op(func: str) -> Any:
+    op = ops.Custom(
+        func,
+        out_shape=lambda *_: (1,),
+        out_dtype=lambda *_: mindspore.float32,
+        func_type="aot",
+    )
+    # A side effect: the op joins the graph's side-effect chain, so every write that follows
+    # it in the program (the optimizer's step counters too, which do not consume the
+    # gradients) runs after it; if it fails, none of them has run.
+    op.add_prim_attr("side_effect_mem", True)
+    return op
+
+
+class _HostGradReducer(nn.Cell):  # type: ignore[misc]
+    """The ``grad_reducer`` of a TrainOneStepCell: the gradients reduced in place by one op
+    call, handed on only through its token, so the optimizer runs after the op or not at all."""
+
+    def __init__(self, func: str, slot: int) -> None:
         super().__init__()
-        outs = tuple(shapes)
-        single = len(outs) == 1
-        self.single = single
-        self.op = ops.Custom(
-            slot.func,
-            out_shape=lambda *_: outs[0] if single else outs,
-            out_dtype=lambda *_: mindspore.float32 if single else (mindspore.float32,) * len(outs),
-            func_type="aot",
-        )
-        # A side effect: the op joins the graph's side-effect chain, so every write that
-        # follows it in the program (the optimizer's step counters too, which do not consume
-        # the gradients) runs after it; if it fails, none of them has run.
-        self.op.add_prim_attr("side_effect_mem", True)
-        self.slot = Tensor(np.int64(slot.index))
+        self.op = _reduce_op(func)
+        self.slot = Tensor(np.int64(slot))
 
     def construct(self, grads: Any) -> Any:
-        out = self.op(self.slot, *grads)
-        if self.single:
-            return (out,)
-        return out
+        token = self.op(self.slot, *grads)
+        return ops.depend(grads, token)
+
+
+class _SkipOnFailure(nn.TrainOneStepCell):  # type: ignore[misc]
+    """A TrainOneStepCell whose optimizer runs only if the op's token says every bucket was
+    reduced (``on_failure="skip"``): a failed reduction fails no kernel, so MindSpore neither
+    waits its fixed 3 s nor needs the graph compiled again. Costs a branch in the graph
+    (MindSpore's control-flow actors: 0.3-0.4 ms a step on this host)."""
+
+    def __init__(self, network: Any, optimizer: Any, func: str, slot: int) -> None:
+        super().__init__(network, optimizer)
+        self.reduce_op = _reduce_op(func)
+        self.slot = Tensor(np.int64(slot))
+
+    def construct(self, *inputs: Any) -> Any:
+        loss = self.network(*inputs)
+        grads = self.grad_no_sens(self.network, self.weights)(*inputs)
+        failed = self.reduce_op(self.slot, *grads)
+        grads = ops.depend(grads, failed)
+        if failed[0] < 0.5:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss
+
+
+def floor_cell(net: Any, loss_fn: Any, optimizer: Any) -> Any:
+    """A ``TrainOneStepCell`` whose ``grad_reducer`` is GraphStep's op with an empty body
+    (no callback, nothing reduced, the gradients untouched): the fixed cost of the op itself,
+    which ``bench overhead`` reports as the floor of any in-graph reduction. Not a training
+    step for a job: it reduces nothing."""
+    cell = nn.TrainOneStepCell(_LossCell(net, loss_fn), optimizer)
+    cell.grad_reducer = _HostGradReducer(noop_func(), 0)
+    if mindspore.get_context("mode") != mindspore.GRAPH_MODE:
+        cell.construct = mindspore.jit(cell.construct)
+    return cell
 
 
 class GraphStep:
@@ -95,7 +141,12 @@ class GraphStep:
 
     ``batch`` is ``(*inputs, label)``; gradients are taken with respect to
     ``optimizer.parameters`` (all float32). ``reduce_fn`` defaults to the identity (one
-    rank); it may be replaced between steps.
+    rank); it may be replaced between steps. ``inplace_bytes``: a gradient at least this large
+    is a bucket of its own, reduced in its own buffer. ``on_failure``: ``"abort"`` (a failed
+    reduction fails the op: MindSpore then waits a fixed 3 s before it raises, and the graph is
+    compiled again) or ``"skip"`` (the graph branches around the optimizer instead: a failed
+    step costs nothing extra, every step costs the branch: 0.3-0.4 ms on this host, +50 % of
+    the demo's step; ``bench overhead``'s (gs) rows).
     """
 
     def __init__(
@@ -105,7 +156,14 @@ class GraphStep:
         optimizer: Any,
         reduce_fn: ReduceFn | None = None,
         deterministic: bool = True,
+        inplace_bytes: int = INPLACE_BYTES,
+        on_failure: str = "abort",
     ) -> None:
+        if on_failure not in ON_FAILURE:
+            raise MsRecoverError(
+                f"GraphStep on_failure={on_failure!r}; valid: " + ", ".join(ON_FAILURE)
+            )
+        self.on_failure = on_failure
         if deterministic:
             enable_determinism()
         params = tuple(optimizer.parameters)
@@ -121,7 +179,11 @@ class GraphStep:
         self.param_names = [p.name for p in params]
         self.layout = _Layout(params)
         self._warming = False
-        self._slot = ReduceSlot(self.layout.size, self._reduce)
+        self._slot = ReduceSlot(
+            [int(np.prod(s, dtype=np.int64)) for s in self.layout.shapes],
+            self._reduce,
+            inplace_bytes,
+        )
         self._cell: Any = None
         self._warmed: set[tuple[tuple[tuple[int, ...], Any], ...]] = set()
 
@@ -132,8 +194,13 @@ class GraphStep:
 
     @property
     def num_elements(self) -> int:
-        """Length of the flat gradient buffer handed to ``reduce_fn``."""
+        """Number of gradient values; ``reduce_fn`` gets them bucket by bucket (``buckets``)."""
         return self.layout.size
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """The buckets ``reduce_fn`` is called on each step, in order."""
+        return list(self._slot.buckets)
 
     def __call__(self, *batch: Any) -> float:
         """Run one full step and return the local (unreduced) loss; returns once committed.
@@ -168,8 +235,13 @@ class GraphStep:
         return flat if self._warming else self.reduce_fn(flat)
 
     def _build(self) -> Any:
-        cell = nn.TrainOneStepCell(_LossCell(self.net, self.loss_fn), self.optimizer)
-        cell.grad_reducer = _HostGradReducer(self.layout.shapes, self._slot)
+        loss_cell = _LossCell(self.net, self.loss_fn)
+        cell: Any
+        if self.on_failure == "skip":
+            cell = _SkipOnFailure(loss_cell, self.optimizer, self._slot.flag_func, self._slot.index)
+        else:
+            cell = nn.TrainOneStepCell(loss_cell, self.optimizer)
+            cell.grad_reducer = _HostGradReducer(self._slot.func, self._slot.index)
         if mindspore.get_context("mode") != mindspore.GRAPH_MODE:
             cell.construct = mindspore.jit(cell.construct)
         self._cell = cell
@@ -180,7 +252,7 @@ class GraphStep:
         try:
             loss = cell(*tensors)
             device_sync()
-            return float(loss.asnumpy())
+            value = float(loss.asnumpy())
         except Exception as exc:
             # The graph is unusable after a failed kernel; the next call compiles a new one.
             self._cell = None
@@ -189,6 +261,11 @@ class GraphStep:
                 raise
             log.info("in-graph reduction failed (%s); nothing was applied", type(error).__name__)
             raise error from exc
+        error = self._slot.take_error()  # on_failure="skip": the graph skipped the optimizer
+        if error is not None:
+            log.info("in-graph reduction failed (%s); nothing was applied", type(error).__name__)
+            raise error
+        return value
 
     def _warm_up(self, cell: Any, tensors: tuple[Tensor, ...]) -> None:
         """Execute the graph once with the identity reduction, then restore the state exactly."""

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 CHILD = """
 import json
+import sys
 import mindspore as ms
 import numpy as np
 from ms_recover.mindspore.state import MindSporeState
@@ -37,8 +38,9 @@ ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 from ms_recover.errors import Interrupted
 from ms_recover.mindspore.graphstep import GraphStep
 net, loss_fn, opt = build()
-step = GraphStep(net, loss_fn, opt, reduce_fn=scaled)
+step = GraphStep(net, loss_fn, opt, reduce_fn=scaled, on_failure=sys.argv[1])
 losses = [step(*batch(s)) for s in range(5)]
+cell = step._cell
 before = MindSporeState(net, opt).state_dict()
 def fail(flat):
     raise Interrupted("recovery in progress")
@@ -54,7 +56,7 @@ step.reduce_fn = scaled
 losses += [step(*batch(s)) for s in range(5, 8)]
 final = {k: v.tolist() for k, v in MindSporeState(net, opt).state_dict().items()}
 print("RESULT " + json.dumps({"raised": raised, "unchanged": unchanged, "losses": losses,
-                               "final": final}))
+                               "final": final, "same_graph": step._cell is cell}))
 """
 
 
@@ -151,6 +153,11 @@ def test_a_reduction_returning_the_wrong_buffer_is_a_comm_error_and_applies_noth
         step.close()
 
 
+def test_an_unknown_on_failure_is_refused_naming_the_valid_values() -> None:
+    with pytest.raises(MsRecoverError, match=r"on_failure='retry'; valid: abort, skip"):
+        GraphStep(*build(), on_failure="retry")
+
+
 def test_non_float32_parameters_are_refused_by_name() -> None:
     ms.set_seed(1)
     net = nn.Dense(4, 2).to_float(ms.float16)
@@ -161,17 +168,68 @@ def test_non_float32_parameters_are_refused_by_name() -> None:
         GraphStep(net, nn.MSELoss(), opt)
 
 
-def test_graph_mode_in_a_fresh_process_matches_and_survives_a_failed_reduction() -> None:
+@pytest.mark.parametrize("on_failure", ["abort", "skip"])
+def test_graph_mode_in_a_fresh_process_matches_and_survives_a_failed_reduction(
+    on_failure: str,
+) -> None:
     ref_losses, ref_state = reference(8)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=150, env=env
+        [sys.executable, "-c", CHILD, on_failure],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
     )
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert done.returncode == 0 and line is not None, done.stderr[-3000:]
     got = json.loads(line[len("RESULT ") :])
     assert got["raised"] == "Interrupted" and got["unchanged"] is True
+    # "skip": the graph branched around the optimizer and runs on; "abort": it was rebuilt.
+    assert got["same_graph"] is (on_failure == "skip")
     assert got["losses"] == ref_losses
     final = {k: np.asarray(v, dtype=ref_state[k].dtype) for k, v in got["final"].items()}
     assert_same(final, ref_state)
+
+
+def _scale_in_place(flat: np.ndarray) -> np.ndarray:
+    np.multiply(flat, np.float32(0.75), out=flat)  # the same bits as scaled(), in the op's buffer
+    return flat
+
+
+@pytest.mark.parametrize(
+    ("fail_on", "on_failure"), [("first", "abort"), ("last", "abort"), ("last", "skip")]
+)
+def test_in_place_buckets_give_the_same_bits_and_a_failure_on_any_bucket_applies_nothing(
+    fail_on: str, on_failure: str
+) -> None:
+    ref_losses, ref_state = reference(5)
+    net, loss_fn, opt = build()
+    # 2 KB: the first layer's weight (16x32) is reduced in its own buffer, the rest is staged.
+    step = GraphStep(
+        net, loss_fn, opt, reduce_fn=_scale_in_place, inplace_bytes=2048, on_failure=on_failure
+    )
+    assert [(b.members, b.inplace) for b in step.buckets] == [((0,), True), ((1, 2, 3), False)]
+    calls: list[int] = []
+
+    def fail(flat: np.ndarray) -> np.ndarray:
+        calls.append(flat.size)
+        if len(calls) == (1 if fail_on == "first" else len(step.buckets)):
+            raise CommError("peer gone")
+        return _scale_in_place(flat)  # the buckets before the failing one: reduced in place
+
+    try:
+        losses = [step(*batch(s)) for s in range(3)]
+        before = MindSporeState(net, opt).state_dict()
+        step.reduce_fn = fail
+        with pytest.raises(CommError, match="peer gone"):
+            step(*batch(3))
+        assert calls == [512, 164][: len(calls)] and len(calls) == (1 if fail_on == "first" else 2)
+        assert_same(MindSporeState(net, opt).state_dict(), before)
+        step.reduce_fn = _scale_in_place
+        losses += [step(*batch(s)) for s in range(3, 5)]
+    finally:
+        step.close()
+    assert losses == ref_losses
+    assert_same(MindSporeState(net, opt).state_dict(), ref_state)

@@ -10,11 +10,12 @@ import ctypes
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from ms_recover.errors import MsRecoverError  # noqa: E402
+from ms_recover.errors import CommError, MsRecoverError  # noqa: E402
 from ms_recover.mindspore import graphop  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,5 +44,45 @@ def test_builds_once_into_the_cache_and_exports_the_op(
     assert graphop.build_library() == path and path.stat().st_mtime_ns == mtime  # cached
     lib = ctypes.CDLL(str(path))
     assert lib.msr_slots() == 256
-    for name in ("MsrReduce", "msr_register"):
+    for name in ("MsrReduce", "MsrNoop", "msr_register"):
         assert hasattr(lib, name)
+
+
+def test_bucket_plan_large_gradients_alone_small_ones_staged_in_order() -> None:
+    plan = graphop.plan_buckets([10, 300, 20, 30, 40, 500, 5], inplace_bytes=1200, stage_bytes=240)
+    got = [(b.members, b.inplace, b.size) for b in plan]
+    assert got == [
+        ((0, 2, 3), False, 60),  # staged buckets hold up to 240 bytes (60 values), in order
+        ((1,), True, 300),  # 300 values = 1200 bytes: in place, alone
+        ((4, 6), False, 45),  # ordered by their first member
+        ((5,), True, 500),
+    ]
+    assert [b.members for b in graphop.plan_buckets([3, 4])] == [(0, 1)]  # the demo: one bucket
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this host")
+def test_gradients_sharing_memory_are_reduced_once_and_written_only_after_every_bucket() -> None:
+    def add_one(flat: np.ndarray) -> np.ndarray:
+        flat += np.float32(1)  # in place: a gradient reduced twice would gain 2
+        return flat
+
+    slot = graphop.ReduceSlot([300, 300, 4], add_one, inplace_bytes=1200)
+    try:
+        assert [b.inplace for b in slot.buckets] == [True, True, False]
+        mem = np.zeros(300, np.float32)
+        small = np.zeros(4, np.float32)
+        slot.reduce_views([mem, mem, small])  # the backward pass handed out one tensor twice
+        assert mem.tolist() == [1.0] * 300 and small.tolist() == [1.0] * 4
+        other = np.zeros(300, np.float32)
+
+        def fail_last(flat: np.ndarray) -> np.ndarray:
+            if flat.size == 4:
+                raise CommError("peer gone")
+            return flat + np.float32(1)  # a new array: copied back only once all succeeded
+
+        slot.reduce_fn = fail_last
+        with pytest.raises(CommError):
+            slot.reduce_views([mem, other, small])
+        assert mem.tolist() == [1.0] * 300 and other.tolist() == [0.0] * 300
+    finally:
+        slot.close()

@@ -5,6 +5,9 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
 * ``plain``: no ms_recover at all: ``DataParallelStep`` with the identity reduce, a ``for`` loop;
 * ``session``: under an agent, ``ms_recover.init()`` then ``session.steps()`` / ``guard()`` with
   ``session.allreduce`` as the reduce (the host allreduce when world > 1, a copy for one rank);
+  with ``--graph-step`` (and ``--graph-mode``) the step is :class:`GraphStep` (the reduction an
+  op inside its one compiled graph), the job ``bench overhead`` sets beside msrun's own
+  data-parallel step (:mod:`~ms_recover.mindspore.programs.msrun_step_bench`);
   also times every allreduce call;
 * ``interleaved``: under an agent, alternates single steps of the plain loop and of the session
   loop in one process (ABBA order, one ``DataParallelStep`` whose reduce is switched, so both
@@ -17,8 +20,13 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   the identity reduce, ``gsession`` under ``session.steps()`` / ``guard()`` with
   ``session.allreduce`` as the reduce (the op calls it; one rank: a copy).
   ``--graph-mode`` runs the process in GRAPH_MODE (the baseline the design names: a GRAPH_MODE
-  ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms; ``--hidden H`` swaps
-  the demo MLP for a wider one (64-H-H-8).
+  ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms, and ``floor``: a
+  TrainOneStepCell whose grad_reducer is GraphStep's op with an empty body (the fixed cost of
+  any in-graph op, :func:`~ms_recover.mindspore.graphstep.floor_cell`), and ``gcomm``:
+  GraphStep reducing with the backend's allreduce directly (the data plane, no session);
+  ``gskip``: GraphStep with ``on_failure="skip"`` (the graph branches around the optimizer),
+  identity reduce, on a fourth copy of the model. ``--hidden H`` swaps the demo MLP for a
+  wider one (64-H-H-8).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
@@ -40,7 +48,7 @@ import numpy as np
 from mindspore import nn
 from numpy.typing import NDArray
 
-from ms_recover.mindspore.graphstep import GraphStep
+from ms_recover.mindspore.graphstep import GraphStep, floor_cell
 from ms_recover.mindspore.programs.demo_train import (
     CLASSES,
     GLOBAL_BATCH,
@@ -56,6 +64,11 @@ from ms_recover.worker.sampler import make_dataset, shard_indices
 MODES = ("plain", "session", "interleaved")
 Flat = NDArray[np.float32]
 _HIDDEN = {"width": 0}  # 0: the demo's MLP
+
+
+def use_hidden(width: int) -> None:
+    """Make :func:`build` return the wider MLP 64-H-H-8 (0: the demo's MLP)."""
+    _HIDDEN["width"] = width
 
 
 def build() -> tuple[nn.Cell, nn.Cell, nn.Optimizer]:
@@ -75,7 +88,9 @@ def build() -> tuple[nn.Cell, nn.Cell, nn.Optimizer]:
     return net, loss_fn, nn.Adam(net.trainable_params(), learning_rate=1e-3)
 
 
-class _Data:
+class Data:
+    """A rank's batches: the demo's dataset, ``GLOBAL_BATCH`` samples a step over all ranks."""
+
     def __init__(self, rank: int, world: int) -> None:
         self.x, self.y = make_dataset(SAMPLES, IN_DIM, CLASSES, SEED)
         self.rank, self.world = rank, world
@@ -85,7 +100,7 @@ class _Data:
         return self.x[idx], self.y[idx]
 
 
-def _plain_block(step: DataParallelStep, data: _Data, first: int, n: int) -> list[float]:
+def _plain_block(step: DataParallelStep, data: Data, first: int, n: int) -> list[float]:
     """Per-iteration times of ``n`` plain steps."""
     times, t = [], time.perf_counter()
     for s in range(first, first + n):
@@ -96,7 +111,7 @@ def _plain_block(step: DataParallelStep, data: _Data, first: int, n: int) -> lis
     return times
 
 
-def _session_block(session: Any, step: DataParallelStep, data: _Data, n: int) -> list[float]:
+def _session_block(session: Any, step: Callable[..., float], data: Data, n: int) -> list[float]:
     """Per-iteration times of ``n`` steps through ``session.steps``, ``guard`` and commit."""
     times, t = [], time.perf_counter()
     for s in session.steps(session.next_step + n):
@@ -139,36 +154,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--graph-mode", action="store_true", help="GRAPH_MODE; TrainOneStepCell and GraphStep only"
     )
+    ap.add_argument(
+        "--graph-step",
+        action="store_true",
+        help="session mode: GraphStep (with --graph-mode) instead of DataParallelStep",
+    )
     args = ap.parse_args(argv)
-    _HIDDEN["width"] = args.hidden
+    if args.graph_step and not (args.graph_mode and args.mode == "session"):
+        ap.error("--graph-step needs --mode session and --graph-mode")
+    use_hidden(args.hidden)
     mode = mindspore.GRAPH_MODE if args.graph_mode else mindspore.PYNATIVE_MODE
     mindspore.set_context(mode=mode, device_target="CPU")
     net, loss_fn, optimizer = build()
     result: dict[str, Any] = {"mode": args.mode}
     if args.mode == "plain":
-        step = DataParallelStep(net, loss_fn, optimizer)
-        data = _Data(0, 1)
-        _plain_block(step, data, 0, args.warmup)
-        result.update(rank=0, world=1, step_times=_plain_block(step, data, args.warmup, args.steps))
+        plain = DataParallelStep(net, loss_fn, optimizer)
+        data = Data(0, 1)
+        _plain_block(plain, data, 0, args.warmup)
+        result.update(
+            rank=0, world=1, step_times=_plain_block(plain, data, args.warmup, args.steps)
+        )
     else:
         import ms_recover
 
         session = ms_recover.init(state=MindSporeState(net, optimizer))
-        data = _Data(session.rank, session.world_size)
+        data = Data(session.rank, session.world_size)
         reduce_times: list[float] = []
-        step = DataParallelStep(
+        kind: type[GraphStep] | type[DataParallelStep]
+        kind = GraphStep if args.graph_step else DataParallelStep
+        step = kind(
             net,
             loss_fn,
             optimizer,
             reduce_fn=_timed(lambda f: session.allreduce(f, "mean"), reduce_times),
         )
-        result.update(rank=session.rank, world=session.world_size)
+        result.update(rank=session.rank, world=session.world_size, graph_step=args.graph_step)
         if args.mode == "session":
             _session_block(session, step, data, args.warmup)
             reduce_times.clear()
             result["step_times"] = _session_block(session, step, data, args.steps)
             result["allreduce_times"] = reduce_times
+            result["elements"] = step.num_elements
         else:
+            assert isinstance(step, DataParallelStep)  # --graph-step is session mode only
             result.update(_interleave(session, step, data, args))
         _write(args.out, result)  # before finish(): the job ends, and its agent kills its ranks
         session.finish()
@@ -184,7 +212,7 @@ def _write(out: str, result: dict[str, Any]) -> None:
 
 
 def _interleave(
-    session: Any, step: DataParallelStep, data: _Data, args: argparse.Namespace
+    session: Any, step: DataParallelStep, data: Data, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Alternate single steps of (a), (a') and (b) on one DataParallelStep (one set of graphs),
     in the order a, a', b and then b, a', a, so that each pair is compared both ways round.
@@ -199,20 +227,23 @@ def _interleave(
     steps = session.steps(1 << 62)
     cell = _train_one_step_cell()
     graph = GraphStep(*build())
+    skip = GraphStep(*build(), on_failure="skip") if args.graph_mode else None
+    floor: Any = floor_cell(*build()) if args.graph_mode else None
     order: tuple[str, ...] = ("cell", "plain", "backend", "session")
     if args.graph_mode:  # DataParallelStep too at the demo's size, for the comparison
-        order = (
-            ("cell", "graph", "gsession") if args.hidden else ("cell", "plain", "graph", "gsession")
-        )
+        order = ("cell", "floor", "graph", "gskip", "gcomm", "gsession")
+        if not args.hidden:
+            order = ("cell", "plain", "floor", "graph", "gskip", "gcomm", "gsession")
     times: dict[str, list[float]] = {kind: [] for kind in order}
     link_s = 0.0
     for i in range(args.warmup + args.steps):
         for kind in order if i % 2 == 0 else order[::-1]:
             cpu0 = link_cpu()
             t = time.perf_counter()
-            if kind == "cell":
+            if kind in ("cell", "floor"):
                 x, y = data.batch(i)
-                loss = cell(mindspore.Tensor(x), mindspore.Tensor(y))
+                run = cell if kind == "cell" else floor
+                loss = run(mindspore.Tensor(x), mindspore.Tensor(y))
                 if args.graph_mode:
                     # Wait for the step's end and read the loss, as GraphStep does. Not in
                     # PyNative: there a jit graph's loss read stalls 10-40 ms while the
@@ -221,6 +252,12 @@ def _interleave(
                     float(loss.asnumpy())
             elif kind == "graph":
                 graph.reduce_fn = _identity
+                graph(*data.batch(i))
+            elif kind == "gskip":
+                assert skip is not None
+                skip(*data.batch(i))
+            elif kind == "gcomm":
+                graph.reduce_fn = lambda flat: session.comm.allreduce(flat, "mean")
                 graph(*data.batch(i))
             elif kind == "gsession":
                 graph.reduce_fn = session_reduce
@@ -257,6 +294,8 @@ def _interleave(
     }
     steps.close()
     graph.close()
+    if skip is not None:
+        skip.close()
     return {
         **{f"{kind}_times": t for kind, t in times.items()},
         "hidden": args.hidden,
