@@ -119,3 +119,30 @@ def test_no_replica_left_ends_the_job_at_once_with_the_reason(tmp_path):
     assert "within" not in end["reason"], end["reason"]  # no timeout on the way
     assert time.monotonic() - started < 20.0
     assert os.path.exists(os.path.join(out, "rank_0.json"))
+
+
+def test_rank_killed_inside_the_last_allreduce(tmp_path, reference, rank=3):
+    """Near the end: the survivors are interrupted in the last step (or some finish it first:
+    then they are the sources of everyone behind); the job ends 0, bit-identical."""
+    out = str(tmp_path)
+    with trainer_job(out, Faults().in_allreduce(rank=rank, step=LAST)) as job:
+        run_to_end(job)
+    assert job.exit_code == 0, _why(job)
+    final = results(out)
+    assert [r["sha256"] for r in final] == [reference] * 4
+    assert all(r["committed"] == LAST for r in final)
+    (rec,) = job.find("recovery", ok=True)
+    assert rec["replaced"] == [rank] and rec["target_step"] in (LAST - 1, LAST)
+    assert rec["lost_steps"] == 0
+
+
+def test_rank_hung_after_the_last_step_is_replaced(tmp_path, reference):
+    """SIGSTOP after the last step: the silent rank is replaced in place while the others
+    wait in finish(); the job ends 0, bit-identical."""
+    out = str(tmp_path)
+    with trainer_job(out, Faults().hang(rank=2, step=LAST)) as job:
+        run_to_end(job)
+    assert job.exit_code == 0, _why(job)
+    assert job.find("fault", kind="rank_silent", rank=2)
+    assert [r["sha256"] for r in results(out)] == [reference] * 4
+    assert job.pods.exit_codes == {0: 0, 1: 0}
