@@ -178,12 +178,14 @@ class Session:
         when the manager says the job is over (Exit 0); an Exit with another code ends the
         process with that code, as anywhere else. If the manager says nothing for
         ``timeout_s`` (default: as long as a recovery may take), it returns anyway: a dead
-        manager never hangs a finished rank.
+        manager never hangs a finished rank. A second call does nothing.
         """
+        if self.finished:
+            return
+        self.finished = True
         if self.link is None:
             self.comm.close()
             return
-        self.finished = True
         self.link.send(M.WorkerDone(self.rank, self.committed, True))
         try:
             end = self._serve_until_end(self._silence_limit() if timeout_s is None else timeout_s)

@@ -64,6 +64,9 @@ def test_finish_returns_when_the_manager_ends_the_job() -> None:
     session.finish()
     assert link.sent == [M.WorkerDone(0, 29, True)]
     assert session.phase is Phase.EXITED and link.closed_with is not None
+    link.closed_with = None
+    session.finish()  # a second call does nothing
+    assert link.sent == [M.WorkerDone(0, 29, True)] and link.closed_with is None
     assert backend._aborted  # the data plane is closed
 
 
