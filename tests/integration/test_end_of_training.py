@@ -9,6 +9,7 @@ Without any replica left, the job ends at once with the reason, never a hang.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -146,3 +147,24 @@ def test_rank_hung_after_the_last_step_is_replaced(tmp_path, reference):
     assert job.find("fault", kind="rank_silent", rank=2)
     assert [r["sha256"] for r in results(out)] == [reference] * 4
     assert job.pods.exit_codes == {0: 0, 1: 0}
+
+
+def test_elastic_training_with_a_rank_killed_after_the_last_step(tmp_path, reference):
+    """elastic-training goes on without the killed rank (every other rank has finished) and
+    ends 0; its replacement, restarted in place, is told the job is over and exits 0."""
+    out = str(tmp_path)
+    with trainer_job(
+        out, Faults().kill(rank=1, step=LAST), strategy="elastic-training,exit"
+    ) as job:
+        run_to_end(job)
+    assert job.exit_code == 0, _why(job)
+    assert job.pods.exit_codes == {0: 0, 1: 0}
+    assert [e["active"] for e in job.find("world")] == [[0, 2, 3]]
+    shas = set()
+    for rank in (0, 2, 3):
+        with open(os.path.join(out, f"rank_{rank}.json")) as fh:
+            shas.add(json.load(fh)["sha256"])
+    assert shas == {reference}
+    assert not os.path.exists(os.path.join(out, "rank_1.json"))  # it never trained again
+    replacement = [e for e in job.find("rank_exit", rank=1) if e["signal"] == 0]
+    assert [e["exit_code"] for e in replacement] == [0], job.find("rank_exit", rank=1)
