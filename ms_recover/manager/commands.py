@@ -1,12 +1,12 @@
 """Action sequences shared by the phases and the strategies: REBUILD for a world, and the end
-of the job. Pure functions of the job model.
+of the job by ``exit`` (a normal end is :mod:`~ms_recover.manager.ending`). Pure functions of
+the job model.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ms_recover import exitcodes
 from ms_recover.comm.peers import group_targets, needs_all
 from ms_recover.manager.actions import (
     Action,
@@ -69,16 +69,3 @@ def exit_job(m: JobModel, code: int, reason: str) -> list[Action]:
     actions.append(Emit(reason, JobEndRecord(code, reason)))
     actions.append(Transition(reason, JobState.EXITING))
     return actions
-
-
-def finish_job(m: JobModel, reason: str) -> list[Action]:
-    """Every rank finished training: release the agents and end the job with 0."""
-    actions: list[Action] = [
-        SendAgent(reason, n, AgentExit(exitcodes.OK, reason))
-        for n, a in sorted(m.agents.items())
-        if a.alive
-    ]
-    return actions + [
-        Emit(reason, JobEndRecord(0, reason)),
-        Transition(reason, JobState.FINISHED),
-    ]

@@ -9,6 +9,7 @@ fields. Pure: no zmq, numpy or msgpack.
 from __future__ import annotations
 
 from ms_recover.manager.actions import Action
+from ms_recover.manager.ending import after_end
 from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
 from ms_recover.manager.phases import PROGRESS
 from ms_recover.manager.rounds import Failure, escalate, on_faults
@@ -16,8 +17,10 @@ from ms_recover.manager.rounds import Failure, escalate, on_faults
 
 def decide(m: JobModel, now: float) -> list[Action]:
     """Everything the manager should do now, given the model. Pure."""
-    if m.state in (JobState.EXITING, JobState.FINISHED):
+    if m.state is JobState.EXITING:
         return []
+    if m.state is JobState.FINISHED:  # members that appear late are told it is over
+        return after_end(m)
     restoring = m.state is JobState.FORMING and m.restore is not None
     faults = [] if restoring else list(m.pending) + detect_silence(m, now)
     if faults:  # a restarted manager's faults wait for its members (see phases._restoring)
@@ -37,7 +40,11 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
     """
     cfg = m.config
     agent_limit = now - cfg.silence_s
-    lost = sorted(node for node, a in m.agents.items() if a.last_seen < agent_limit and a.alive)
+    lost = sorted(
+        node
+        for node, a in m.agents.items()
+        if a.last_seen < agent_limit and a.alive and not _all_left(m, node)
+    )
     faults = [
         Fault(
             FaultKind.NODE_LOST,
@@ -69,6 +76,11 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
     if m.state is JobState.RUNNING and not faults:
         faults.extend(_detect_hang(m, now))
     return faults
+
+
+def _all_left(m: JobModel, node: int) -> bool:
+    """Every rank of ``node`` finished and left: its agent ends on its own, nothing is lost."""
+    return all(m.ranks[r].done and not m.ranks[r].alive for r in m.config.ranks_of(node))
 
 
 def _detect_hang(m: JobModel, now: float) -> list[Fault]:

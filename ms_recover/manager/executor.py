@@ -28,7 +28,7 @@ from ms_recover.manager.records import (
     WorldRecord,
 )
 from ms_recover.observability.events import EventLog
-from ms_recover.protocol.messages import AgentExit, Message
+from ms_recover.protocol.messages import AgentExit, Exit, Message
 
 log = logging.getLogger("ms_recover.manager")
 
@@ -97,13 +97,18 @@ class Executor:
         ranks = self.model.ranks
         idents = [ranks[r].identity for r in action.ranks if ranks[r].identity]
         self.sender.send(idents, action.msg)
+        if isinstance(action.msg, Exit):
+            for r in action.ranks:
+                ranks[r].released = True
 
     def _send_agent(self, action: A.SendAgent) -> None:
         ident = self.agent_ids.get(action.node_rank)
         if ident is not None:
             self.sender.send([ident], action.msg)
         if isinstance(action.msg, AgentExit):
-            self.model.agents[action.node_rank].alive = False  # it is on its way out
+            agent = self.model.agents[action.node_rank]
+            agent.alive = False  # it is on its way out
+            agent.released = action.msg.code != exitcodes.RESCHEDULE  # for good
 
     # ------------------------------------------------------------------ members and rounds
     def _mark_lost(self, action: A.MarkLost) -> None:

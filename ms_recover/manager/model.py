@@ -127,6 +127,9 @@ class RankInfo:
     stop_digest: str = ""  # the state digest of its last Stopped
     digests: dict[int, str] = dataclasses.field(default_factory=dict)  # step -> steady digest
     done: bool = False
+    #: It said it stays a member after finishing (a repair source) until told the job is over.
+    waits: bool = False
+    released: bool = False  # told to exit (the job is over for it)
     exit_code: int | None = None  # of the registered process, once its agent reported it
     identity: bytes = b""
 
@@ -153,6 +156,7 @@ class AgentInfo:
     pid: int = 0
     last_seen: float = 0.0
     pod_ip: str = ""
+    released: bool = False  # told to exit for good (not to reschedule)
 
 
 @dataclasses.dataclass(frozen=True)

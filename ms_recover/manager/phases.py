@@ -26,12 +26,14 @@ from ms_recover.manager.actions import (
     StopDone,
     Transition,
 )
-from ms_recover.manager.commands import finish_job, rebuild
+from ms_recover.manager.commands import rebuild
 from ms_recover.manager.divergence import Report, compare, faults_of
+from ms_recover.manager.ending import finish_job
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Round
 from ms_recover.manager.planner import plan_repair, target_step
 from ms_recover.manager.records import Phase, RepairRetryRecord, RestoredRecord
 from ms_recover.manager.rounds import Failure, on_faults
+from ms_recover.manager.strategies.base import finished_and_gone
 from ms_recover.manager.strategies.dump import dumping
 from ms_recover.manager.strategies.elastic_training import grow
 from ms_recover.manager.strategies.registry import strategy_of
@@ -113,6 +115,9 @@ def _stopping(m: JobModel, now: float) -> Progress:
     if not missing and not rnd.replace_done:
         actions.append(ReplaceDone("replacements registered", now))
     if not unstopped and not missing:
+        gone = sorted(finished_and_gone(m) & rnd.world)
+        if gone:  # they would never rebuild: decide again (a clear end if nothing else fits)
+            return Failure(f"ranks {gone} finished training and left", first=tuple(actions))
         checked = _check_replicas(m, now, survivors)
         if isinstance(checked, Failure):
             return dataclasses.replace(checked, first=(*actions, *checked.first))
@@ -124,10 +129,15 @@ def _stopping(m: JobModel, now: float) -> Progress:
 
 
 def _stop_state(m: JobModel, rnd: Round) -> tuple[list[int], list[int], list[int]]:
-    """(survivors, survivors that have not stopped, replacements not registered yet)."""
+    """(survivors, survivors that have not stopped, replacements not registered yet).
+
+    A rank that finished training is a survivor while it waits in ``finish()`` (a repair
+    source at the last step); one whose process left is not."""
     out = rnd.replace_ranks | rnd.left_out
     survivors = [
-        r for r, i in m.ranks.items() if (r in m.active or i.alive) and r not in out and not i.done
+        r
+        for r, i in m.ranks.items()
+        if (r in m.active or i.alive) and r not in out and not (i.done and not i.alive)
     ]
     unstopped = [r for r in survivors if not m.ranks[r].acked(Ack.STOP, m.epoch)]
     missing = [r for r in rnd.replace_ranks if not m.ranks[r].alive]

@@ -22,6 +22,7 @@ from ms_recover.errors import CommError, ProtocolError
 from ms_recover.manager import divergence
 from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.decide import decide
+from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Restore
 from ms_recover.manager.slots import Hello, Slots
@@ -165,15 +166,11 @@ class ManagerServer:
                 self._stop.set()
 
     def _ended(self, waited: float, grace_s: float) -> bool:
-        """After the job's end: the grace passed and, at a normal end, every rank's real exit
-        was reported (the agents wait up to ``phase_timeout_s`` for ranks to leave)."""
+        """After the job's end: the grace passed and :func:`~.ending.may_stop` agrees."""
         if waited <= grace_s:
             return False
         with self._lock:
-            if self.model.state is not JobState.FINISHED:
-                return True
-            reported = all(i.exit_code is not None for i in self.model.ranks.values())
-        return reported or waited > grace_s + self.config.phase_timeout_s
+            return may_stop(self.model, self.clock(), waited - grace_s)
 
     def exit_code(self) -> int:
         return self.executor.exit_code()
@@ -286,6 +283,7 @@ class ManagerServer:
             for rank in self.config.ranks_of(msg.node_rank):
                 m.ranks[rank].alive, m.ranks[rank].identity = False, b""
         agent.registered = agent.alive = True
+        agent.released = False
         agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
@@ -427,6 +425,7 @@ class ManagerServer:
         self.slots.rank_nonce[msg.rank] = env.nonce
         info.last_seen = info.last_progress = now
         info.acks, info.repair_failure, info.done, info.exit_code = {}, None, False, None
+        info.waits = info.released = False
         info.digests = {}  # the old incarnation's digests say nothing about this process
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
         self._send(
@@ -578,6 +577,7 @@ class ManagerServer:
         info = self._worker(ident, msg.rank)
         if info is not None:
             info.done, info.committed_step = True, max(info.committed_step, msg.committed_step)
+            info.waits = msg.waits  # it stays a member (a repair source) until the end
 
     def _on_status(self, ident: bytes, env: Envelope, msg: M.StatusRequest) -> None:
         self._send(ident, M.StatusReply(status_of(self.model, self.clock())))

@@ -200,11 +200,16 @@ class WorkerFault(Message):
 
 @dataclasses.dataclass(frozen=True)
 class WorkerDone(Message):
-    """worker -> manager: the rank finished training normally at ``committed_step``."""
+    """worker -> manager: the rank finished training normally at ``committed_step``.
+
+    ``waits``: it stays a member (it stops, rebuilds and repairs others on command) until the
+    manager ends the job with Exit; otherwise it leaves on its own.
+    """
 
     KIND: ClassVar[bytes] = b"worker_done"
     rank: int
     committed_step: int
+    waits: bool = False
 
 
 # ----------------------------------------------------------------------------- manager -> worker

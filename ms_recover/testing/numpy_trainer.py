@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         help="write OUT/rank_R.after after session.finish() returns, and OUT/rank_R.atexit "
         "from an atexit handler (a clean end must let both run)",
     )
+    ap.add_argument(
+        "--no-finish",
+        action="store_true",
+        help="leave without session.finish(), as a script that forgets it does",
+    )
     args = ap.parse_args(argv)
     model = NumpyModel()
     session = ms_recover.init(state=model)
@@ -127,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     write_rank_record(args.out, session, model.arrays, losses, steps=args.steps)
     if args.after_finish:
         atexit.register(_touch, os.path.join(args.out, f"rank_{rank}.atexit"))
+    if args.no_finish:
+        return 0
     session.finish()
     if args.after_finish:
         _touch(os.path.join(args.out, f"rank_{rank}.after"))

@@ -9,6 +9,9 @@ manager are latched by the link thread and acted on here, at a safe point betwee
 * RESUME: continue at the given step;
 * EXIT: close and leave the process with the manager's code.
 
+After the last step, :meth:`Session.finish` keeps serving these commands (a finished rank is a
+repair source for a rank that fails at the very end) until the manager ends the job.
+
 The rank's :attr:`Session.phase` follows these commands through the transition table of
 :mod:`ms_recover.worker.phase`; a command out of order raises RecoveryError and does nothing.
 
@@ -81,6 +84,8 @@ class Session:
         self.worlds: list[tuple[int, list[int]]] = []
         self._interrupted = False
         self._await_manager = False
+        self.total: int | None = None  # the steps of the training loop (steps()), once known
+        self.finished = False  # finish() was called: the rank waits for the job's end
         self._report_next_commit = False
         self.members: list[int] = list(range(backend.world_size))
         # Peers answers by group name (the link thread writes, create_group waits for one).
@@ -146,10 +151,13 @@ class Session:
 
     def _registration(self) -> list[M.Message]:
         """What a restarted manager needs from this rank (called on the link thread): the
-        hello with the committed step and data endpoint, then every group of the log."""
-        groups = [
+        hello with the committed step and data endpoint, every group of the log, and, once
+        it waits in :meth:`finish`, that it is done."""
+        groups: list[M.Message] = [
             M.GroupCreated(self.rank, name, list(ranks)) for name, ranks in self.comm.group_log
         ]
+        if self.finished:  # it waits in finish(): the new manager must know it is done
+            groups.append(M.WorkerDone(self.rank, self.committed, True))
         return [self._hello(), *groups]
 
     def wait_for_manager(self, timeout_s: float) -> bool:
@@ -162,12 +170,71 @@ class Session:
             time.sleep(0.01)
         return False
 
-    def finish(self) -> None:
-        """Tell the manager this rank is done, then release sockets."""
-        if self.link is not None:
-            self.link.send(M.WorkerDone(self.rank, self.committed))
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Tell the manager this rank is done, stay a member until the job is over, then
+        release the sockets.
+
+        Until every rank has finished, this rank is a data-parallel replica at the last step:
+        if another rank fails now, it stops, rebuilds and repairs the replacement like any
+        survivor (so keep the state provider usable until ``finish()`` returns). It returns
+        when the manager says the job is over (Exit 0); an Exit with another code ends the
+        process with that code, as anywhere else. If the manager says nothing for
+        ``timeout_s`` (default: as long as a recovery may take), it returns anyway: a dead
+        manager never hangs a finished rank. A second call does nothing.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        if self.link is None:
+            self.comm.close()
+            return
+        self.link.send(M.WorkerDone(self.rank, self.committed, True))
+        try:
+            end = self._serve_until_end(self._silence_limit() if timeout_s is None else timeout_s)
+        finally:
             self.link.close(flush_s=2.0)
-        self.comm.close()
+            self.comm.close()
+        if end is not None and end.code != 0:
+            log.warning("rank %d: manager says exit %d: %s", self.rank, end.code, end.reason)
+            sys.exit(end.code)
+
+    def _serve_until_end(self, limit: float) -> M.Exit | None:
+        """Carry out the manager's commands until its Exit; None after ``limit`` s of silence."""
+        assert self.link is not None
+        last = time.monotonic()
+        while True:
+            env = self.link.next_command(0.5)
+            if env is None:
+                if time.monotonic() - last > limit:
+                    log.warning(
+                        "rank %d: finished, and no word from the manager for %gs: leaving",
+                        self.rank,
+                        limit,
+                    )
+                    return None
+                continue
+            last = time.monotonic()
+            if isinstance(env.msg, M.Exit):
+                self.phase = check(self.rank, self.phase, Phase.EXITED, "exit")
+                return env.msg
+            try:
+                if self._handle(env.epoch, env.msg):
+                    self._resumed_after_finish()
+            except Interrupted:
+                log.info("rank %d: recovery step interrupted by a newer command", self.rank)
+
+    def _resumed_after_finish(self) -> None:
+        """A recovery resumed the world while this rank waits in ``finish()``. It is normally
+        at the last step already; if the recovery took it back to an earlier step (a replica
+        found diverged), it cannot run those steps again: it says so, and the manager
+        replaces it."""
+        if self.total is not None and self.next_step < self.total:
+            why = (
+                f"finished training, but the recovery resumed it at step {self.next_step} "
+                f"of {self.total}"
+            )
+            self.report_fault("fatal", why)
+            self._await_manager = False  # it serves the manager's commands anyway
 
     # ------------------------------------------------------------------ the step loop
     def commit(self, step: int) -> None:
@@ -207,6 +274,7 @@ class Session:
         The loop body should run inside :meth:`guard`; a step whose body returns normally is
         committed, a step interrupted by recovery is redone.
         """
+        self.total = total
         while True:
             self.safe_point()
             if self.next_step >= total:
@@ -248,7 +316,7 @@ class Session:
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
         assert self.link is not None
-        limit = self.config.wait_reschedule_timeout_s + 4 * self.config.phase_timeout_s
+        limit = self._silence_limit()
         last = time.monotonic()
         while True:
             env = self.link.next_command(0.5)
@@ -264,6 +332,11 @@ class Session:
                     return
             except Interrupted:
                 log.info("rank %d: recovery step interrupted by a newer command", self.rank)
+
+    def _silence_limit(self) -> float:
+        """How long a rank waits for the manager's next command: a whole recovery may pass
+        (a pod rescheduled, then every phase) before it hears again."""
+        return self.config.wait_reschedule_timeout_s + 4 * self.config.phase_timeout_s
 
     def _handle(self, epoch: int, msg: M.Message) -> bool:
         """Carry out one command; True when training resumes. A command the rank's phase does

@@ -17,6 +17,7 @@ from ms_recover.config import JobConfig
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
+from ms_recover.testing.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 STEPS = 24
@@ -180,7 +181,12 @@ def test_dump_writes_mindspore_checkpoints_a_restart_can_load(tmp_path):
 
 def test_elastic_training_on_mindspore_shrinks_and_grows_back(tmp_path):
     """A pod that is not back within wait-reschedule-timeout: MindSpore training goes on
-    with 3 ranks and the same global batch, then grows back to 4 when the pod returns."""
+    with 3 ranks and the same global batch, then grows back to 4 when the pod returns.
+
+    The pod is held until the shrink, then released: a fixed reschedule delay let it come
+    back after training ended under heavy load (MindSpore's import slows, the step's sleep
+    does not), and there was nothing left to grow into."""
+    steps = 200
     ref_out, out = str(tmp_path / "ref"), str(tmp_path / "run")
     base = JobConfig(
         job_id="e2e-el",
@@ -194,7 +200,7 @@ def test_elastic_training_on_mindspore_shrinks_and_grows_back(tmp_path):
         "-m",
         "ms_recover.mindspore.programs.demo_train",
         "--steps",
-        "120",
+        str(steps),
         "--step-time",
         "0.05",
         "--out",
@@ -208,8 +214,10 @@ def test_elastic_training_on_mindspore_shrinks_and_grows_back(tmp_path):
         command + [out],
         Faults().node(rank=3, step=15).to_env(),
         log_dir=out,
-        reschedule_delay_s=6.0,
+        reschedule_delay_s=3600.0,  # held: released once the world shrank
     ) as job:
+        wait_for(lambda: job.pods.poll() or job.find("world"), 120, "the shrink to 3 ranks")
+        assert job.pods.reschedule_now() == [3]
         assert job.wait(240), job.status()
     assert job.exit_code == 0
     assert [e["active"] for e in job.find("world")] == [[0, 1, 2], [0, 1, 2, 3]]
@@ -224,4 +232,5 @@ def test_elastic_training_on_mindspore_shrinks_and_grows_back(tmp_path):
     assert all(a == b and a in targets for a, b in runs[1]["skipped"]), (runs[1], targets)
     runs = [run["losses"] for run in runs]
     assert [runs[1][str(s)] for s in range(15)] == [runs[0][str(s)] for s in range(15)]
-    assert abs(runs[1]["119"] - runs[0]["119"]) <= 1e-4 * abs(runs[0]["119"]) + 1e-6
+    last = str(steps - 1)
+    assert abs(runs[1][last] - runs[0][last]) <= 1e-4 * abs(runs[0][last]) + 1e-6

@@ -179,8 +179,9 @@ def test_dump_saves_the_last_committed_state_then_exits(tmp_path):
 
 
 def test_elastic_training_shrinks_then_grows_back(tmp_path):
-    """4 ranks lose one for good (its pod comes back only after the wait timeout): training
-    goes on with 3 ranks and the same global batch, then grows back to 4 when it returns."""
+    """4 ranks lose one for good (its pod comes back only after the wait timeout, once the
+    world shrank): training goes on with 3 ranks and the same global batch, then grows back
+    to 4 when it returns."""
     ref_out, out = str(tmp_path / "ref"), str(tmp_path / "run")
     slow = ("--step-time", "0.05")
     shape = dict(node_nums=4, proc_per_node=1, wait_reschedule_timeout_s=1.5)
@@ -192,9 +193,11 @@ def test_elastic_training_shrinks_then_grows_back(tmp_path):
         "recover,elastic-training,exit",
         steps=160,
         extra=slow,
-        reschedule_delay_s=6.0,
+        reschedule_delay_s=3600.0,  # held until the world shrank: never after training ended
         **shape,
     ) as job:
+        wait_for(lambda: job.pods.poll() or job.find("world"), 60, "the shrink to 3 ranks")
+        assert job.pods.reschedule_now() == [3]
         run_to_end(job, timeout_s=120)
     assert job.exit_code == 0
     worlds = [e["active"] for e in job.find("world")]

@@ -164,9 +164,25 @@ def untrusted_of(incident: Incident) -> frozenset[int]:
 
 def no_source(m: JobModel, incident: Incident, out: frozenset[int] | set[int]) -> str | None:
     """Why a repairing strategy is infeasible: some shard has no replica left to copy from once
-    the ranks ``out`` (replaced, or left out of the world) and the untrusted ranks are set
-    aside ("no healthy replica left for shard N"); None if every shard keeps one."""
-    return orphan_shard(m, set(out) | untrusted_of(incident))
+    the ranks ``out`` (replaced, or left out of the world), the untrusted ranks and the ranks
+    that finished and left are set aside ("no healthy replica left for shard N"), or a rank
+    that left would have to be rebuilt; None if every shard keeps one."""
+    gone = finished_and_gone(m)
+    orphan = orphan_shard(m, set(out) | untrusted_of(incident) | gone)
+    if orphan is not None:
+        return orphan + (f"; ranks {sorted(gone)} finished training and left" if gone else "")
+    stay = sorted(gone - set(out))
+    if stay:
+        return (
+            f"ranks {stay} finished training and left, so the world cannot be rebuilt "
+            "(a finished rank stays a member only while it waits in session.finish())"
+        )
+    return None
+
+
+def finished_and_gone(m: JobModel) -> set[int]:
+    """Ranks that finished training and whose process is gone (no longer a replica)."""
+    return {r for r, i in m.ranks.items() if i.done and not i.alive}
 
 
 def orphan_shard(m: JobModel, unusable: set[int]) -> str | None:
