@@ -107,8 +107,8 @@ def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measu
                 f"{what}: (gc) GraphStep, the backend's allreduce directly, vs TrainOneStepCell",
                 g["gcomm_pct"],
                 "%",
-                note="the data plane in the op without the session (one rank: the allreduce "
-                "returns a copy, written back into the gradients); (gb) - (gc): the session",
+                note="the data plane in the op without the session (allreduce out= the "
+                "bucket: one rank copies nothing); (gb) - (gc): the session",
             ),
             Measure(
                 f"{what}:   of which the replica digest check, amortized",

@@ -65,7 +65,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from ms_recover.comm.base import CommBackend, ReduceOp
+from ms_recover.comm.base import CommBackend, ReduceOp, check_out
 from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.errors import CommError, Interrupted, RepairError
 
@@ -306,8 +306,14 @@ class AscendBackend(CommBackend):
             self._created.add(name)
 
     def allreduce(
-        self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM, group: str = WORLD
+        self,
+        array: NDArray[Any],
+        op: ReduceOp | str = ReduceOp.SUM,
+        group: str = WORLD,
+        out: NDArray[Any] | None = None,
     ) -> NDArray[Any]:
+        if out is not None:
+            check_out(np.asarray(array), out)
         op, name = ReduceOp(op), self._hccl_group(group)
         self._check_live(f"all_reduce on {group!r}")
         tensor = self.bindings.to_tensor(array)
@@ -315,9 +321,12 @@ class AscendBackend(CommBackend):
         self._guard(
             f"all_reduce on {group!r}", lambda: self.bindings.all_reduce(tensor, "sum", name)
         )
-        out = self.bindings.to_numpy(tensor)
+        result = self.bindings.to_numpy(tensor)
         if op is ReduceOp.MEAN:
-            out = (out / self._group_size(group)).astype(out.dtype, copy=False)
+            result = (result / self._group_size(group)).astype(result.dtype, copy=False)
+        if out is None:
+            return result
+        np.copyto(out, result.reshape(out.shape))  # the device result comes back to the host
         return out
 
     def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:

@@ -18,15 +18,42 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from ms_recover.comm.grouplog import WORLD, GroupLog
+from ms_recover.errors import CommError
 from ms_recover.faulthooks import NO_FAULTS, FaultHooks
 
 
 class ReduceOp(str, enum.Enum):
     SUM = "sum"
     MEAN = "mean"
+
+
+def check_out(array: NDArray[Any], out: object) -> NDArray[Any]:
+    """``out`` if it can receive the allreduce of ``array``, else CommError naming what is
+    expected (an ndarray of the same shape and dtype, C-contiguous and writeable)."""
+    want = f"a writeable C-contiguous {array.dtype} ndarray of shape {array.shape}"
+    if not isinstance(out, np.ndarray):
+        raise CommError(f"allreduce out= must be {want}, got {type(out).__name__}")
+    got = f"{out.dtype} array of shape {out.shape}"
+    if out.dtype != array.dtype or out.shape != array.shape:
+        raise CommError(f"allreduce out= must be {want}, got a {got}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        flaw = "not C-contiguous" if not out.flags.c_contiguous else "read-only"
+        raise CommError(f"allreduce out= must be {want}, got a {flaw} {got}")
+    return out
+
+
+def same_buffer(a: NDArray[Any], b: NDArray[Any]) -> bool:
+    """Whether ``a`` and ``b`` are the very same memory (start, shape, dtype and strides)."""
+    return bool(
+        a.ctypes.data == b.ctypes.data
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.strides == b.strides
+    )
 
 
 class CommBackend(abc.ABC):
@@ -71,9 +98,20 @@ class CommBackend(abc.ABC):
 
     @abc.abstractmethod
     def allreduce(
-        self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM, group: str = WORLD
+        self,
+        array: NDArray[Any],
+        op: ReduceOp | str = ReduceOp.SUM,
+        group: str = WORLD,
+        out: NDArray[Any] | None = None,
     ) -> NDArray[Any]:
-        """Reduce ``array`` over the group; every member gets the same result."""
+        """Reduce ``array`` over the group; every member gets the same result.
+
+        ``out`` (optional): a writeable C-contiguous array of ``array``'s shape and dtype,
+        ``array`` itself included, that receives the result and is returned (checked by
+        :func:`check_out` before anything is sent). A call that raises may have written part
+        of ``out``: its contents are then undefined (GraphStep discards them: a failed
+        reduction applies nothing). Without ``out``, a new array is returned and ``array`` is
+        untouched; with ``out`` not ``array``, ``array`` is untouched."""
 
     @abc.abstractmethod
     def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:

@@ -34,7 +34,7 @@ import zmq
 from numpy.typing import NDArray
 
 from ms_recover.comm import hoststream
-from ms_recover.comm.base import CommBackend, ReduceOp
+from ms_recover.comm.base import CommBackend, ReduceOp, check_out, same_buffer
 from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.comm.hostauth import DataCurve
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
@@ -275,20 +275,40 @@ class HostBackend(CommBackend):
         return values
 
     def allreduce(
-        self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM, group: str = WORLD
+        self,
+        array: NDArray[Any],
+        op: ReduceOp | str = ReduceOp.SUM,
+        group: str = WORLD,
+        out: NDArray[Any] | None = None,
     ) -> NDArray[Any]:
-        """Sum (or mean) over the group; identical bits on every member; input untouched."""
+        """Sum (or mean) over the group; identical bits on every member; input untouched
+        unless it is ``out``. One member with ``out`` the input: nothing to copy or write."""
         reduce_op = _reduce_op(op)
         src = _contiguous(array)
         _check_reducible(src.dtype, reduce_op)
+        if out is not None:
+            check_out(np.asarray(array), out)
         call = self._enter(group, "allreduce", _signature(src))
         flat = src.reshape(-1)
         if call.n == 1 or flat.size == 0:
-            return flat.copy().reshape(src.shape)
+            if out is None:
+                return flat.copy().reshape(src.shape)
+            if not same_buffer(out, np.asarray(array)):
+                np.copyto(out, src)
+            return out
         mean = reduce_op is ReduceOp.MEAN
         if call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
-            return self._exchange(call, flat, mean).reshape(src.shape)
-        return self._ring(call, flat, mean).reshape(src.shape)
+            result = self._exchange(call, flat, mean)
+        else:
+            result = self._ring(call, flat, mean)
+        if out is None:
+            return result.reshape(src.shape)
+        # Both paths return only once no send still reads ``flat`` (trackers waited for, or
+        # see _ring), so overwriting the input here is safe. Kept to this one copy on purpose:
+        # the host data plane's exchange/ring paths are being rewritten (branch ``wire``),
+        # which can then receive straight into ``out`` and drop it.
+        np.copyto(out, result.reshape(src.shape))
+        return out
 
     def _exchange(self, call: _Call, flat: NDArray[Any], mean: bool) -> NDArray[Any]:
         """Two members: each sends its whole buffer once and adds the peer's as it arrives.

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ms_recover.comm.base import CommBackend, ReduceOp
+from ms_recover.comm.base import CommBackend, ReduceOp, check_out, same_buffer
 from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.errors import CommError, Interrupted
 
@@ -42,11 +42,22 @@ class LocalBackend(CommBackend):
             self.group_log.ranks_of(group)
 
     def allreduce(
-        self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.SUM, group: str = WORLD
+        self,
+        array: NDArray[Any],
+        op: ReduceOp | str = ReduceOp.SUM,
+        group: str = WORLD,
+        out: NDArray[Any] | None = None,
     ) -> NDArray[Any]:
+        """The identity: a copy, or ``out`` holding ``array`` (nothing copied when it is)."""
         self._check(group)
         ReduceOp(op)
-        return np.array(array, copy=True)
+        if out is None:
+            return np.array(array, copy=True)
+        src = np.asarray(array)
+        check_out(src, out)
+        if not same_buffer(out, src):
+            np.copyto(out, src)
+        return out
 
     def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:
         self._check(group)

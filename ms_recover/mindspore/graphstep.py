@@ -13,7 +13,9 @@ optimizer order, as ``DataParallelStep`` hands it. The bits are ``DataParallelSt
 whenever the reduction of an element does not depend on where the buffer is cut (the identity,
 a scaling, the 2-rank host allreduce; a ring over more ranks may add in another order, still
 the same on every rank and every rerun). No numpy flatten/split, no device sync between two
-graphs, and no copy at all of an in-place bucket that ``reduce_fn`` reduces in place.
+graphs, and no copy at all of an in-place bucket that ``reduce_fn`` reduces in place: under a
+session, ``reduce_fn=lambda flat: session.allreduce(flat, "mean", out=flat)`` (the result
+written into the bucket; at one rank there is then nothing to copy at all).
 
 Works in GRAPH_MODE (the cell is compiled as a graph) and in PyNative (its ``construct`` is
 wrapped in ``mindspore.jit``). Prefer GRAPH_MODE under a session: on MindSpore 2.10 CPU in

@@ -307,11 +307,21 @@ class Session:
                 step_fn(step)
         return self.committed
 
-    def allreduce(self, array: NDArray[Any], op: ReduceOp | str = ReduceOp.MEAN) -> NDArray[Any]:
-        """The world allreduce of the current step, with its fault-injection point."""
+    def allreduce(
+        self,
+        array: NDArray[Any],
+        op: ReduceOp | str = ReduceOp.MEAN,
+        out: NDArray[Any] | None = None,
+    ) -> NDArray[Any]:
+        """The world allreduce of the current step, with its fault-injection point.
+
+        ``out``: where the result goes (``array`` itself: in place), as
+        :meth:`CommBackend.allreduce <ms_recover.comm.base.CommBackend.allreduce>`."""
         if self.faults.armed:
             self.faults.at_allreduce(self.next_step, self)
-        return self.comm.allreduce(array, op)
+        if out is None:  # positional: backends (and test doubles) without ``out`` still work
+            return self.comm.allreduce(array, op)
+        return self.comm.allreduce(array, op, out=out)
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:

@@ -233,3 +233,37 @@ def test_in_place_buckets_give_the_same_bits_and_a_failure_on_any_bucket_applies
         step.close()
     assert losses == ref_losses
     assert_same(MindSporeState(net, opt).state_dict(), ref_state)
+
+
+def test_host_allreduce_into_each_bucket_same_bits_and_an_abort_applies_nothing() -> None:
+    # What GraphStep runs under a session: each bucket reduced with out= itself, so at one
+    # rank nothing is copied and the op writes nothing back (the reduce returns the bucket).
+    from ms_recover.comm.host import HostBackend
+
+    ref_losses, ref_state = reference(5)
+    comm = HostBackend(0, 1)
+    comm.init(1, {0: comm.endpoint})
+    net, loss_fn, opt = build()
+    same: list[bool] = []
+
+    def reduce(flat: np.ndarray) -> np.ndarray:
+        got = comm.allreduce(flat, "mean", out=flat)
+        same.append(got is flat)
+        return _scale_in_place(got)
+
+    step = GraphStep(net, loss_fn, opt, reduce_fn=reduce, inplace_bytes=2048)
+    try:
+        losses = [step(*batch(s)) for s in range(3)]
+        assert same == [True] * 2 * 3  # two buckets a step, each reduced where it lies
+        before = MindSporeState(net, opt).state_dict()
+        comm.abort()
+        with pytest.raises(Interrupted):
+            step(*batch(3))
+        assert_same(MindSporeState(net, opt).state_dict(), before)
+        comm.rebuild(2, {0: comm.endpoint}, comm.group_log)
+        losses += [step(*batch(s)) for s in range(3, 5)]
+    finally:
+        step.close()
+        comm.close()
+    assert losses == ref_losses
+    assert_same(MindSporeState(net, opt).state_dict(), ref_state)

@@ -268,6 +268,20 @@ def test_allreduce_sums_or_averages_on_the_hccl_group() -> None:
         backend.allreduce(ones, group="nope")
 
 
+def test_allreduce_out_gets_the_result_and_a_wrong_out_is_refused_before_hccl() -> None:
+    backend, fake = started(dp=2)
+    x = np.ones(3, np.float32)
+    assert backend.allreduce(x, "sum", group="dp", out=x) is x
+    np.testing.assert_array_equal(x, [2.0, 2.0, 2.0])
+    out = np.zeros(3, np.float32)
+    assert backend.allreduce(x, "mean", group="dp", out=out) is out
+    np.testing.assert_array_equal(out, x)
+    calls = len(fake.calls)
+    with pytest.raises(CommError, match=r"float32 ndarray of shape \(3,\).*shape \(4,\)"):
+        backend.allreduce(x, out=np.zeros(4, np.float32))
+    assert len(fake.calls) == calls
+
+
 def test_a_failure_without_abort_is_a_comm_error_and_force_stop_is_interrupted() -> None:
     backend, fake = started()
     fake.fail_with = RuntimeError("HCCL timeout")

@@ -18,7 +18,8 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   graph, as GRAPH_MODE compiles it). Two more arms run :class:`GraphStep` (the step as one
   compiled graph, the reduction an op inside it) on a third copy of the model: ``graph`` with
   the identity reduce, ``gsession`` under ``session.steps()`` / ``guard()`` with
-  ``session.allreduce`` as the reduce (the op calls it; one rank: a copy).
+  ``session.allreduce(flat, "mean", out=flat)`` as the reduce (the op calls it; one rank:
+  nothing copied).
   ``--graph-mode`` runs the process in GRAPH_MODE (the baseline the design names: a GRAPH_MODE
   ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms, and ``floor``: a
   TrainOneStepCell whose grad_reducer is GraphStep's op with an empty body (the fixed cost of
@@ -182,11 +183,16 @@ def main(argv: list[str] | None = None) -> int:
         reduce_times: list[float] = []
         kind: type[GraphStep] | type[DataParallelStep]
         kind = GraphStep if args.graph_step else DataParallelStep
+        # GraphStep's buckets are reduced where they lie (out=); DataParallelStep's flat
+        # buffer stays the input of a plain allreduce, as before.
+        out = args.graph_step
         step = kind(
             net,
             loss_fn,
             optimizer,
-            reduce_fn=_timed(lambda f: session.allreduce(f, "mean"), reduce_times),
+            reduce_fn=_timed(
+                lambda f: session.allreduce(f, "mean", out=f if out else None), reduce_times
+            ),
         )
         result.update(rank=session.rank, world=session.world_size, graph_step=args.graph_step)
         if args.mode == "session":
@@ -223,6 +229,15 @@ def _interleave(
     passes the safe point) with ``guard()`` and ``session.allreduce`` as the reduce.
     """
     session_reduce = step.reduce_fn
+
+    # GraphStep's arms write the result into the bucket the op hands over (out=): at one rank
+    # the allreduce then copies nothing, and the op writes nothing back.
+    def graph_session_reduce(flat: NDArray[np.float32]) -> NDArray[np.float32]:
+        return session.allreduce(flat, "mean", out=flat)  # type: ignore[no-any-return]
+
+    def graph_comm_reduce(flat: NDArray[np.float32]) -> NDArray[np.float32]:
+        return session.comm.allreduce(flat, "mean", out=flat)  # type: ignore[no-any-return]
+
     link_cpu = _link_cpu(session.rank)
     steps = session.steps(1 << 62)
     cell = _train_one_step_cell()
@@ -257,10 +272,10 @@ def _interleave(
                 assert skip is not None
                 skip(*data.batch(i))
             elif kind == "gcomm":
-                graph.reduce_fn = lambda flat: session.comm.allreduce(flat, "mean")
+                graph.reduce_fn = graph_comm_reduce
                 graph(*data.batch(i))
             elif kind == "gsession":
-                graph.reduce_fn = session_reduce
+                graph.reduce_fn = graph_session_reduce
                 s = next(steps)
                 with session.guard():
                     graph(*data.batch(s))
