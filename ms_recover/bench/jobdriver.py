@@ -102,6 +102,12 @@ def _is_warm_spare(pid: int, parents: set[int]) -> bool:
         fd = env.get(SPARE_FD.encode())
         with open(f"/proc/{pid}/wchan") as fh:
             blocked = "pipe_read" in fh.read()
-        return fd is not None and blocked and os.path.exists(f"/proc/{pid}/fd/{int(fd)}")
+        # Blocked reading the assignment pipe itself (the read's first argument is its fd): a
+        # warm-up's compile also blocks in short pipe reads (measured), and is not ready yet.
+        with open(f"/proc/{pid}/syscall") as fh:
+            call = fh.read().split()
+        if fd is None or len(call) < 2 or int(call[1], 16) != int(fd):
+            return False
+        return blocked and os.path.exists(f"/proc/{pid}/fd/{int(fd)}")
     except (OSError, ValueError, IndexError):
         return False  # gone meanwhile, or not ours to read

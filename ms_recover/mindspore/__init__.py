@@ -7,10 +7,11 @@
 * :class:`~ms_recover.mindspore.graphstep.GraphStep`: the same step as one compiled graph, the
   reduction a custom op inside it (same arguments, same bits);
 * :func:`~ms_recover.mindspore.fit.fit`: the same for ``mindspore.train.Model.train`` users,
-  with :class:`~ms_recover.mindspore.sharded.ShardedArrays` to position data by (step, rank, world).
+  with :class:`~ms_recover.mindspore.sharded.ShardedArrays` to position data by (step, rank, world),
+  and :func:`~ms_recover.mindspore.fit.fit_warm_up` to compile a spare's step before it waits.
 """
 
-from ms_recover.mindspore.fit import DataParallelTrainCell, FitResult, fit
+from ms_recover.mindspore.fit import DataParallelTrainCell, FitResult, fit, fit_warm_up
 from ms_recover.mindspore.graphstep import GraphStep
 from ms_recover.mindspore.sharded import STEP_COLUMN, ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
@@ -25,4 +26,5 @@ __all__ = [
     "MindSporeState",
     "ShardedArrays",
     "fit",
+    "fit_warm_up",
 ]

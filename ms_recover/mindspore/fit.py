@@ -2,14 +2,21 @@
 
 Replace ``model.train(epochs, dataset, callbacks)`` with::
 
-    from ms_recover.mindspore import MindSporeState, ShardedArrays, fit
+    from ms_recover.mindspore import MindSporeState, ShardedArrays, fit, fit_warm_up
 
     net, loss_fn, optimizer = ...
     model = mindspore.train.Model(net, loss_fn=loss_fn, optimizer=optimizer)
-    session = ms_recover.init(state=MindSporeState(net, optimizer))
     data = ShardedArrays(x, y, global_batch=64, seed=1234)  # (first_epoch, rank, world)
+    session = ms_recover.init(
+        state=MindSporeState(net, optimizer), warm_up=fit_warm_up(model, data)
+    )
     fit(model, epochs, data, callbacks=[LossMonitor()], session=session)
     session.finish()
+
+``warm_up`` runs only in a pre-warmed spare (``ms-recover agent --spares N``): it compiles
+``fit``'s train cell there before the spare waits, and ``fit`` trains with that cell, so a spare
+that takes over a rank compiles nothing (:mod:`ms_recover.mindspore.fitwarm`). ``fit`` passes
+it itself when it builds the session.
 
 ``fit`` runs ``Model.train`` on a train network of its own, :class:`DataParallelTrainCell`:
 forward, backward and the optimizer update stay MindSpore's (jit-compiled,
@@ -86,14 +93,18 @@ import mindspore.dataset as msds
 from mindspore import Tensor, nn
 from mindspore.train import Callback, Model, RunContext, TrainFaultTolerance
 
+from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, Interrupted
+from ms_recover.mindspore.fitwarm import PreparedCells, first_batch
 from ms_recover.mindspore.sharded import STEP_COLUMN, DatasetFn
 from ms_recover.mindspore.state import MindSporeState
-from ms_recover.mindspore.step import DataParallelStep, ReduceFn
+from ms_recover.mindspore.step import DataParallelStep, FlatGrads, ReduceFn
 from ms_recover.worker.bootstrap import init
 from ms_recover.worker.session import Session
 
 log = logging.getLogger(__name__)
+
+_PREPARED = PreparedCells()  # train cells a spare compiled ahead (fit_warm_up), by Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,30 +327,58 @@ def fit(
     user_callbacks = _callback_list(callbacks)
     own = session is None
     if session is None:
-        session = init(state=MindSporeState(parts[0], parts[2]))
+        warm_up = fit_warm_up(model, dataset, jit=jit)
+        session = init(state=MindSporeState(parts[0], parts[2]), warm_up=warm_up)
     elif session.state is None:
         raise ConfigError(
             "session has no state provider; build it with "
             "ms_recover.init(state=MindSporeState(net, optimizer))"
         )
-    result = _run(session, parts, epochs, dataset, user_callbacks, jit)
+    result = _run(session, model, epochs, dataset, user_callbacks, jit)
     if own:
         session.finish()
     return result
 
 
+def fit_warm_up(model: Model, dataset: DatasetFn, *, jit: bool = True) -> Callable[[], None]:
+    """A ``warm_up`` for ``ms_recover.init`` in a script that then calls ``fit(model, ...)``.
+
+    ``fit`` passes it itself when it builds the session; a script that builds its own passes
+    ``init(state=..., warm_up=fit_warm_up(model, dataset))`` (same ``dataset`` and ``jit`` as
+    its ``fit``). It runs only in a pre-warmed spare: it builds ``fit``'s train cell, compiles
+    and runs it once on the data's first batch and restores every value bit for bit
+    (:mod:`ms_recover.mindspore.fitwarm`); ``fit`` then trains with that cell, and its first
+    step compiles nothing. Raises ConfigError at once for what ``fit`` would reject.
+    """
+    _check_settings(1, dataset, False, -1)
+    parts = _model_parts(model)
+
+    def warm_up() -> None:
+        cell = DataParallelTrainCell(*parts, _unattached, jit=jit)
+        cell.dp_step.warm_up(*first_batch(dataset, JobConfig.from_env().world_size))
+        _PREPARED.put(model, cell, jit)
+
+    return warm_up
+
+
+def _unattached(flat: FlatGrads) -> FlatGrads:
+    # A prepared cell's warm-up reduces nothing; fit attaches the session's allreduce.
+    raise ConfigError("a train cell prepared by fit_warm_up reduces only inside fit()")
+
+
 def _run(
     session: Session,
-    parts: tuple[nn.Cell, nn.Cell, nn.Optimizer],
+    model: Model,
     epochs: int,
     dataset: DatasetFn,
     callbacks: list[Callback],
     jit: bool,
 ) -> FitResult:
-    net, loss_fn, optimizer = parts
-    cell = DataParallelTrainCell(
-        net, loss_fn, optimizer, lambda flat: session.allreduce(flat, "mean"), jit=jit
-    )
+    parts = _model_parts(model)
+    cell = _PREPARED.take(model, jit)
+    if cell is None:
+        cell = DataParallelTrainCell(*parts, _unattached, jit=jit)
+    cell.dp_step.reduce_fn = lambda flat: session.allreduce(flat, "mean")
     trainer = Model(cell)
     probe = _dataset_at(dataset, 0, session, None)  # also the first segment's, from step 0
     spe = probe.get_dataset_size()

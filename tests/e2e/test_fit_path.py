@@ -6,11 +6,13 @@ hand-written DataParallelStep loop bit for bit; re-entering ``Model.train`` afte
 boundary) changes neither the weights nor what callbacks see; bad input is a ConfigError naming
 the valid values. Then a real 2x2 job running ``fit_train`` survives SIGKILL of a rank under
 recover-in-place with weights bit-identical to an uninterrupted run, whether the rank dies after
-a commit or inside the gradient allreduce.
+a commit or inside the gradient allreduce, and a pre-warmed spare (``fit_warm_up``) that takes
+over a killed rank compiled its graphs before it waited: its steps compile nothing.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -29,21 +31,23 @@ from mindspore.train import Callback, Model
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, Interrupted
-from ms_recover.mindspore.fit import fit
+from ms_recover.mindspore.fit import fit, fit_warm_up
 from ms_recover.mindspore.programs.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
-from ms_recover.mindspore.programs.fit_train import StepRecorder
+from ms_recover.mindspore.programs.fit_train import StepRecorder, compiled_graphs
 from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.faults import Faults
+from ms_recover.testing.floats import bit_diff
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.worker.repair import sha256_of
 from ms_recover.worker.sampler import make_dataset, shard_indices
 from ms_recover.worker.session import Session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+fit_module = importlib.import_module("ms_recover.mindspore.fit")  # the package exports fit()
 SAMPLES, EPOCHS = 512, 3  # 8 steps per epoch with GLOBAL_BATCH 64
 STEPS = EPOCHS * SAMPLES // GLOBAL_BATCH
 
@@ -118,25 +122,32 @@ def _data() -> ShardedArrays:
 
 
 def _fit(
-    init: dict[str, np.ndarray], dataset: Callable[..., Any] | None = None, **faults: Any
+    init: dict[str, np.ndarray],
+    dataset: Callable[..., Any] | None = None,
+    warm_up: bool = False,
+    **faults: Any,
 ) -> dict[str, Any]:
     net, loss_fn, optimizer = _fresh(init)
     state = MindSporeState(net, optimizer)
+    model, data = Model(net, loss_fn=loss_fn, optimizer=optimizer), dataset or _data()
+    warmed: dict[str, Any] = {}
+    if warm_up:  # what a spare does in init(), before it waits for a rank
+        with_rng = MindSporeState(net, optimizer, include_rng=True)
+        before, graphs = with_rng.state_dict(), compiled_graphs()
+        fit_warm_up(model, data)()
+        warmed["compiled"] = compiled_graphs() - graphs
+        assert bit_diff(with_rng.state_dict(), before) == []
     session = _session(state, **faults)
     recorder = StepRecorder()
-    result = fit(
-        Model(net, loss_fn=loss_fn, optimizer=optimizer),
-        EPOCHS,
-        dataset or _data(),
-        callbacks=[recorder],
-        session=session,
-    )
+    result = fit(model, EPOCHS, data, callbacks=[recorder], session=session)
     return {
         "sha": sha256_of(state.state_dict()),
         "result": result,
         "losses": recorder.losses,
         "view": recorder.view,
         "recoveries": session.recoveries,
+        "graphs": recorder.graphs,
+        "warmed": warmed,
     }
 
 
@@ -180,6 +191,43 @@ def test_a_dataset_out_of_position_is_caught(pynative):
 
     with pytest.raises(ConfigError, match="batch of step 4 to step 12"):
         _fit(pynative, dataset=always_epoch_0, latch_after={11})
+
+
+def test_a_warm_up_ahead_changes_nothing_and_fit_then_compiles_no_graph(pynative, uninterrupted):
+    # fit_warm_up in a spare: fit's train cell compiled on the first batch, every value (RNG
+    # included) restored bit for bit (asserted in _fit); fit trains with that cell, so no
+    # step compiles, and the warm-up's own Dataset left fit's data at step 0 (else the
+    # step column check raises) with the uninterrupted run's bits.
+    run = _fit(pynative, warm_up=True)
+    assert run["warmed"]["compiled"] == 2  # forward/backward and the optimizer update
+    assert set(run["graphs"].values()) == {run["graphs"]["at_start"]}
+    assert uninterrupted["graphs"]["after_first_step"] - uninterrupted["graphs"]["at_start"] == 2
+    assert run["sha"] == uninterrupted["sha"]
+    assert run["losses"] == uninterrupted["losses"] and run["view"] == uninterrupted["view"]
+
+
+def test_fit_that_builds_its_session_gives_init_a_warm_up(pynative, uninterrupted, monkeypatch):
+    # ms_recover.init runs warm_up only in a spare; this stand-in init runs it as a spare would.
+    net, loss_fn, optimizer = _fresh(pynative)
+
+    def spare_init(state: MindSporeState, warm_up: Callable[[], object]) -> Session:
+        warm_up()
+        return _session(state)
+
+    monkeypatch.setattr(fit_module, "init", spare_init)
+    recorder = StepRecorder()
+    fit(Model(net, loss_fn=loss_fn, optimizer=optimizer), EPOCHS, _data(), callbacks=recorder)
+    assert set(recorder.graphs.values()) == {recorder.graphs["at_start"]}
+    assert sha256_of(MindSporeState(net, optimizer).state_dict()) == uninterrupted["sha"]
+
+
+def test_fit_warm_up_rejects_what_fit_rejects(pynative):
+    net, loss_fn, optimizer = _fresh(pynative)
+    model = Model(net, loss_fn=loss_fn, optimizer=optimizer)
+    with pytest.raises(ConfigError, match="dataset must be a function"):
+        fit_warm_up(model, _data()(0, 0, 1))
+    with pytest.raises(ConfigError, match=r"dataset\(0, 0, 1\) must return a mindspore.dataset"):
+        fit_warm_up(model, lambda first_epoch, rank, world: [1, 2])()
 
 
 class StopAt(Callback):
@@ -246,7 +294,7 @@ def test_bad_input_is_a_config_error_naming_valid_values(pynative, change, messa
 
 
 # ---------------------------------------------------------------------- a real 2x2 job
-def _job(out: str, faults: Faults | None) -> LocalJob:
+def _job(out: str, faults: Faults | None, spares: int = 0) -> LocalJob:
     config = JobConfig(
         job_id="e2e-fit",
         node_nums=2,
@@ -266,7 +314,11 @@ def _job(out: str, faults: Faults | None) -> LocalJob:
         out,
     ]
     return LocalJob(
-        config, command, faults.to_env() if faults else {}, log_dir=os.path.join(out, "logs")
+        config,
+        command,
+        faults.to_env() if faults else {},
+        log_dir=os.path.join(out, "logs"),
+        spares=spares,
     )
 
 
@@ -333,3 +385,20 @@ def test_sigkill_under_fit_recovers_in_place_bit_identical(
         }
         assert survivor["losses"] == {s: reference["losses"][s] for s in ran}
         assert survivor["view"] == {s: reference["view"][s] for s in ran}
+
+
+def test_a_prewarmed_fit_spare_takes_over_compiled_and_bit_identical(tmp_path, job_reference):
+    out = str(tmp_path)
+    with _job(out, Faults().kill(rank=2, step=9), spares=1) as job:
+        assert job.wait(240), job.status()
+        assert job.exit_code == 0
+        recovery = job.find("recovery", ok=True)[-1]
+    assert recovery["strategy"] == "recover-in-place" and recovery["replaced"] == [2]
+    records = _records(out)
+    assert [r["sha256"] for r in records] == [job_reference[0]["sha256"]] * 4
+    # A rank started cold compiles its two graphs in its first step; the spare had compiled
+    # them in init()'s warm-up before it waited, and compiled nothing from its first step on.
+    assert job_reference[2]["graphs"] == {"at_start": 0, "after_first_step": 2, "at_end": 2}
+    spare = records[2]
+    assert spare["incarnation"] == 1
+    assert spare["graphs"] == {"at_start": 2, "after_first_step": 2, "at_end": 2}

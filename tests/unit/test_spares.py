@@ -187,3 +187,27 @@ def test_the_first_commit_callback_runs_once():
     for step in session.steps(3):
         assert step >= 0
     assert calls == [1] and session.committed == 2
+
+
+def test_a_spare_blocked_reading_another_pipe_is_not_warm_yet():
+    # A spare's warm-up (MindSpore compiling) blocks in short reads of other pipes; only the
+    # read of its assignment pipe means it is ready for a rank.
+    (assignment, unused), (read, write) = os.pipe(), os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.read({read}, 1); os.read({assignment}, 1)"],
+        pass_fds=(read, assignment),
+        env={**os.environ, E.SPARE_FD: str(assignment)},
+    )
+    try:
+        wait_for(
+            lambda: "pipe_read" in open(f"/proc/{proc.pid}/wchan").read(), 30, "a blocked read"
+        )
+        assert not _is_warm_spare(proc.pid, {os.getpid()})
+        os.write(write, b"x")  # now it reads its assignment pipe: warm
+        wait_for(lambda: _is_warm_spare(proc.pid, {os.getpid()}), 30, "the assignment read")
+    finally:
+        os.write(unused, b"x")
+        os.write(write, b"x")
+        proc.wait(timeout=30)
+        for fd in (assignment, unused, read, write):
+            os.close(fd)

@@ -4,8 +4,11 @@ The same MLP, optimizer and seed as :mod:`ms_recover.mindspore.programs.demo_tra
 ``mindspore.train.Model`` and a user callback instead of a hand-written loop. At the end each rank
 writes ``OUT/rank_R.json`` in demo_train's format (SHA-256 of the whole state, committed step,
 per-step losses), plus ``view``: the (cur_epoch_num, cur_step_num) a user callback saw at each
-step, so a recovered run can be compared with an uninterrupted one bit for bit, and ``skipped``:
-the step ranges this rank received by repair instead of running (``Session.skipped``).
+step, so a recovered run can be compared with an uninterrupted one bit for bit, ``skipped``:
+the step ranges this rank received by repair instead of running (``Session.skipped``), and
+``graphs``: how many graphs the process had compiled when training began, after its first step
+and at the end (a pre-warmed spare compiled its graphs before it took the rank:
+``init(warm_up=fit_warm_up(...))``).
 
     python -m ms_recover.mindspore.programs.fit_train --epochs 3 --samples 512 --out /tmp/run
 """
@@ -16,10 +19,11 @@ import argparse
 import time
 
 import mindspore
+from mindspore.graph.api import ms_compile_cache
 from mindspore.train import Callback, Model, RunContext
 
 import ms_recover
-from ms_recover.mindspore.fit import fit
+from ms_recover.mindspore.fit import fit, fit_warm_up
 from ms_recover.mindspore.programs.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
 from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
@@ -27,19 +31,31 @@ from ms_recover.worker.record import write_rank_record
 from ms_recover.worker.sampler import make_dataset
 
 
+def compiled_graphs() -> int:
+    """Graphs ``mindspore.jit`` compiled in this process so far (MindSpore 2.10's cache of them)."""
+    return len(ms_compile_cache)
+
+
 class StepRecorder(Callback):  # type: ignore[misc]
-    """A user callback: records each step's local loss and what ``cb_params`` said about it."""
+    """A user callback: records each step's local loss and what ``cb_params`` said about it,
+    and the graphs compiled before training, after the first step and by the last."""
 
     def __init__(self, step_time: float = 0.0) -> None:
         self.step_time = step_time
         self.losses: dict[int, float] = {}
         self.view: dict[int, tuple[int, int]] = {}
+        self.graphs: dict[str, int] = {}
+
+    def on_train_begin(self, run_context: RunContext) -> None:
+        self.graphs.setdefault("at_start", compiled_graphs())
 
     def on_train_step_end(self, run_context: RunContext) -> None:
         params = run_context.original_args()
         step = params.cur_step_num - 1  # global and 0-based
         self.losses[step] = float(params.net_outputs.asnumpy())
         self.view[step] = (params.cur_epoch_num, params.cur_step_num)
+        self.graphs.setdefault("after_first_step", compiled_graphs())
+        self.graphs["at_end"] = compiled_graphs()
         if self.step_time:
             time.sleep(self.step_time)
 
@@ -61,16 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     net, loss_fn, optimizer = build()
     model = Model(net, loss_fn=loss_fn, optimizer=optimizer)
-    session = ms_recover.init(state=MindSporeState(net, optimizer))
     x, y = make_dataset(args.samples, IN_DIM, CLASSES, SEED)
-    recorder = StepRecorder(args.step_time)
-    result = fit(
-        model,
-        args.epochs,
-        ShardedArrays(x, y, global_batch=GLOBAL_BATCH, seed=SEED),
-        callbacks=[recorder],
-        session=session,
+    data = ShardedArrays(x, y, global_batch=GLOBAL_BATCH, seed=SEED)
+    # A pre-warmed spare compiles fit's step on the first batch before it waits for a rank.
+    session = ms_recover.init(
+        state=MindSporeState(net, optimizer), warm_up=fit_warm_up(model, data)
     )
+    recorder = StepRecorder(args.step_time)
+    result = fit(model, args.epochs, data, callbacks=[recorder], session=session)
     state = MindSporeState(net, optimizer).state_dict()
     write_rank_record(
         args.out,
@@ -79,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         recorder.losses,
         segments=result.segments,
         view={str(k): v for k, v in sorted(recorder.view.items())},
+        graphs=recorder.graphs,
     )
     session.finish()
     return 0
