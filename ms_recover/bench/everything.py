@@ -112,6 +112,7 @@ def _extra_flags(specs: Sequence[str], names: Sequence[str]) -> dict[str, list[s
 
 def _run_all(out: str, names: Sequence[str], extra: dict[str, list[str]]) -> None:
     flags = dict(PLAN)
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs: list[dict[str, Any]] = []
     for name in names:
         path = os.path.join(out, f"{name}.json")
@@ -130,12 +131,12 @@ def _run_all(out: str, names: Sequence[str], extra: dict[str, list[str]]) -> Non
                 "load_after": [round(x, 2) for x in os.getloadavg()],
             }
         )
-        _write(os.path.join(out, "run.json"), _meta(runs))
+        _write(os.path.join(out, "run.json"), _meta(started, runs))
 
 
-def _meta(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _meta(started: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "started": started,
         "cores": os.cpu_count(),
         "runs": runs,
     }
