@@ -52,6 +52,9 @@ class FakeSpec:
     proc_per_node: int
     heartbeat_s: float
     max_frame_bytes: int
+    #: Ranks behind their agent's relay (DESIGN.md §1c): only agents have sockets, and
+    #: :class:`~ms_recover.bench.fakerelay.RelayCluster` speaks for their ranks.
+    relay: bool = False
 
 
 class _Member:
@@ -119,7 +122,8 @@ class FakeCluster:
             for local in range(spec.proc_per_node):
                 rank = node * spec.proc_per_node + local
                 self.ranks[rank] = member = _Member(node, rank)
-                self.members.append(member)
+                if not spec.relay:
+                    self.members.append(member)
         n_sockets = len(self.members) + 64
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, max(n_sockets, self.ctx.get(zmq.MAX_SOCKETS)))
@@ -196,11 +200,15 @@ class FakeCluster:
             if len(frames) != 4 or not m.alive:
                 continue
             kind = frames[1]
-            epoch, body = _peek(frames[2], kind in _NEED_BODY)
+            epoch, body = self.peek(kind, frames[2])
             self.handled += 1
             if epoch >= m.epoch:
                 m.epoch = epoch
             self._on(m, kind, epoch, body)
+
+    def peek(self, kind: bytes, payload: bytes) -> tuple[int, Any]:
+        """The envelope's epoch, and the body where the reply needs it."""
+        return _peek(payload, kind in _NEED_BODY)
 
     def _on(self, m: _Member, kind: bytes, epoch: int, body: Any) -> None:
         if kind in (M.Welcome.KIND, M.AgentWelcome.KIND):
@@ -250,7 +258,12 @@ class FakeCluster:
 
 def fake_main(spec: FakeSpec, conn: Any) -> None:
     """Run one fake process until the parent says quit (or the pipe closes)."""
-    cluster = FakeCluster(spec)
+    if spec.relay:
+        from ms_recover.bench.fakerelay import RelayCluster
+
+        cluster: FakeCluster = RelayCluster(spec)
+    else:
+        cluster = FakeCluster(spec)
     cluster.epoll.register(conn.fileno(), select.EPOLLIN)
     members, period = cluster.members, spec.heartbeat_s
     start, beats, ready_sent = time.monotonic(), 0, False

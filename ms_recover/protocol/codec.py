@@ -33,6 +33,10 @@ MAGIC = b"msr1"
 HEADER_KEYS = ("job_id", "epoch", "sender", "seq", "nonce", "body")
 MAX_SENDER = 64  # characters of a sender name ("rank:65535", "agent:8191", "status")
 _TYPES = {kind: field_types(cls) for kind, cls in KINDS.items()}
+_CHECKS = {
+    kind: {name: B.compile_check(hint, name) for name, hint in types.items()}
+    for kind, types in _TYPES.items()
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +84,34 @@ class Codec:
             raise ProtocolError(f"cannot encode {msg.KIND.decode()}: {exc}") from exc
         return [MAGIC, msg.KIND, payload, self._mac(msg.KIND, payload)]
 
+    def encode_packed(
+        self, kind: bytes, packed_body: bytes, epoch: int, sender: str, seq: int
+    ) -> list[bytes]:
+        """The signed frames of a message of ``kind`` whose body is already msgpack-encoded
+        (``msgpack.packb(msg.to_wire())`` or an equivalent concatenation): what :meth:`encode`
+        produces, without packing the body again. The manager's relay packs a broadcast body
+        once and splices it into one frame per node. The caller guarantees ``packed_body``
+        is one msgpack map; :meth:`decode` checks it like any other body."""
+        head = msgpack.Packer(use_bin_type=True)
+        payload = b"".join(
+            (
+                head.pack_map_header(len(HEADER_KEYS)),
+                head.pack("job_id"),
+                head.pack(self.job_id),
+                head.pack("epoch"),
+                head.pack(epoch),
+                head.pack("sender"),
+                head.pack(sender),
+                head.pack("seq"),
+                head.pack(seq),
+                head.pack("nonce"),
+                head.pack(self.nonce),
+                head.pack("body"),
+                packed_body,
+            )
+        )
+        return [MAGIC, kind, payload, self._mac(kind, payload)]
+
     def decode(self, frames: list[bytes]) -> Envelope:
         """Validate and decode; raises ProtocolError naming what is wrong."""
         if len(frames) != 4:
@@ -117,15 +149,24 @@ class Codec:
         return Envelope(self.job_id, data["epoch"], data["sender"], data["seq"], msg, data["nonce"])
 
     def _mac(self, kind: bytes, payload: bytes) -> bytes:
-        return hmac.new(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256).digest()
+        return hmac.digest(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256)
+
+
+def message_of(kind: bytes, body: Any) -> Message:
+    """The message of a decoded ``body`` of a known ``kind``, every field checked against its
+    type and bounds; raises ProtocolError naming the first bad field (relayed items)."""
+    if kind not in _TYPES:
+        raise ProtocolError(f"unknown kind {kind[:32]!r}")
+    return _message(kind, body)
 
 
 def _message(kind: bytes, body: Any) -> Message:
-    types = _TYPES[kind]
-    if not isinstance(body, dict) or set(body) != set(types):
+    types, checks = _TYPES[kind], _CHECKS[kind]
+    if not isinstance(body, dict) or body.keys() != types.keys():
         raise ProtocolError(f"{kind.decode()} body must have exactly the fields {sorted(types)}")
-    for name, hint in types.items():
-        if not B.check_field(body[name], hint, name):
+    for name, check in checks.items():
+        if not check(body[name]):
+            hint = types[name]
             shown = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
             lo, hi = B.INT_RANGES.get(name, B.INT64)
             bound = f" in {lo}..{hi}" if "int" in str(hint) else ""

@@ -173,10 +173,16 @@ class DealerChannel:
 
 
 def manager_channel(
-    ctx: zmq.Context[zmq.Socket[bytes]], config: JobConfig, sender: str, identity: bytes
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    config: JobConfig,
+    sender: str,
+    identity: bytes,
+    endpoint: str = "",
 ) -> DealerChannel:
     """A member's channel to the manager of ``config``'s job: its codec (a new incarnation
-    nonce), the frame cap, and CURVE when the job has a secret."""
+    nonce), the frame cap, and CURVE when the job has a secret. ``endpoint``: where to
+    connect instead of the manager (a node agent's relay, which serves the same protocol)."""
     codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
     key = control_server_keys(config.secret, config.job_id)[0] if config.control_curve else None
-    return DealerChannel(ctx, config.manager_endpoint, codec, sender, identity, key)
+    where = endpoint or config.manager_endpoint
+    return DealerChannel(ctx, where, codec, sender, identity, key)
