@@ -68,6 +68,7 @@ FULL_RANKS = 16384
 SIMULATED_RANKS = 65536  # beyond the targets: how the relay shape grows (DESIGN.md §1c)
 FDS_PER_SOCKET = 2  # the TCP connection and the socket's mailbox
 FD_SPARE = 512
+MAX_RSS_BYTES = 3 << 30  # a shared 2-core CI host: a scale that needs more is reported, not run
 
 
 SHAPE_NOTE = {
@@ -157,6 +158,15 @@ def _raise_fd_limit() -> int:
     return int(hard)
 
 
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux; 0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _thread_cpu(thread: threading.Thread) -> float:
     assert thread.ident is not None
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
@@ -237,6 +247,13 @@ class _Scale:
         state = self.server.model.state
         if state in (JobState.EXITING, JobState.FINISHED):
             raise JobEnded(f"the job ended while forming ({state.value}: {self.end_reason()})")
+        rss = _rss_bytes()
+        if rss > MAX_RSS_BYTES:  # frames queued for slow simulated agents: stop before the host
+            raise JobEnded(
+                f"the manager process grew to {rss >> 20} MiB while forming (limit "
+                f"{MAX_RSS_BYTES >> 20} MiB): the formation REBUILD sent every rank's endpoint "
+                "to every node"
+            )
         return state is JobState.RUNNING
 
     def end_reason(self) -> str:

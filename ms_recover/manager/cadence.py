@@ -1,23 +1,30 @@
-"""What a steadily running job costs the manager: when to decide, and one shared ManagerBeat.
+"""What a large job costs the manager between decisions: when to decide, when to read, and
+one shared ManagerBeat.
 
 At 16,384 ranks on 2,048 nodes the manager hears about 4,000 agent heartbeats a second
-(DESIGN.md §1c). Two things would otherwise cost it a core:
+(DESIGN.md §1c), and one ``decide`` scans every rank (~3 ms). Deciding after every wake-up, as
+a small job can afford, would cost the manager its whole thread. :class:`Cadence` decides:
 
-* **Deciding after every frame.** ``decide`` scans every rank (~3 ms at 16,384). A batch of
-  frames that held only heartbeats (:data:`QUIET`) changes no decision while the job runs
-  steadily: silence and hangs are judged in whole heartbeats. :class:`Cadence` then decides
-  every quarter heartbeat instead; after any other frame, and in every other phase, at once.
-  A lost node is therefore still seen within ``heartbeat_s * (liveness + 1/4)`` of its last
-  heartbeat (2.125 s at the defaults).
-* **Encoding a ManagerBeat per agent.** :class:`SharedBeat` encodes one and sends the same
-  frames to every agent heard until the manager sends anything else (a later seq) or the job's
-  state or epoch changes; one seq per receiver is all the replay rule needs, and an agent
-  heard twice meanwhile gets a fresh one.
+* after frames that may change a decision (anything but :data:`QUIET` heartbeats), at once,
+  unless the last decision was more recent than it took to make: then as soon as that long has
+  passed, so deciding never takes more than half the thread while frames stream in (a 4-rank
+  job's decision takes ~50 us: no delay anyone can see);
+* otherwise every ``tick_s`` (phase timeouts), and while the job runs steadily every quarter
+  heartbeat: silence and hangs are judged in whole heartbeats, so a lost node is still seen
+  within ``heartbeat_s * (liveness + 1/4)`` of its last heartbeat (2.125 s at the defaults);
+* while the job runs steadily and only heartbeats came, the manager also rests
+  :data:`REST_S` between reads, so 4,000 heartbeats a second are read in a few hundred batches
+  instead of one wake-up each (a rank's death report waits at most that long).
+
+:class:`SharedBeat` encodes one ManagerBeat and sends the same frames to every agent heard until
+the manager sends anything else (a later seq) or the job's state or epoch changes; one seq per
+receiver is all the replay rule needs, and an agent heard twice meanwhile gets a fresh one.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -36,28 +43,56 @@ QUIET: frozenset[type[M.Message]] = frozenset(
 )
 
 
-class Cadence:
-    """Whether the next ``decide`` is due (see the module docstring)."""
+#: Rest between reads while the job runs steadily and only heartbeats came (see above).
+REST_S = 0.005
 
-    def __init__(self, model: JobModel, clock: Callable[[], float] = time.monotonic) -> None:
+
+class Cadence:
+    """When to decide and how long to wait for frames (see the module docstring)."""
+
+    def __init__(
+        self, model: JobModel, tick_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.model = model
+        self.tick_s = tick_s
         self.quiet_s = model.config.heartbeat_s / 4
         self._clock = clock
-        self._dirty, self._at = True, -1e18
+        self._dirty, self._at, self._cost = True, -1e18, 0.0
 
     def heard(self, kind: type[M.Message]) -> None:
         """A frame of ``kind`` was handled."""
         if kind not in QUIET:
             self._dirty = True
 
-    def due(self) -> bool:
-        """True (and reset) if a decision is due now."""
+    def _steady(self) -> bool:
+        return self.model.state is JobState.RUNNING
+
+    def _wait_s(self, now: float) -> float:
+        """Seconds until a decision is due."""
+        since = now - self._at
+        if self._dirty:  # as long again as the last decision took, counted from its start
+            return 2 * self._cost - since
+        return (self.quiet_s if self._steady() else self.tick_s) - since
+
+    def run(self, decide: Callable[[], None]) -> bool:
+        """Call ``decide`` if a decision is due (timing it); whether it was called."""
         now = self._clock()
-        running = self.model.state is JobState.RUNNING
-        if self._dirty or not running or now - self._at >= self.quiet_s:
-            self._dirty, self._at = False, now
-            return True
-        return False
+        if self._wait_s(now) > 0:
+            return False
+        self._dirty, self._at = False, now
+        decide()
+        self._cost = self._clock() - now
+        return True
+
+    def poll_ms(self) -> int:
+        """How long the next read may wait for a frame: until a decision is due."""
+        wait = self._wait_s(self._clock())
+        return max(0, min(int(self.tick_s * 1000), math.ceil(wait * 1000)))
+
+    def rest_s(self) -> float:
+        """How long to rest before the next read: :data:`REST_S` while only heartbeats came
+        to a steadily running job, else 0."""
+        return REST_S if self._steady() and not self._dirty else 0.0
 
 
 class SharedBeat:

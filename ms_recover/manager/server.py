@@ -37,6 +37,7 @@ from ms_recover.protocol.transport import (
     control_server_keys,
     curve_server,
     make_socket,
+    recv_frames,
     send_frames,
 )
 
@@ -97,7 +98,7 @@ class ManagerServer:
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
-        self.cadence = Cadence(self.model)
+        self.cadence = Cadence(self.model, tick_s)
         self._beat = SharedBeat(self.model, self.codec, lambda: self._seq, self._next_seq)
         # Ranks behind a node agent: their frames arrive batched per node (DESIGN.md §1c).
         self.relay = ManagerRelay(
@@ -143,13 +144,15 @@ class ManagerServer:
         ended_at: float | None = None
         try:
             while not self._stop.is_set():
-                if self._sock.poll(int(self.tick_s * 1000)):
+                if self._sock.poll(self.cadence.poll_ms()):
                     self._drain()
                 with self._lock:
-                    if self.cadence.due():
-                        self._decide_and_execute()
+                    self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
                     self.relay.flush()  # what handlers and decide sent to relayed ranks
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
+                    rest = self.cadence.rest_s()
+                if rest:
+                    self._stop.wait(rest)
                 if done and ended_at is None:
                     ended_at = time.monotonic()
                 if ended_at is not None and self._ended(time.monotonic() - ended_at, end_grace_s):
@@ -211,7 +214,7 @@ class ManagerServer:
         deciding once per large batch instead of per thousand frames halves stop-all time."""
         for _ in range(budget):
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(self._sock)
             except zmq.Again:
                 return
             self.dispatch(frames)

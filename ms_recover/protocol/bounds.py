@@ -151,6 +151,11 @@ def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
         most = STR_LIMITS.get(name, MAX_STR)
         return lambda v: type(v) is str and len(v) <= most
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if args in ((int,), (int, int)):  # list[int], dict[int, int]: C-level passes, no per-item call
+        ints = _ints_in(*INT_RANGES.get(name, INT64))
+        if origin is list:
+            return lambda v: type(v) is list and ints(v)
+        return lambda v: type(v) is dict and ints(v.keys()) and ints(v.values())
     if origin is list:
         item = compile_check(args[0], name)
         return lambda v: type(v) is list and all(map(item, v))
@@ -158,3 +163,14 @@ def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
         key, val = compile_check(args[0], name), compile_check(args[1], name)
         return lambda v: type(v) is dict and all(key(k) and val(x) for k, x in v.items())
     return lambda v: check_field(v, hint, name)
+
+
+def _ints_in(lo: int, hi: int) -> Callable[[Any], bool]:
+    """Whether every item of a list or dict view is an int (not a bool) within ``lo..hi``."""
+
+    def check(items: Any) -> bool:
+        return not items or (
+            set(map(type, items)) == {int} and lo <= min(items) and max(items) <= hi
+        )
+
+    return check

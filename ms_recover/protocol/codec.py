@@ -27,16 +27,25 @@ import msgpack
 
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import bounds as B
-from ms_recover.protocol.messages import KINDS, Message, field_types
+from ms_recover.protocol.messages import KINDS, Message, RelayDown, RelayUp, field_types
 
 MAGIC = b"msr1"
 HEADER_KEYS = ("job_id", "epoch", "sender", "seq", "nonce", "body")
 MAX_SENDER = 64  # characters of a sender name ("rank:65535", "agent:8191", "status")
 _TYPES = {kind: field_types(cls) for kind, cls in KINDS.items()}
+#: Kinds with untyped (``Any``) fields: only their bodies can nest deeply once the field checks
+#: pass; the other kinds' checks reject any container where a scalar belongs, without recursion.
+_DEEP = frozenset(kind for kind, types in _TYPES.items() if "Any" in repr(types))
 _CHECKS = {
     kind: {name: B.compile_check(hint, name) for name, hint in types.items()}
     for kind, types in _TYPES.items()
 }
+# Relay batches carry other messages' bodies: each is checked as its own frame would be when
+# the batch is unwrapped (:func:`message_of`), so the batch's own check only sees maps.
+_RELAYS = frozenset({RelayUp.KIND, RelayDown.KIND})
+for _kind in _RELAYS:
+    _CHECKS[_kind]["bodies"] = lambda v: type(v) is list and all(type(b) is dict for b in v)
+_DEEP -= _RELAYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +138,7 @@ class Codec:
             data = msgpack.unpackb(payload, raw=False, strict_map_key=False, **B.UNPACK_LIMITS)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
             raise ProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") from exc
-        if not B.depth_ok(data, B.MAX_DEPTH):
+        if _may_nest(kind, data) and not B.depth_ok(data, B.MAX_DEPTH):
             raise ProtocolError(f"body nests deeper than {B.MAX_DEPTH} levels")
         return self._envelope(kind, data)
 
@@ -152,11 +161,21 @@ class Codec:
         return hmac.digest(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256)
 
 
+def _may_nest(kind: bytes, data: Any) -> bool:
+    """Whether ``data`` needs the depth walk before anything may print or compare it: a body
+    with untyped fields, or a container anywhere in the envelope's own fields."""
+    if kind in _DEEP or not isinstance(data, dict):
+        return True
+    return any(isinstance(v, (list, dict)) for k, v in data.items() if k != "body")
+
+
 def message_of(kind: bytes, body: Any) -> Message:
     """The message of a decoded ``body`` of a known ``kind``, every field checked against its
     type and bounds; raises ProtocolError naming the first bad field (relayed items)."""
     if kind not in _TYPES:
         raise ProtocolError(f"unknown kind {kind[:32]!r}")
+    if kind in _DEEP and not B.depth_ok(body, B.MAX_DEPTH - 1):  # as deep as in its own frame
+        raise ProtocolError(f"{kind.decode()} body nests deeper than {B.MAX_DEPTH - 1} levels")
     return _message(kind, body)
 
 

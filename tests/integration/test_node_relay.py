@@ -208,6 +208,11 @@ def test_malformed_batches_and_forged_identities_are_dropped(ctx, server) -> Non
     before = server.drops.total
     _pump(server, 1)
     assert server.drops.total == before + 1 and not server.model.ranks[0].done
+    not_maps = _relay_up(0, item, bodies=[[0, 4]])  # a body that is not a map: the frame
+    agent.sock.send_multipart(agent.codec.encode(not_maps, 0, "agent:0", 99))
+    before = server.drops.total
+    _pump(server, 1)
+    assert server.drops.total == before + 1 and not server.model.ranks[0].done
     stranger = _agent(ctx, server, 1)  # registered, but for node 1: cannot relay node 0
     stranger.send(_relay_up(0, item))
     _pump(server, 1)
@@ -272,7 +277,7 @@ def test_heartbeats_are_folded_except_the_one_that_closes_a_resume(ctx, relay) -
     assert relay.take_steps() == {2: 12}
 
 
-def test_the_relay_fans_out_in_order_and_drops_what_is_not_for_ranks(ctx, relay) -> None:
+def test_the_relay_fans_out_in_order_and_drops_what_is_not_for_ranks(ctx, relay, caplog) -> None:
     ranks = [_rank(ctx, relay, r) for r in (2, 3)]
     for r, peer in zip((2, 3), ranks, strict=True):
         peer.send(M.WorkerHeartbeat(r, 0))  # connected and known
@@ -292,6 +297,12 @@ def test_the_relay_fans_out_in_order_and_drops_what_is_not_for_ranks(ctx, relay)
     assert ranks[0].quiet()
     lopsided = M.RelayDown(["stop"], [3, 4], [[b"r2"]], [{"reason": "x"}])
     assert relay.deliver(lopsided) == 0 and ranks[0].quiet()
+    deep: object = 0
+    for _ in range(20):  # within msgpack's limits, deeper than a Welcome may nest in its frame
+        deep = [deep]
+    welcome = {"ok": True, "reason": "", "reboot": False, "world_size": 4, "group_log": [deep]}
+    assert relay.deliver(M.RelayDown(["welcome"], [3], [[b"r2"]], [welcome])) == 0
+    assert "nests deeper" in caplog.text and ranks[0].quiet()
 
 
 def test_a_rejoin_reaches_every_rank_that_spoke(ctx, relay) -> None:
