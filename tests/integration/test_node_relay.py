@@ -347,3 +347,29 @@ def test_relay_down_bodies_are_packed_once_per_flush(ctx, server, monkeypatch) -
     server.relay.flush()
     assert packs == [{"reason": "once"}]
     assert [a.recv().msg.targets for a in agents] == [[[b"L0", b"L1"]], [[b"L2", b"L3"]]]
+
+
+# ----------------------------------------------------------------------------- a real job
+def test_a_real_job_runs_through_its_agents_and_recovers_a_kill(tmp_path) -> None:
+    """Ranks launched by ``ms-recover agent`` register through it (no rank frame reaches the
+    manager directly), a SIGKILLed rank's replacement does too, and the job ends normally."""
+    import os
+    import signal
+
+    from .jobs import run_to_end, trainer_job
+
+    with trainer_job(str(tmp_path), steps=400, extra=("--step-time", "0.01")) as job:
+
+        def training(rank: int) -> int:
+            info = job.status()["ranks"][rank]
+            return info["pid"] if info["alive"] and info["step"] >= 2 else 0
+
+        pid = wait_for(lambda: training(3), 30, "rank 3 to train")
+        assert all(r["relayed"] for r in job.status()["ranks"])
+        assert job.server.relay.items_in > 0
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: job.find("recovery", ok=True), 60, "the recovery")
+        ranks = job.status()["ranks"]
+        assert ranks[3]["pid"] != pid and all(r["relayed"] for r in ranks)
+        run_to_end(job)
+    assert job.exit_code == 0
