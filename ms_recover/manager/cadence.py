@@ -16,9 +16,13 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
   :data:`REST_S` between reads, so 4,000 heartbeats a second are read in a few hundred batches
   instead of one wake-up each (a rank's death report waits at most that long).
 
-:class:`SharedBeat` encodes one ManagerBeat and sends the same frames to every agent heard until
-the manager sends anything else (a later seq) or the job's state or epoch changes; one seq per
-receiver is all the replay rule needs, and an agent heard twice meanwhile gets a fresh one.
+:class:`SharedBeat` answers an agent's heartbeat only when that agent was last answered
+``liveness / 2`` heartbeats ago (1 s at the defaults): an agent gives up on a silent manager only
+after ``lost_manager_grace_s``, which the config keeps above ``heartbeat_s * liveness``, so it
+still hears the manager at least twice within that grace, with half the frames. It encodes one
+ManagerBeat and sends the same frames to every agent it answers until the manager sends
+anything else (a later seq) or the job's state or epoch changes; one seq per receiver is all
+the replay rule needs, and an agent answered twice meanwhile gets a fresh one.
 """
 
 from __future__ import annotations
@@ -99,16 +103,29 @@ class SharedBeat:
     """ManagerBeat frames shared by the agents heard while nothing else was sent."""
 
     def __init__(
-        self, model: JobModel, codec: Codec, seq: Callable[[], int], next_seq: Callable[[], int]
+        self,
+        model: JobModel,
+        codec: Codec,
+        seq: Callable[[], int],
+        next_seq: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
         self.codec = codec
+        self.every_s = model.config.heartbeat_s * model.config.liveness / 2
+        self._clock = clock
+        self._answered: dict[bytes, float] = {}  # agent identity -> when it was last answered
         self._seq, self._next_seq = seq, next_seq
         self._key: tuple[int, str, int] = (-1, "", -1)  # (seq, state, epoch) of the frames
         self._frames: list[bytes] = []
         self._sent: set[bytes] = set()
 
-    def send(self, sock: zmq.Socket[bytes], ident: bytes) -> None:
+    def send(self, sock: zmq.Socket[bytes], ident: bytes) -> bool:
+        """Answer the agent ``ident``'s heartbeat if it is due; whether a frame was sent."""
+        now = self._clock()
+        if now - self._answered.get(ident, -1e18) < self.every_s:
+            return False
+        self._answered[ident] = now
         m = self.model
         if self._key != (self._seq(), m.state.value, m.epoch) or ident in self._sent:
             msg = M.ManagerBeat(m.state.value)
@@ -119,3 +136,4 @@ class SharedBeat:
             send_frames(sock, [ident, *self._frames])
         except zmq.ZMQError as exc:
             log.warning("send manager_hb to %r failed: %s", ident, exc)
+        return True

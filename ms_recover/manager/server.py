@@ -369,8 +369,7 @@ class ManagerServer:
         self._refuse_claims(msg.node_rank)
         self.model.agents[msg.node_rank].last_seen = self.clock()
         self.relay.fold(ident, msg.steps)
-        self.frames_out += 1
-        self._beat.send(self._sock, ident)
+        self.frames_out += self._beat.send(self._sock, ident)
 
     def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:
         self.relay.on_relay_up(

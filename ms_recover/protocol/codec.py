@@ -40,6 +40,10 @@ _CHECKS = {
     kind: {name: B.compile_check(hint, name) for name, hint in types.items()}
     for kind, types in _TYPES.items()
 }
+_HEADER_CHECKS = {
+    key: (typ, B.compile_check(typ, key))
+    for key, typ in (("epoch", int), ("seq", int), ("nonce", int), ("sender", str))
+}
 # Relay batches carry other messages' bodies: each is checked as its own frame would be when
 # the batch is unwrapped (:func:`message_of`), so the batch's own check only sees maps.
 _RELAYS = frozenset({RelayUp.KIND, RelayDown.KIND})
@@ -149,8 +153,8 @@ class Codec:
             raise ProtocolError(
                 f"foreign job_id {B.show(data['job_id'])} (this job: {self.job_id!r})"
             )
-        for key, typ in (("epoch", int), ("seq", int), ("nonce", int), ("sender", str)):
-            if not B.check_field(data[key], typ, key):
+        for key, (typ, check) in _HEADER_CHECKS.items():
+            if not check(data[key]):
                 raise ProtocolError(f"envelope field {key!r} must be {typ.__name__} in range")
         if len(data["sender"]) > MAX_SENDER:
             raise ProtocolError(f"envelope field 'sender' is longer than {MAX_SENDER}")

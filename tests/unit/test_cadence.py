@@ -92,7 +92,9 @@ class Sock:
         self.sent.append(frame)
 
 
-def test_one_beat_is_shared_until_something_else_is_sent(running: JobModel, monkeypatch) -> None:
+def test_one_beat_is_shared_and_each_agent_answered_once_a_second(
+    running: JobModel, monkeypatch
+) -> None:
     from ms_recover.manager import cadence as cadence_mod
 
     sent: list[list[bytes]] = []
@@ -103,16 +105,21 @@ def test_one_beat_is_shared_until_something_else_is_sent(running: JobModel, monk
         seq["n"] += 1
         return seq["n"]
 
-    codec = Codec("c", b"k")
-    beat = SharedBeat(running, codec, lambda: seq["n"], next_seq)
-    for ident in (b"a0", b"a1"):
-        beat.send(None, ident)  # type: ignore[arg-type]
+    codec, clock = Codec("c", b"k"), Clock()
+    beat = SharedBeat(running, codec, lambda: seq["n"], next_seq, clock)
+    assert beat.every_s == 1.0  # liveness 4 x 0.5 s / 2: twice within the shortest grace
+    assert [beat.send(None, ident) for ident in (b"a0", b"a1")] == [True, True]  # type: ignore[arg-type]
     assert sent[0][1:] == sent[1][1:] and seq["n"] == 1  # encoded once
-    beat.send(None, b"a0")  # heard again: a fresh seq, or its replay guard would drop it
+    clock.t += 0.5
+    assert not beat.send(None, b"a0")  # type: ignore[arg-type]  # answered half a second ago
+    clock.t += 0.5
+    # Due again: a fresh seq (the same frames twice would be a replay at the agent).
+    assert beat.send(None, b"a0")  # type: ignore[arg-type]
     next_seq()  # anything else the manager sent
-    beat.send(None, b"a1")
-    seqs = [codec.decode(f[1:]).seq for f in sent]
-    assert seqs == [1, 1, 2, 4]
+    clock.t += 0.5
+    assert beat.send(None, b"a1")  # type: ignore[arg-type]
+    assert [codec.decode(f[1:]).seq for f in sent] == [1, 1, 2, 4]
     running.state = JobState.STOPPING
-    beat.send(None, b"a2")
+    clock.t += 1.0
+    beat.send(None, b"a1")  # type: ignore[arg-type]
     assert codec.decode(sent[-1][1:]).msg == M.ManagerBeat("stopping")
