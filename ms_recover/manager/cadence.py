@@ -16,10 +16,11 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
   :data:`REST_S` between reads, so 4,000 heartbeats a second are read in a few hundred batches
   instead of one wake-up each (a rank's death report waits at most that long).
 
-:class:`SharedBeat` answers an agent's heartbeat only when that agent was last answered
-``liveness / 2`` heartbeats ago (1 s at the defaults): an agent gives up on a silent manager only
-after ``lost_manager_grace_s``, which the config keeps above ``heartbeat_s * liveness``, so it
-still hears the manager at least twice within that grace, with half the frames. It encodes one
+:class:`SharedBeat` answers an agent's heartbeat only when that agent was last answered at least
+``(liveness - 1) / 2`` heartbeats ago (every other heartbeat, about 1 s, at the defaults): an
+agent gives up on a silent manager only after ``lost_manager_grace_s``, which the config keeps
+above ``heartbeat_s * liveness``, so it still hears the manager at least twice within that
+grace, with half the frames. It encodes one
 ManagerBeat and sends the same frames to every agent it answers until the manager sends
 anything else (a later seq) or the job's state or epoch changes; one seq per receiver is all
 the replay rule needs, and an agent answered twice meanwhile gets a fresh one.
@@ -112,7 +113,9 @@ class SharedBeat:
     ) -> None:
         self.model = model
         self.codec = codec
-        self.every_s = model.config.heartbeat_s * model.config.liveness / 2
+        # Every other heartbeat at the default liveness of 4 (0.75 s < two beats), so timer
+        # jitter never stretches the gap to three; every beat at the minimum liveness of 2.
+        self.every_s = model.config.heartbeat_s * (model.config.liveness - 1) / 2
         self._clock = clock
         self._answered: dict[bytes, float] = {}  # agent identity -> when it was last answered
         self._seq, self._next_seq = seq, next_seq

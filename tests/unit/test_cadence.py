@@ -107,7 +107,7 @@ def test_one_beat_is_shared_and_each_agent_answered_once_a_second(
 
     codec, clock = Codec("c", b"k"), Clock()
     beat = SharedBeat(running, codec, lambda: seq["n"], next_seq, clock)
-    assert beat.every_s == 1.0  # liveness 4 x 0.5 s / 2: twice within the shortest grace
+    assert beat.every_s == 0.75  # every other 0.5 s beat: twice within the shortest grace (2 s)
     assert [beat.send(None, ident) for ident in (b"a0", b"a1")] == [True, True]  # type: ignore[arg-type]
     assert sent[0][1:] == sent[1][1:] and seq["n"] == 1  # encoded once
     clock.t += 0.5
