@@ -37,6 +37,9 @@ import zmq
 
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
+from ms_recover.protocol.transport import recv_frames, send_frames
+
+_EVENTS, _EV, _POLLIN = zmq.backend.Socket.get, int(zmq.EVENTS), int(zmq.POLLIN)
 
 CONNECT_BATCH = 256  # connections in flight at once: the manager's listen backlog is ~100
 ENDPOINT = "fake"  # the data-plane endpoint a simulated rank registers (kept short on purpose)
@@ -141,11 +144,11 @@ class FakeCluster:
         m.seq += 1
         frames = self.codec.encode(msg, m.epoch if epoch is None else epoch, m.sender, m.seq)
         try:
-            m.sock.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(m.sock, frames)  # pyzmq's backend calls: the fakes share the cores
         except zmq.Again:
             pass  # a full pipe: the manager is not reading; the heartbeat will say it again
         # A send may consume the descriptor's wake-up for a message that arrived meanwhile.
-        if int(m.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if int(_EVENTS(m.sock, _EV)) & _POLLIN:
             self.ready.add(m)
 
     def hello(self, m: _Member) -> None:
@@ -194,7 +197,7 @@ class FakeCluster:
         assert sock is not None
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = recv_frames(sock)
             except zmq.Again:
                 return
             if len(frames) != 4 or not m.alive:

@@ -6,9 +6,10 @@ At 16,384 ranks on 2,048 nodes the manager hears about 4,000 agent heartbeats a 
 a small job can afford, would cost the manager its whole thread. :class:`Cadence` decides:
 
 * after frames that may change a decision (anything but :data:`QUIET` heartbeats), at once,
-  unless the last decision was more recent than it took to make: then as soon as that long has
-  passed, so deciding never takes more than half the thread while frames stream in (a 4-rank
-  job's decision takes ~50 us: no delay anyone can see);
+  unless the last decision began less than :data:`SHARE` times its own duration ago: then as
+  soon as it has, so deciding takes at most a quarter of the thread while acknowledgements
+  stream in and the rest goes to reading them (a 4-rank job's decision takes ~50 us: no delay
+  anyone can see; 16,384 ranks' ~3 ms delay a phase by at most ~10 ms);
 * otherwise every ``tick_s`` (phase timeouts), and while the job runs steadily every quarter
   heartbeat: silence and hangs are judged in whole heartbeats, so a lost node is still seen
   within ``heartbeat_s * (liveness + 1/4)`` of its last heartbeat (2.125 s at the defaults);
@@ -48,6 +49,9 @@ QUIET: frozenset[type[M.Message]] = frozenset(
 )
 
 
+#: Deciding takes at most 1/SHARE of the thread while frames stream in.
+SHARE = 4
+
 #: Rest between reads while the job runs steadily and only heartbeats came (see above).
 REST_S = 0.005
 
@@ -75,8 +79,8 @@ class Cadence:
     def _wait_s(self, now: float) -> float:
         """Seconds until a decision is due."""
         since = now - self._at
-        if self._dirty:  # as long again as the last decision took, counted from its start
-            return 2 * self._cost - since
+        if self._dirty:  # three times as long as the last decision took, from its start
+            return SHARE * self._cost - since
         return (self.quiet_s if self._steady() else self.tick_s) - since
 
     def run(self, decide: Callable[[], None]) -> bool:
