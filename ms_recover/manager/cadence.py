@@ -96,7 +96,8 @@ class Cadence:
     def poll_ms(self) -> int:
         """How long the next read may wait for a frame: until a decision is due."""
         wait = self._wait_s(self._clock())
-        return max(0, min(int(self.tick_s * 1000), math.ceil(wait * 1000)))
+        most = self.quiet_s if self._steady() and not self._dirty else self.tick_s
+        return max(0, min(int(most * 1000), math.ceil(wait * 1000)))
 
     def rest_s(self) -> float:
         """How long to rest before the next read: :data:`REST_S` while only heartbeats came

@@ -99,6 +99,8 @@ class ManagerServer:
         self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
         self.cadence = Cadence(self.model, tick_s)
+        self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
+        self._poller.register(self._sock, zmq.POLLIN)
         self._beat = SharedBeat(self.model, self.codec, lambda: self._seq, self._next_seq)
         # Ranks behind a node agent: their frames arrive batched per node (DESIGN.md §1c).
         self.relay = ManagerRelay(
@@ -144,7 +146,7 @@ class ManagerServer:
         ended_at: float | None = None
         try:
             while not self._stop.is_set():
-                if self._sock.poll(self.cadence.poll_ms()):
+                if self._poller.poll(self.cadence.poll_ms()):
                     self._drain()
                 with self._lock:
                     self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
