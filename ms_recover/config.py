@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -70,6 +71,7 @@ class JobConfig:
     curve: bool = True  # MS_RECOVER_CURVE: encrypt the control plane (only with a secret)
     data_curve: bool = False  # MS_RECOVER_DATA_CURVE: encrypt the data plane too (costs ~6x)
     digest_every_steps: int = 100  # MS_RECOVER_DIGEST_EVERY_STEPS; 0: compare only at stops
+    relay_endpoint: str = ""  # MS_RECOVER_RELAY_ENDPOINT: the agent's relay ("": the manager)
 
     def __post_init__(self) -> None:
         self._validate()
@@ -260,6 +262,13 @@ class JobConfig:
         for name in ("hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s"):
             inputs.check_seconds(name, getattr(self, name))
         inputs.check_seconds("rank_silence_s", self.rank_silence_s)
+        if self.relay_endpoint and not re.fullmatch(
+            r"tcp://127\.0\.0\.1:\d{1,5}", self.relay_endpoint
+        ):
+            raise ConfigError(
+                f"{E.RELAY_ENDPOINT}={self.relay_endpoint!r} is not tcp://127.0.0.1:PORT "
+                "(the agent sets it for the ranks it launches), or unset"
+            )
         # liveness >= 2 gives heartbeat < silence; _validate checked silence < hang, phase.
         if not inputs.MIN_HEARTBEAT_S <= self.heartbeat_s:
             raise ConfigError(
@@ -408,5 +417,6 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "curve": _bool(environ, E.CURVE),
         "data_curve": _bool(environ, E.DATA_CURVE),
         "digest_every_steps": _int(environ, E.DIGEST_EVERY),
+        "relay_endpoint": environ.get(E.RELAY_ENDPOINT) or None,
     }
     return {k: v for k, v in found.items() if v is not None}

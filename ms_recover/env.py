@@ -61,6 +61,7 @@ SPARE_FD = "MS_RECOVER_SPARE_FD"  # a pre-warmed spare reads its rank's environm
 SPARE_SETTLED_FD = "MS_RECOVER_SPARE_SETTLED_FD"  # ... and writes a byte once it committed
 DIE_WITH = "MS_RECOVER_DIE_WITH_PID"  # LocalPods: the agent dies with this (parent) process
 DIGEST_EVERY = "MS_RECOVER_DIGEST_EVERY_STEPS"
+RELAY_ENDPOINT = "MS_RECOVER_RELAY_ENDPOINT"  # set by the agent: its local relay for this rank
 
 ROLE_WORKER = "MS_WORKER"
 ROLE_SCHED = "MS_SCHED"

@@ -17,6 +17,11 @@ Guarantees:
 * a restarted manager on the same address is reached again by ZeroMQ's own reconnect; when it
   asks (``Rejoin``) the agent registers again and re-sends the last exit of every local rank
   that is not running, so a fault that happened while the manager was away is handled;
+* the ranks it launches itself talk to it, not to the manager (:mod:`ms_recover.agent.relay`):
+  their frames are relayed in batches, their heartbeats folded into the agent's own, and the
+  manager's messages for them fanned out, so the manager's load grows with nodes, not ranks.
+  Ranks launched by msrun (the TaskD shim, :mod:`ms_recover.agent.taskd`) keep their own
+  connection to the manager;
 * if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
   ranks are killed and the agent exits 1: without a manager nothing can be recovered.
 """
@@ -33,6 +38,7 @@ import zmq
 from ms_recover import exitcodes
 from ms_recover.agent.hands import Exited, LauncherError, RankHands
 from ms_recover.agent.ranks import RankSet
+from ms_recover.agent.relay import LocalRelay
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
@@ -56,14 +62,16 @@ class Agent:
         if not command and hands is None:
             raise ValueError("agent needs a rank command, e.g. -- python train.py")
         self.config = config
-        # Our own child processes, unless another launcher (msrun) lends its hands.
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        # Our own child processes talk to our relay; msrun's (lent hands) to the manager.
+        self.relay = LocalRelay(self._ctx, config) if hands is None else None
+        endpoint = self.relay.endpoint if self.relay is not None else None
         self.ranks: RankHands = (
-            hands if hands is not None else RankSet(config, command, log_dir, spares)
+            hands if hands is not None else RankSet(config, command, log_dir, spares, endpoint)
         )
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._epoch = 0
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         ident = f"a{config.node_rank}.{os.getpid()}".encode()
         self.chan = manager_channel(self._ctx, config, f"agent:{config.node_rank}", ident)
         self._manager_nonce, self._manager_epoch = -1, 0
@@ -72,6 +80,10 @@ class Agent:
         self._exits: dict[int, tuple[Exited, bool]] = {}
         self._drain: tuple[float, int] | None = None  # (deadline, exit code) at the job's end
         self._last_heard = time.monotonic()
+        self._poller = zmq.Poller()
+        self._poller.register(self.chan.sock, zmq.POLLIN)
+        if self.relay is not None:
+            self._poller.register(self.relay.sock, zmq.POLLIN)
 
     def stop(self) -> None:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
@@ -137,13 +149,11 @@ class Agent:
                     self.exit_code = exitcodes.FAILED
                     break
                 if time.monotonic() >= next_beat:
-                    self.chan.send(M.AgentHeartbeat(cfg.node_rank, self.ranks.pids()), self._epoch)
+                    steps = self.relay.take_steps() if self.relay is not None else {}
+                    beat = M.AgentHeartbeat(cfg.node_rank, self.ranks.pids(), steps)
+                    self.chan.send(beat, self._epoch)
                     next_beat = time.monotonic() + cfg.heartbeat_s
-                env = self.chan.recv(int(self.poll_s * 1000))
-                if env is not None and not self._stale(env):
-                    self._last_heard = time.monotonic()
-                    self._epoch = max(self._epoch, env.epoch)
-                    self._handle(env.msg)
+                self._wait(self.poll_s)
                 if self.exit_code is None and self._all_done():
                     self.exit_code = exitcodes.OK
         except LauncherError as exc:
@@ -151,9 +161,32 @@ class Agent:
             self.exit_code = exitcodes.FAILED
         finally:
             self.ranks.close()
-            self.chan.close()
-            self._ctx.term()
+            self.close()
         return self.exit_code if self.exit_code is not None else 128 + 15
+
+    def close(self) -> None:
+        """Close the relay and the manager channel (:meth:`serve` does it on its way out)."""
+        if self.relay is not None:
+            self.relay.close()
+        self.chan.close()
+        self._ctx.term()
+
+    def _wait(self, timeout_s: float) -> None:
+        """Sleep until a frame arrives (at most ``timeout_s``); relay what the ranks sent at
+        once, then handle what the manager sent."""
+        ready = dict(self._poller.poll(int(timeout_s * 1000)))
+        if self.relay is not None and self.relay.sock in ready and self.relay.drain():
+            for batch in self.relay.batches():
+                self.chan.send(batch, self._epoch)
+        env = self.chan.recv_ready() if self.chan.sock in ready else None
+        while env is not None:
+            if not self._stale(env):
+                self._last_heard = time.monotonic()
+                self._epoch = max(self._epoch, env.epoch)
+                self._handle(env.msg)
+            if self.exit_code is not None:
+                return
+            env = self.chan.recv_ready()
 
     def _manager_alive(self) -> bool:
         """False once the manager has been silent for the grace. Meanwhile the DEALER keeps
@@ -177,6 +210,8 @@ class Agent:
         exit of each local rank that is not running (it may have died while no one listened)."""
         log.warning("%s: registering again", reason)
         self.hello()
+        if self.relay is not None:
+            self.relay.rejoin_all(reason)
         running = self.ranks.pids()
         for rank, (exited, requested) in sorted(self._exits.items()):
             if rank not in running:
@@ -244,6 +279,8 @@ class Agent:
             for rank in self._local(msg.ranks):
                 log.info("restarting rank %d in place (%s)", rank, msg.reason)
                 self.ranks.start(rank)
+        elif isinstance(msg, M.RelayDown):
+            self._deliver(msg)
         elif isinstance(msg, M.Rejoin):
             self._rejoin(msg.reason)
         elif isinstance(msg, M.AgentExit) and msg.code == exitcodes.OK:
@@ -255,6 +292,12 @@ class Agent:
             log.info("manager asks this agent to exit with %d: %s", msg.code, msg.reason)
             self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
             self.exit_code = msg.code
+
+    def _deliver(self, msg: M.RelayDown) -> None:
+        if self.relay is None:  # msrun's ranks do not talk to this agent
+            self.chan.drops.drop("relay batch for an agent without a relay", "manager")
+        else:
+            self.relay.deliver(msg)
 
     def _local(self, ranks: list[int]) -> list[int]:
         mine = set(self.config.ranks_of(self.config.node_rank))

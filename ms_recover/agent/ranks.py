@@ -25,10 +25,15 @@ from ms_recover.strategy import format_strategies
 PR_SET_PDEATHSIG = 1
 
 
-def rank_env(config: JobConfig, rank: int, incarnation: int) -> dict[str, str]:
-    """The environment variables a rank process gets on top of the agent's own."""
+def rank_env(
+    config: JobConfig, rank: int, incarnation: int, relay_endpoint: str | None = None
+) -> dict[str, str]:
+    """The environment variables a rank process gets on top of the agent's own; with
+    ``relay_endpoint``, the rank talks to its agent's relay there instead of the manager."""
     local = rank - config.node_rank * config.proc_per_node
+    relay = {E.RELAY_ENDPOINT: relay_endpoint} if relay_endpoint else {}
     return {
+        **relay,
         E.ROLE: E.ROLE_WORKER,
         E.NODE_ID: str(rank),
         E.RANK_ID: str(rank),
@@ -66,9 +71,15 @@ class RankSet:
     (:class:`~ms_recover.agent.hands.RankHands`)."""
 
     def __init__(
-        self, config: JobConfig, command: list[str], log_dir: str = "", spares: int = 0
+        self,
+        config: JobConfig,
+        command: list[str],
+        log_dir: str = "",
+        spares: int = 0,
+        relay_endpoint: str | None = None,
     ) -> None:
         self.config = config
+        self.relay_endpoint = relay_endpoint
         self.command = command
         self.log_dir = log_dir
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -94,7 +105,7 @@ class RankSet:
         self.kill([rank])
         inc = self.incarnations.get(rank, -1) + 1
         self.incarnations[rank] = inc
-        env = rank_env(self.config, rank, inc)
+        env = rank_env(self.config, rank, inc, self.relay_endpoint)
         # A pre-warmed spare, if one is ready; poll() starts the next once this one settled.
         proc = self.spares.activate(env)
         if proc is None:

@@ -21,6 +21,10 @@ Without a reachable manager the agent waits ``MS_RECOVER_MANAGER_WAIT_S`` (defau
 runs the workers without recovery, as plain msrun would, after one loud warning; with
 ``MS_RECOVER_NO_MANAGER=exit`` it stops instead (exit 1). ``TASKD_PROCESS_ENABLE=off`` turns the
 agent down at ``init_taskd_agent``, so msrun keeps control of its workers itself.
+
+msrun starts the workers, not this agent, so they do not get a relay endpoint: they keep their
+own DEALER connection to the manager (the node relay of DESIGN.md §1c serves the ranks that
+``ms-recover agent`` launches itself).
 """
 
 from __future__ import annotations

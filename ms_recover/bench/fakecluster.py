@@ -37,6 +37,9 @@ import zmq
 
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
+from ms_recover.protocol.transport import recv_frames, send_frames
+
+_EVENTS, _EV, _POLLIN = zmq.backend.Socket.get, int(zmq.EVENTS), int(zmq.POLLIN)
 
 CONNECT_BATCH = 256  # connections in flight at once: the manager's listen backlog is ~100
 ENDPOINT = "fake"  # the data-plane endpoint a simulated rank registers (kept short on purpose)
@@ -52,6 +55,9 @@ class FakeSpec:
     proc_per_node: int
     heartbeat_s: float
     max_frame_bytes: int
+    #: Ranks behind their agent's relay (DESIGN.md §1c): only agents have sockets, and
+    #: :class:`~ms_recover.bench.fakerelay.RelayCluster` speaks for their ranks.
+    relay: bool = False
 
 
 class _Member:
@@ -119,7 +125,8 @@ class FakeCluster:
             for local in range(spec.proc_per_node):
                 rank = node * spec.proc_per_node + local
                 self.ranks[rank] = member = _Member(node, rank)
-                self.members.append(member)
+                if not spec.relay:
+                    self.members.append(member)
         n_sockets = len(self.members) + 64
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, max(n_sockets, self.ctx.get(zmq.MAX_SOCKETS)))
@@ -137,11 +144,11 @@ class FakeCluster:
         m.seq += 1
         frames = self.codec.encode(msg, m.epoch if epoch is None else epoch, m.sender, m.seq)
         try:
-            m.sock.send_multipart(frames, zmq.NOBLOCK)
+            send_frames(m.sock, frames)  # pyzmq's backend calls: the fakes share the cores
         except zmq.Again:
             pass  # a full pipe: the manager is not reading; the heartbeat will say it again
         # A send may consume the descriptor's wake-up for a message that arrived meanwhile.
-        if int(m.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if int(_EVENTS(m.sock, _EV)) & _POLLIN:
             self.ready.add(m)
 
     def hello(self, m: _Member) -> None:
@@ -190,17 +197,21 @@ class FakeCluster:
         assert sock is not None
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = recv_frames(sock)
             except zmq.Again:
                 return
             if len(frames) != 4 or not m.alive:
                 continue
             kind = frames[1]
-            epoch, body = _peek(frames[2], kind in _NEED_BODY)
+            epoch, body = self.peek(kind, frames[2])
             self.handled += 1
             if epoch >= m.epoch:
                 m.epoch = epoch
             self._on(m, kind, epoch, body)
+
+    def peek(self, kind: bytes, payload: bytes) -> tuple[int, Any]:
+        """The envelope's epoch, and the body where the reply needs it."""
+        return _peek(payload, kind in _NEED_BODY)
 
     def _on(self, m: _Member, kind: bytes, epoch: int, body: Any) -> None:
         if kind in (M.Welcome.KIND, M.AgentWelcome.KIND):
@@ -250,7 +261,12 @@ class FakeCluster:
 
 def fake_main(spec: FakeSpec, conn: Any) -> None:
     """Run one fake process until the parent says quit (or the pipe closes)."""
-    cluster = FakeCluster(spec)
+    if spec.relay:
+        from ms_recover.bench.fakerelay import RelayCluster
+
+        cluster: FakeCluster = RelayCluster(spec)
+    else:
+        cluster = FakeCluster(spec)
     cluster.epoll.register(conn.fileno(), select.EPOLLIN)
     members, period = cluster.members, spec.heartbeat_s
     start, beats, ready_sent = time.monotonic(), 0, False

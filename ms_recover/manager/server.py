@@ -21,21 +21,25 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.manager import divergence
 from ms_recover.manager.commands import peers_of_group
+from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Restore
+from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.manager.strategies.registry import config_problems
 from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
+from ms_recover.protocol.relay import is_virtual
 from ms_recover.protocol.replay import ReplayGuard
 from ms_recover.protocol.transport import (
     control_server_keys,
     curve_server,
     make_socket,
+    recv_frames,
     send_frames,
 )
 
@@ -96,6 +100,14 @@ class ManagerServer:
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
+        self.cadence = Cadence(self.model, tick_s)
+        self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._beat = SharedBeat(self.model, self.codec, lambda: self._seq, self._next_seq)
+        # Ranks behind a node agent: their frames arrive batched per node (DESIGN.md §1c).
+        self.relay = ManagerRelay(
+            self.model, self.slots, self.codec, self._sock, self._next_seq, clock
+        )
         # Frames received (dispatched) and sent (one per identity): plain counters, read by
         # ``bench controlplane`` for the manager's message rate.
         self.frames_in = 0
@@ -105,6 +117,7 @@ class ManagerServer:
             M.AgentHello: self._on_agent_hello,
             M.AgentHeartbeat: self._on_agent_heartbeat,
             M.RankExited: self._on_rank_exited,
+            M.RelayUp: self._on_relay_up,
             M.WorkerHello: self._on_worker_hello,
             M.WorkerHeartbeat: self._on_worker_heartbeat,
             M.GroupCreated: self._on_group,
@@ -135,11 +148,15 @@ class ManagerServer:
         ended_at: float | None = None
         try:
             while not self._stop.is_set():
-                if self._sock.poll(int(self.tick_s * 1000)):
+                if self._poller.poll(self.cadence.poll_ms()):
                     self._drain()
                 with self._lock:
-                    self._decide_and_execute()
+                    self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
+                    self.relay.flush()  # what handlers and decide sent to relayed ranks
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
+                    rest = self.cadence.rest_s()
+                if rest:
+                    self._stop.wait(rest)
                 if done and ended_at is None:
                     ended_at = time.monotonic()
                 if ended_at is not None and self._ended(time.monotonic() - ended_at, end_grace_s):
@@ -197,7 +214,7 @@ class ManagerServer:
         deciding once per large batch instead of per thousand frames halves stop-all time."""
         for _ in range(budget):
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(self._sock)
             except zmq.Again:
                 return
             self.dispatch(frames)
@@ -207,6 +224,9 @@ class ManagerServer:
         holds, it is handled or dropped and logged (rate limited)."""
         identity, body = frames[0], frames[1:]
         self.frames_in += 1
+        if is_virtual(identity):  # the manager's own names for relayed ranks: never a peer's
+            self.drops.drop("a peer identity in the relay's reserved form", repr(identity[:16]))
+            return
         try:
             env = self.codec.decode(body)
         except ProtocolError as exc:
@@ -216,25 +236,38 @@ class ManagerServer:
             self.errors.drop(f"undecodable frame: {type(exc).__name__}", repr(identity[:16]), exc)
             return
         with self._lock:
-            replayed = self.replay.check(env.sender, env.nonce, env.seq)
-            if replayed:
-                self.drops.drop(replayed, env.sender[:64])
-                return
-            handler = self._handlers.get(type(env.msg))
-            if handler is None:  # a manager -> member kind sent to the manager
-                self.drops.drop(f"{env.msg.KIND.decode()} is not for the manager", env.sender)
-                return
-            try:
-                handler(identity, env, env.msg)
-            except Exception as exc:  # a valid frame with nonsense content: drop, go on
-                what = f"handler for {env.msg.KIND.decode()} failed: {type(exc).__name__}"
-                self.errors.drop(what, env.sender, exc)
+            self._handle(identity, env)
+
+    def _handle(self, identity: bytes, env: Envelope) -> None:
+        """Replay-check and handle one decoded frame (or relayed item), under the lock."""
+        replayed = self.replay.check(env.sender, env.nonce, env.seq)
+        if replayed:
+            self.drops.drop(replayed, env.sender[:64])
+            return
+        handler = self._handlers.get(type(env.msg))
+        self.cadence.heard(type(env.msg))
+        if handler is None:  # a manager -> member kind sent to the manager
+            self.drops.drop(f"{env.msg.KIND.decode()} is not for the manager", env.sender)
+            return
+        try:
+            handler(identity, env, env.msg)
+        except Exception as exc:  # a valid frame with nonsense content: drop, go on
+            what = f"handler for {env.msg.KIND.decode()} failed: {type(exc).__name__}"
+            self.errors.drop(what, env.sender, exc)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def _send(self, identity: bytes, msg: M.Message) -> None:
         self.send([identity], msg)
 
     def send(self, identities: Sequence[bytes], msg: M.Message) -> None:
-        """Encode once (one seq for the whole broadcast), send to every identity."""
+        """Encode once (one seq for the whole broadcast), send to every identity; relayed
+        ranks' share goes out per node at the next :meth:`ManagerRelay.flush`."""
+        identities = self.relay.take(identities, msg, self.model.epoch)
+        if not identities:
+            return
         self._seq += 1
         try:
             frames = self.codec.encode(msg, self.model.epoch, "manager", self._seq)
@@ -336,7 +369,13 @@ class ManagerServer:
             return
         self._refuse_claims(msg.node_rank)
         self.model.agents[msg.node_rank].last_seen = self.clock()
-        self._send(ident, M.ManagerBeat(self.model.state.value))
+        self.relay.fold(ident, msg.steps)
+        self.frames_out += self._beat.send(self._sock, ident)
+
+    def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:
+        self.relay.on_relay_up(
+            ident, msg, lambda: self._agent_ok(ident, msg.node_rank), self._handle
+        )
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
         m, now = self.model, self.clock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ms_recover.manager.model import JobModel
+from ms_recover.protocol.relay import is_virtual
 from ms_recover.strategy import format_strategies
 
 
@@ -30,6 +31,7 @@ def status_of(m: JobModel, now: float) -> dict[str, Any]:
                 "pid": i.pid,
                 "incarnation": i.incarnation,
                 "silent_s": round(now - i.last_seen, 3) if i.registered else None,
+                "relayed": is_virtual(i.identity),  # through its node agent (DESIGN.md §1c)
             }
             for _, i in sorted(m.ranks.items())
         ],

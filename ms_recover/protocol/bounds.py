@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Callable
 from typing import Any
 
 MAX_DEPTH = 8  # envelope > body > status > ranks list > rank map > value: 6 levels in use
@@ -27,8 +28,10 @@ _ID = (-1, 2**31 - 1)  # ranks, nodes, pids, exit codes and signals are C ints; 
 #: The range of each int field by name; any other int must be within int64.
 INT_RANGES: dict[str, tuple[int, int]] = {
     **dict.fromkeys(("step", "committed_step", "target_step"), (-1, STEP_MAX)),
+    "steps": (-1, STEP_MAX),  # AgentHeartbeat.steps: rank -> committed step (ranks checked later)
     **dict.fromkeys(("epoch", "seq", "attempt", "incarnation", "size"), (0, STEP_MAX)),
-    "nonce": (0, INT64[1]),
+    **dict.fromkeys(("epochs", "seqs"), (0, STEP_MAX)),  # relayed envelopes (RelayUp/Down)
+    **dict.fromkeys(("nonce", "nonces"), (0, INT64[1])),
     **dict.fromkeys(("rank", "node_rank", "recv_from", "failed_peer", "pid", "shard"), _ID),
     **dict.fromkeys(("ranks", "send_to", "world", "pids"), _ID),
     **dict.fromkeys(("exit_code", "code", "signal"), (-(2**31), 2**31 - 1)),
@@ -50,16 +53,20 @@ UNPACK_LIMITS: dict[str, int] = {
 
 
 def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``value`` nests lists and maps at most ``limit`` deep (iterative: no recursion)."""
+    """Whether ``value`` nests lists and maps at most ``limit`` deep (iterative: no recursion).
+    Only containers are visited (map keys cannot be lists or maps), so a flat body costs one
+    pass over its values."""
+    if not isinstance(value, (list, dict)):
+        return True
+    if limit < 1:
+        return False
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if isinstance(item, (list, dict)):
-            if level > limit:
-                return False
-            children = item.items() if isinstance(item, dict) else ((v, None) for v in item)
-            for key, child in children:
-                stack.append((key, level + 1))
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (list, dict)):
+                if level >= limit:
+                    return False
                 stack.append((child, level + 1))
     return True
 
@@ -129,3 +136,41 @@ def check_field(value: Any, hint: Any, name: str = "") -> bool:
             for k, v in value.items()
         )
     return isinstance(value, hint)
+
+
+def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
+    """:func:`check_field` for one field, built once per message kind: the same answer for
+    every decoded value, without walking the type hint again for each value (a node agent's
+    heartbeat carries two maps of every local rank, thousands of times a second)."""
+    if hint is Any:
+        return scalar_ok
+    if hint is int:
+        lo, hi = INT_RANGES.get(name, INT64)
+        return lambda v: type(v) is int and lo <= v <= hi
+    if hint is str:
+        most = STR_LIMITS.get(name, MAX_STR)
+        return lambda v: type(v) is str and len(v) <= most
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if args in ((int,), (int, int)):  # list[int], dict[int, int]: C-level passes, no per-item call
+        ints = _ints_in(*INT_RANGES.get(name, INT64))
+        if origin is list:
+            return lambda v: type(v) is list and ints(v)
+        return lambda v: type(v) is dict and ints(v.keys()) and ints(v.values())
+    if origin is list:
+        item = compile_check(args[0], name)
+        return lambda v: type(v) is list and all(map(item, v))
+    if origin is dict:
+        key, val = compile_check(args[0], name), compile_check(args[1], name)
+        return lambda v: type(v) is dict and all(key(k) and val(x) for k, x in v.items())
+    return lambda v: check_field(v, hint, name)
+
+
+def _ints_in(lo: int, hi: int) -> Callable[[Any], bool]:
+    """Whether every item of a list or dict view is an int (not a bool) within ``lo..hi``."""
+
+    def check(items: Any) -> bool:
+        return not items or (
+            set(map(type, items)) == {int} and lo <= min(items) and max(items) <= hi
+        )
+
+    return check

@@ -27,12 +27,29 @@ import msgpack
 
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import bounds as B
-from ms_recover.protocol.messages import KINDS, Message, field_types
+from ms_recover.protocol.messages import KINDS, Message, RelayDown, RelayUp, field_types
 
 MAGIC = b"msr1"
 HEADER_KEYS = ("job_id", "epoch", "sender", "seq", "nonce", "body")
 MAX_SENDER = 64  # characters of a sender name ("rank:65535", "agent:8191", "status")
 _TYPES = {kind: field_types(cls) for kind, cls in KINDS.items()}
+#: Kinds with untyped (``Any``) fields: only their bodies can nest deeply once the field checks
+#: pass; the other kinds' checks reject any container where a scalar belongs, without recursion.
+_DEEP = frozenset(kind for kind, types in _TYPES.items() if "Any" in repr(types))
+_CHECKS = {
+    kind: {name: B.compile_check(hint, name) for name, hint in types.items()}
+    for kind, types in _TYPES.items()
+}
+_HEADER_CHECKS = {
+    key: (typ, B.compile_check(typ, key))
+    for key, typ in (("epoch", int), ("seq", int), ("nonce", int), ("sender", str))
+}
+# Relay batches carry other messages' bodies: each is checked as its own frame would be when
+# the batch is unwrapped (:func:`message_of`), so the batch's own check only sees maps.
+_RELAYS = frozenset({RelayUp.KIND, RelayDown.KIND})
+for _kind in _RELAYS:
+    _CHECKS[_kind]["bodies"] = lambda v: type(v) is list and all(type(b) is dict for b in v)
+_DEEP -= _RELAYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +97,34 @@ class Codec:
             raise ProtocolError(f"cannot encode {msg.KIND.decode()}: {exc}") from exc
         return [MAGIC, msg.KIND, payload, self._mac(msg.KIND, payload)]
 
+    def encode_packed(
+        self, kind: bytes, packed_body: bytes, epoch: int, sender: str, seq: int
+    ) -> list[bytes]:
+        """The signed frames of a message of ``kind`` whose body is already msgpack-encoded
+        (``msgpack.packb(msg.to_wire())`` or an equivalent concatenation): what :meth:`encode`
+        produces, without packing the body again. The manager's relay packs a broadcast body
+        once and splices it into one frame per node. The caller guarantees ``packed_body``
+        is one msgpack map; :meth:`decode` checks it like any other body."""
+        head = msgpack.Packer(use_bin_type=True)
+        payload = b"".join(
+            (
+                head.pack_map_header(len(HEADER_KEYS)),
+                head.pack("job_id"),
+                head.pack(self.job_id),
+                head.pack("epoch"),
+                head.pack(epoch),
+                head.pack("sender"),
+                head.pack(sender),
+                head.pack("seq"),
+                head.pack(seq),
+                head.pack("nonce"),
+                head.pack(self.nonce),
+                head.pack("body"),
+                packed_body,
+            )
+        )
+        return [MAGIC, kind, payload, self._mac(kind, payload)]
+
     def decode(self, frames: list[bytes]) -> Envelope:
         """Validate and decode; raises ProtocolError naming what is wrong."""
         if len(frames) != 4:
@@ -97,7 +142,7 @@ class Codec:
             data = msgpack.unpackb(payload, raw=False, strict_map_key=False, **B.UNPACK_LIMITS)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
             raise ProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") from exc
-        if not B.depth_ok(data, B.MAX_DEPTH):
+        if _may_nest(kind, data) and not B.depth_ok(data, B.MAX_DEPTH):
             raise ProtocolError(f"body nests deeper than {B.MAX_DEPTH} levels")
         return self._envelope(kind, data)
 
@@ -108,8 +153,8 @@ class Codec:
             raise ProtocolError(
                 f"foreign job_id {B.show(data['job_id'])} (this job: {self.job_id!r})"
             )
-        for key, typ in (("epoch", int), ("seq", int), ("nonce", int), ("sender", str)):
-            if not B.check_field(data[key], typ, key):
+        for key, (typ, check) in _HEADER_CHECKS.items():
+            if not check(data[key]):
                 raise ProtocolError(f"envelope field {key!r} must be {typ.__name__} in range")
         if len(data["sender"]) > MAX_SENDER:
             raise ProtocolError(f"envelope field 'sender' is longer than {MAX_SENDER}")
@@ -117,15 +162,34 @@ class Codec:
         return Envelope(self.job_id, data["epoch"], data["sender"], data["seq"], msg, data["nonce"])
 
     def _mac(self, kind: bytes, payload: bytes) -> bytes:
-        return hmac.new(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256).digest()
+        return hmac.digest(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256)
+
+
+def _may_nest(kind: bytes, data: Any) -> bool:
+    """Whether ``data`` needs the depth walk before anything may print or compare it: a body
+    with untyped fields, or a container anywhere in the envelope's own fields."""
+    if kind in _DEEP or not isinstance(data, dict):
+        return True
+    return any(isinstance(v, (list, dict)) for k, v in data.items() if k != "body")
+
+
+def message_of(kind: bytes, body: Any) -> Message:
+    """The message of a decoded ``body`` of a known ``kind``, every field checked against its
+    type and bounds; raises ProtocolError naming the first bad field (relayed items)."""
+    if kind not in _TYPES:
+        raise ProtocolError(f"unknown kind {kind[:32]!r}")
+    if kind in _DEEP and not B.depth_ok(body, B.MAX_DEPTH - 1):  # as deep as in its own frame
+        raise ProtocolError(f"{kind.decode()} body nests deeper than {B.MAX_DEPTH - 1} levels")
+    return _message(kind, body)
 
 
 def _message(kind: bytes, body: Any) -> Message:
-    types = _TYPES[kind]
-    if not isinstance(body, dict) or set(body) != set(types):
+    types, checks = _TYPES[kind], _CHECKS[kind]
+    if not isinstance(body, dict) or body.keys() != types.keys():
         raise ProtocolError(f"{kind.decode()} body must have exactly the fields {sorted(types)}")
-    for name, hint in types.items():
-        if not B.check_field(body[name], hint, name):
+    for name, check in checks.items():
+        if not check(body[name]):
+            hint = types[name]
             shown = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
             lo, hi = B.INT_RANGES.get(name, B.INT64)
             bound = f" in {lo}..{hi}" if "int" in str(hint) else ""

@@ -38,6 +38,9 @@ class AgentHeartbeat(Message):
     KIND: ClassVar[bytes] = b"agent_hb"
     node_rank: int
     pids: dict[int, int]
+    #: The committed step of each local rank heard since the agent's last heartbeat: the
+    #: ranks' own heartbeats, folded in by the agent's relay (DESIGN.md §1c).
+    steps: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,27 @@ class RankExited(Message):
     signal: int
     observed_at: float
     requested: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayUp(Message):
+    """agent -> manager: frames of this node's ranks, relayed in one frame (DESIGN.md §1c).
+
+    Item ``i`` is one rank frame the agent authenticated: the rank's local identity at the
+    agent (``idents[i]``), its envelope (``senders``, ``nonces``, ``seqs``, ``epochs``) and its
+    message (``kinds``, ``bodies``). The manager checks each item again and handles it as if
+    the rank had sent it directly (:mod:`ms_recover.manager.relay`).
+    """
+
+    KIND: ClassVar[bytes] = b"relay_up"
+    node_rank: int
+    idents: list[bytes]
+    senders: list[str]
+    nonces: list[int]
+    seqs: list[int]
+    epochs: list[int]
+    kinds: list[str]
+    bodies: list[dict[str, Any]]
 
 
 # ----------------------------------------------------------------------------- manager -> agent
@@ -110,6 +134,19 @@ class AgentExit(Message):
     KIND: ClassVar[bytes] = b"agent_exit"
     code: int
     reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayDown(Message):
+    """manager -> agent: messages for this node's ranks, in the order sent. Message ``i``
+    (``kinds[i]``, ``bodies[i]``, sent at ``epochs[i]``) goes to every local rank identity in
+    ``targets[i]``: a broadcast is one item, per-rank payloads are one item each."""
+
+    KIND: ClassVar[bytes] = b"relay_down"
+    kinds: list[str]
+    epochs: list[int]
+    targets: list[list[bytes]]
+    bodies: list[dict[str, Any]]
 
 
 # ----------------------------------------------------------------------------- worker -> manager
@@ -367,12 +404,14 @@ KINDS: dict[bytes, type[Message]] = {
         AgentHello,
         AgentHeartbeat,
         RankExited,
+        RelayUp,
         AgentWelcome,
         ManagerBeat,
         Rejoin,
         KillRanks,
         StartRanks,
         AgentExit,
+        RelayDown,
         WorkerHello,
         WorkerHeartbeat,
         GroupCreated,

@@ -21,6 +21,9 @@ A handler that raises, or runs past the action timeout, is reported to the manag
 ``fatal`` fault, so the job escalates to its next strategy. The first formation round
 (before any training) is acknowledged without calling handlers: MindSpore's communicators are
 already built by then.
+
+The link goes through the node agent's relay when ``ms-recover agent`` launched the process
+(``MS_RECOVER_RELAY_ENDPOINT``); under msrun it connects to the manager directly.
 """
 
 from __future__ import annotations

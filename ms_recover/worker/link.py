@@ -1,4 +1,5 @@
-"""The worker's background link to the manager.
+"""The worker's background link to the manager (through its node agent's relay when the agent
+set ``MS_RECOVER_RELAY_ENDPOINT``: :mod:`ms_recover.agent.relay`; else a direct connection).
 
 A daemon thread owns the DEALER socket: it registers, heartbeats with the last committed step,
 sends what the training thread queued, and latches the manager's commands. It never raises
@@ -38,7 +39,11 @@ class ManagerLink:
         self.rank = rank
         self._on_abort = on_abort
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._chan = manager_channel(self._ctx, config, f"rank:{rank}", identity)
+        # Through the node agent's relay when an agent launched this rank (DESIGN.md §1c),
+        # else (msrun's ranks, a standalone worker) straight to the manager.
+        self._chan = manager_channel(
+            self._ctx, config, f"rank:{rank}", identity, config.relay_endpoint
+        )
         self._out: queue.SimpleQueue[tuple[M.Message, int | None]] = queue.SimpleQueue()
         self._inbox: collections.deque[Envelope] = collections.deque()
         self._cond = threading.Condition()

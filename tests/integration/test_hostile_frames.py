@@ -220,7 +220,10 @@ _values = st.recursive(
 )
 _SAMPLES = {
     M.AgentHello.KIND: M.AgentHello(0, "127.0.0.1", [0, 1], 100, True),
-    M.AgentHeartbeat.KIND: M.AgentHeartbeat(0, {0: 200, 1: 201}),
+    M.AgentHeartbeat.KIND: M.AgentHeartbeat(0, {0: 200, 1: 201}, {0: 4, 1: 5}),
+    M.RelayUp.KIND: M.RelayUp(
+        0, [b"L1"], ["rank:1"], [5], [1], [0], ["worker_hb"], [{"rank": 1, "committed_step": 5}]
+    ),
     M.RankExited.KIND: M.RankExited(0, 1, 201, 1, 9, 999.0),
     M.WorkerHello.KIND: M.WorkerHello(1, 0, 201, 0, "tcp://127.0.0.1:5001", -1, 0),
     M.WorkerHeartbeat.KIND: M.WorkerHeartbeat(1, 5),
@@ -298,8 +301,7 @@ def test_an_agent_ignores_a_stale_command_of_the_same_manager() -> None:
         # A restarted manager (new nonce) counts its own epochs.
         assert not agent._stale(Envelope("stale", 0, "manager", 1, kill, 8))
     finally:
-        agent.chan.close()
-        agent._ctx.term()
+        agent.close()
 
 
 # ----------------------------------------------------------------------------- on a live job

@@ -316,3 +316,15 @@ def test_member_env_gives_agents_and_ranks_the_same_timing() -> None:
     )
     seen = JobConfig.from_env(config.member_env(), job_id="j", node_nums=2, proc_per_node=2)
     assert seen == config
+
+
+@pytest.mark.parametrize(
+    "value", ["tcp://10.0.0.5:4000", "tcp://127.0.0.1", "ipc:///tmp/x", "127.0.0.1:4000"]
+)
+def test_a_relay_endpoint_must_be_a_local_tcp_port(value: str) -> None:
+    with pytest.raises(
+        ConfigError, match=r"MS_RECOVER_RELAY_ENDPOINT=.* is not tcp://127\.0\.0\.1"
+    ):
+        JobConfig.from_env({"MS_RECOVER_RELAY_ENDPOINT": value})
+    ok = JobConfig.from_env({"MS_RECOVER_RELAY_ENDPOINT": "tcp://127.0.0.1:40123"})
+    assert ok.relay_endpoint == "tcp://127.0.0.1:40123"

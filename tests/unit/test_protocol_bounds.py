@@ -6,11 +6,14 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import bounds as B
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import MAGIC, Codec
+from ms_recover.protocol.messages import field_types
 from ms_recover.protocol.replay import ReplayGuard
 
 JOB = "job-b"
@@ -63,7 +66,7 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
         (M.WorkerHeartbeat.KIND, {"rank": 2**40, "committed_step": 1}, "rank"),
         (M.Resume.KIND, {"step": B.STEP_MAX + 1}, "step"),
         (M.KillRanks.KIND, {"ranks": [0, 2**33], "reason": ""}, "ranks"),
-        (M.AgentHeartbeat.KIND, {"node_rank": 0, "pids": {0: 2**40}}, "pids"),
+        (M.AgentHeartbeat.KIND, {"node_rank": 0, "pids": {0: 2**40}, "steps": {}}, "pids"),
         (M.Exit.KIND, {"code": 2**40, "reason": ""}, "code"),
         (M.Exit.KIND, {"code": 1, "reason": "x" * (B.MAX_STR + 1)}, "reason"),
         (M.StateDigest.KIND, {"rank": 0, "step": B.STEP_MAX + 1, "digest": "ab"}, "step"),
@@ -183,3 +186,27 @@ def test_a_deeply_nested_data_plane_header_is_a_protocol_error(where: str) -> No
     fields = deep if where == "whole" else [1, 1, 0, "g", deep, "p2p", 0, ""]
     with pytest.raises(ProtocolError, match="flat list"):
         Header.decode(msgpack.packb(fields))
+
+
+_ANY = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.floats()
+    | st.text(max_size=70)
+    | st.binary(max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=3)
+        | st.dictionaries(st.integers(-2, 3) | st.text(max_size=2), kids, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_ANY, data=st.data())
+def test_compiled_checks_agree_with_check_field(value: Any, data: Any) -> None:
+    """The codec's per-kind compiled checks answer exactly as check_field, field by field."""
+    kind = data.draw(st.sampled_from(sorted(M.KINDS)))
+    for name, hint in field_types(M.KINDS[kind]).items():
+        assert B.compile_check(hint, name)(value) == B.check_field(value, hint, name), (kind, name)

@@ -1,0 +1,198 @@
+"""The agent's local relay: its ranks talk to it, not to the manager (DESIGN.md §1c).
+
+The agent binds a ZeroMQ ROUTER on ``127.0.0.1`` (an ephemeral port, so nothing outside the
+pod can reach it) and gives each rank it launches the endpoint in ``MS_RECOVER_RELAY_ENDPOINT``.
+The rank's :class:`~ms_recover.worker.link.ManagerLink` connects there instead of to the
+manager, with the same protocol: frames signed with the job secret, CURVE with the manager's
+keys when the job has a secret, the same size cap.
+
+Guarantees:
+
+* every rank frame is authenticated and bounded exactly as the manager does it
+  (:meth:`Codec.decode <ms_recover.protocol.codec.Codec.decode>`, a replay guard); a bad frame,
+  a kind that is not worker -> manager, or a rank that is not this node's is dropped and logged
+  (rate limited), never raised;
+* what arrives is passed on at once, one :class:`~ms_recover.protocol.messages.RelayUp` frame
+  per wake-up for everything that was ready (a STOPPED waits for no timer);
+* a rank's periodic heartbeat is folded into the agent's own (``AgentHeartbeat.steps``), except
+  the first one at or after the step a RESUME named, which the manager waits for to close a
+  recovery: that one is relayed at once;
+* a :class:`~ms_recover.protocol.messages.RelayDown` from the manager is fanned out in order,
+  each message signed once by this agent and sent to each target identity; a message kind that
+  is not manager -> worker, or a body that fails its checks, is dropped and logged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import zmq
+
+from ms_recover.config import JobConfig
+from ms_recover.errors import ProtocolError
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec, DropLog, Envelope, message_of
+from ms_recover.protocol.relay import DOWN_KINDS, UP_KINDS, rank_of
+from ms_recover.protocol.replay import ReplayGuard
+from ms_recover.protocol.transport import (
+    SLACK,
+    control_server_keys,
+    curve_server,
+    make_socket,
+    send_frames,
+)
+
+log = logging.getLogger("ms_recover.agent")
+
+_BUDGET = 4096  # frames read per drain: a bound, not a limit that real traffic reaches
+
+
+class LocalRelay:
+    """The ROUTER the node's ranks connect to, and what they sent since the last batch."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: JobConfig) -> None:
+        self.config = config
+        self.node_rank = config.node_rank
+        self.sock = make_socket(ctx, zmq.ROUTER, config.max_frame_bytes)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if config.control_curve:
+            curve_server(self.sock, control_server_keys(config.secret, config.job_id))
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
+        self.replay = ReplayGuard(max_senders=4 * config.proc_per_node + 64)
+        self.drops = DropLog(log)
+        self._mine = frozenset(config.ranks_of(config.node_rank))
+        self._seq = itertools.count()
+        self._items: list[tuple[bytes, Envelope, int]] = []  # (identity, envelope, bytes)
+        self._steps: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, committed step)
+        self._latest: dict[int, bytes] = {}  # rank -> the identity it last wrote from
+        self._urgent: dict[bytes, int] = {}  # identity -> the step its RESUME named
+
+    # ------------------------------------------------------------------ ranks -> manager
+    def drain(self) -> bool:
+        """Read every frame that is ready; True if anything is now waiting to be relayed."""
+        for _ in range(_BUDGET):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._accept(frames)
+        return bool(self._items)
+
+    def _accept(self, frames: list[bytes]) -> None:
+        ident = frames[0]
+        try:
+            env = self.codec.decode(frames[1:])
+        except ProtocolError as exc:
+            self.drops.drop(str(exc), f"local {ident[:16]!r}")
+            return
+        if env.msg.KIND not in UP_KINDS:
+            self.drops.drop(f"{env.msg.KIND.decode()} is not relayed to the manager", env.sender)
+            return
+        rank = rank_of(env.msg)
+        if rank not in self._mine:
+            self.drops.drop(f"rank {rank} is not on node {self.node_rank}", env.sender)
+            return
+        replayed = self.replay.check(env.sender, env.nonce, env.seq)
+        if replayed:
+            self.drops.drop(replayed, env.sender)
+            return
+        self._latest[rank] = ident
+        msg = env.msg
+        if isinstance(msg, M.WorkerHeartbeat) and not self._due(ident, msg.committed_step):
+            self._steps[rank] = (ident, msg.committed_step)
+            return
+        self._items.append((ident, env, len(frames[3]) if len(frames) > 3 else 0))
+
+    def _due(self, ident: bytes, step: int) -> bool:
+        """Whether this heartbeat closes a RESUME (relayed at once instead of folded)."""
+        resume = self._urgent.get(ident)
+        if resume is None or step < resume:
+            return False
+        del self._urgent[ident]
+        return True
+
+    def batches(self) -> list[M.RelayUp]:
+        """What arrived since the last call, as RelayUp messages under the frame limit."""
+        out: list[M.RelayUp] = []
+        items, self._items = self._items, []
+        limit = self.codec.max_bytes - SLACK
+        start, size = 0, 0
+        for i, (_, _, n) in enumerate(items):
+            if i > start and size + n > limit:
+                out.append(self._batch(items[start:i]))
+                start, size = i, 0
+            size += n + 64
+        if start < len(items):
+            out.append(self._batch(items[start:]))
+        return out
+
+    def _batch(self, items: list[tuple[bytes, Envelope, int]]) -> M.RelayUp:
+        envs = [env for _, env, _ in items]
+        return M.RelayUp(
+            self.node_rank,
+            [ident for ident, _, _ in items],
+            [e.sender for e in envs],
+            [e.nonce for e in envs],
+            [e.seq for e in envs],
+            [e.epoch for e in envs],
+            [e.msg.KIND.decode() for e in envs],
+            [e.msg.to_wire() for e in envs],
+        )
+
+    def take_steps(self) -> dict[int, int]:
+        """The folded heartbeats since the last call: each rank's committed step, from the
+        process that last wrote (an exited incarnation's beat is not passed on)."""
+        steps = {r: s for r, (ident, s) in self._steps.items() if self._latest.get(r) == ident}
+        self._steps = {}
+        return steps
+
+    # ------------------------------------------------------------------ manager -> ranks
+    def deliver(self, msg: M.RelayDown) -> int:
+        """Fan a RelayDown out to its targets, in order; how many frames were sent."""
+        lists = (msg.kinds, msg.epochs, msg.targets, msg.bodies)
+        if len({len(x) for x in lists}) != 1:
+            self.drops.drop("relay batch with lists of unequal length", "manager")
+            return 0
+        sent = 0
+        for kind, epoch, targets, body in zip(*lists, strict=True):
+            sent += self._deliver_one(kind.encode(), epoch, targets, body)
+        return sent
+
+    def _deliver_one(
+        self, kind: bytes, epoch: int, targets: list[bytes], body: dict[str, object]
+    ) -> int:
+        if kind not in DOWN_KINDS:
+            self.drops.drop(f"{kind[:32]!r} may not be relayed to a rank", "manager")
+            return 0
+        try:
+            message = message_of(kind, body)
+        except ProtocolError as exc:
+            self.drops.drop(f"relayed {exc}", "manager")
+            return 0
+        if isinstance(message, M.Resume):
+            self._urgent.update(dict.fromkeys(targets, message.step))
+        return self._send(message, epoch, targets)
+
+    def _send(self, message: M.Message, epoch: int, targets: list[bytes]) -> int:
+        try:
+            frames = self.codec.encode(message, epoch, "manager", next(self._seq))
+        except ProtocolError as exc:
+            self.drops.drop(str(exc), "manager")
+            return 0
+        for target in targets:
+            try:
+                send_frames(self.sock, [target, *frames])
+            except zmq.ZMQError as exc:
+                log.warning("relay to local rank %r failed: %s", target, exc)
+        return len(targets)
+
+    def rejoin_all(self, reason: str) -> None:
+        """The manager was restarted and asked this agent to register again: ask every local
+        rank that has spoken to do the same (their folded heartbeats cannot)."""
+        self._send(M.Rejoin(reason), 0, sorted(set(self._latest.values())))
+
+    def close(self) -> None:
+        self.sock.close(0)

@@ -1,0 +1,157 @@
+"""Simulated node agents that relay for their ranks (DESIGN.md §1c), for ``bench controlplane``.
+
+Each simulated agent is one DEALER socket to the manager, as a real ``ms-recover agent`` is.
+Its ranks have no socket of their own: the rank -> agent hop is local to a node and is not the
+manager's load, and a socket per rank would cap the bench at the open-file limit (20,000 here).
+So the agent stands for its ranks and speaks exactly what a real agent's relay
+(:mod:`ms_recover.agent.relay`) sends the manager:
+
+* its ranks' registrations and answers as :class:`~ms_recover.protocol.messages.RelayUp`
+  batches, one per agent per wake-up, each item signed with the rank's own sender name and seq;
+* their heartbeats folded into the agent's heartbeat (``AgentHeartbeat.steps``), except the
+  report that closes a RESUME, which goes at once (as the real relay sends it);
+* the manager's :class:`~ms_recover.protocol.messages.RelayDown` batches answered per target
+  rank at once: STOPPED, REBUILT, REPAIRED, and the RESUME step committed immediately.
+
+Incoming bodies are read only where the answer needs them (REPAIR, RESUME), as in
+:mod:`ms_recover.bench.fakecluster`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member
+from ms_recover.protocol import messages as M
+
+_NEED = frozenset({"repair", "resume"})
+
+
+def _peek_relay(payload: bytes) -> tuple[int, Any]:
+    """A RelayDown's epoch and ``(kinds, epochs, targets, bodies)``, bodies read only where an
+    answer needs them (the manager packs ``bodies`` last, see ManagerRelay._send)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(payload) + 1)
+    unpacker.feed(payload)
+    epoch, parsed = 0, dict[str, Any]()
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if key == "epoch":
+            epoch = unpacker.unpack()
+        elif key == "body":
+            for _ in range(unpacker.read_map_header()):
+                field = unpacker.unpack()
+                if field == "bodies":
+                    kinds = parsed["kinds"]
+                    parsed["bodies"] = [
+                        unpacker.unpack() if kinds[i] in _NEED else unpacker.skip()
+                        for i in range(unpacker.read_array_header())
+                    ]
+                else:
+                    parsed[field] = unpacker.unpack()
+        else:
+            unpacker.skip()
+    return epoch, (parsed["kinds"], parsed["epochs"], parsed["targets"], parsed["bodies"])
+
+
+class RelayCluster(FakeCluster):
+    """The agents of one fake process, each standing for its ranks through the relay."""
+
+    def __init__(self, spec: FakeSpec) -> None:
+        super().__init__(spec)
+        self.of_node: dict[int, list[_Member]] = {}
+        self.by_local: dict[bytes, _Member] = {}
+        for rank in self.ranks.values():
+            self.of_node.setdefault(rank.node, []).append(rank)
+            self.by_local[self._local(rank)] = rank
+        self._items: dict[int, list[tuple[_Member, M.Message, int]]] = {}
+
+    @staticmethod
+    def _local(rank: _Member) -> bytes:
+        """The rank's identity at its agent (a new one per incarnation, as a real rank's)."""
+        return f"r{rank.rank}.{rank.incarnation}".encode()
+
+    # ------------------------------------------------------------------ up
+    def _relay(self, rank: _Member, msg: M.Message, epoch: int) -> None:
+        self._items.setdefault(rank.node, []).append((rank, msg, epoch))
+
+    def _flush(self, node: int) -> None:
+        items = self._items.pop(node, [])
+        if not items:
+            return
+        for rank, _, _ in items:
+            rank.seq += 1
+        batch = M.RelayUp(
+            node,
+            [self._local(r) for r, _, _ in items],
+            [r.sender for r, _, _ in items],
+            [self.codec.nonce] * len(items),
+            [r.seq for r, _, _ in items],
+            [e for _, _, e in items],
+            [msg.KIND.decode() for _, msg, _ in items],
+            [msg.to_wire() for _, msg, _ in items],
+        )
+        self.send(self.agents[node], batch)
+
+    def hello(self, m: _Member) -> None:
+        super().hello(m)
+        if not m.is_agent:
+            return
+        ranks = self.of_node[m.node]
+        self._unwelcomed += len(ranks)
+        for r in ranks:
+            self._hello_rank(r)
+        self._flush(m.node)
+
+    def _hello_rank(self, r: _Member) -> None:
+        hello = M.WorkerHello(r.rank, r.node, r.pid, r.incarnation, ENDPOINT, r.committed, 0)
+        self._relay(r, hello, 0)
+
+    def beat(self, m: _Member) -> None:
+        if not (m.alive and m.welcomed):
+            return
+        ranks = [r for r in self.of_node[m.node] if r.alive]
+        steps = {r.rank: r.committed for r in ranks if r.welcomed}
+        self.send(m, M.AgentHeartbeat(m.node, {r.rank: r.pid for r in ranks}, steps))
+
+    # ------------------------------------------------------------------ down
+    def peek(self, kind: bytes, payload: bytes) -> tuple[int, Any]:
+        if kind == M.RelayDown.KIND:
+            return _peek_relay(payload)
+        return super().peek(kind, payload)
+
+    def _on(self, m: _Member, kind: bytes, epoch: int, body: Any) -> None:
+        if kind != M.RelayDown.KIND:
+            super()._on(m, kind, epoch, body)
+            return
+        for kind_i, epoch_i, targets, body_i in zip(*body, strict=True):
+            for local in targets:
+                rank = self.by_local.get(local)
+                if rank is not None and rank.alive:
+                    rank.epoch = max(rank.epoch, epoch_i)
+                    self._answer(rank, kind_i, epoch_i, body_i)
+        self._flush(m.node)
+
+    def _answer(self, r: _Member, kind: str, epoch: int, body: Any) -> None:
+        if kind == "welcome":
+            if not r.welcomed:
+                r.welcomed = True
+                self._unwelcomed -= 1
+        elif kind == "stop":
+            self._relay(r, M.Stopped(r.rank, r.committed, ""), epoch)
+        elif kind == "rebuild":
+            self._relay(r, M.Rebuilt(r.rank), epoch)
+        elif kind == "repair":
+            r.committed = max(r.committed, body["target_step"])
+            self._relay(r, M.Repaired(r.rank, body["attempt"], True, r.committed, -1, ""), epoch)
+        elif kind == "resume":
+            r.committed = body["step"]  # committed at once; the closing report goes at once
+            self._relay(r, M.WorkerHeartbeat(r.rank, r.committed), epoch)
+
+    def _restart(self, m: _Member) -> None:
+        m.incarnation += 1
+        m.alive, m.committed, m.epoch = True, -1, 0
+        self.by_local[self._local(m)] = m
+        self._hello_rank(m)
+        self._flush(m.node)

@@ -1,0 +1,147 @@
+"""What a large job costs the manager between decisions: when to decide, when to read, and
+one shared ManagerBeat.
+
+At 16,384 ranks on 2,048 nodes the manager hears about 4,000 agent heartbeats a second
+(DESIGN.md §1c), and one ``decide`` scans every rank (~3 ms). Deciding after every wake-up, as
+a small job can afford, would cost the manager its whole thread. :class:`Cadence` decides:
+
+* after frames that may change a decision (anything but :data:`QUIET` heartbeats), at once,
+  unless the last decision began less than :data:`SHARE` times its own duration ago: then as
+  soon as it has, so deciding takes at most a quarter of the thread while acknowledgements
+  stream in and the rest goes to reading them (a 4-rank job's decision takes ~50 us: no delay
+  anyone can see; 16,384 ranks' ~3 ms delay a phase by at most ~10 ms);
+* otherwise every ``tick_s`` (phase timeouts), and while the job runs steadily every quarter
+  heartbeat: silence and hangs are judged in whole heartbeats, so a lost node is still seen
+  within ``heartbeat_s * (liveness + 1/4)`` of its last heartbeat (2.125 s at the defaults);
+* while the job runs steadily and only heartbeats came, the manager also rests
+  :data:`REST_S` between reads, so 4,000 heartbeats a second are read in a few hundred batches
+  instead of one wake-up each (a rank's death report waits at most that long).
+
+:class:`SharedBeat` answers an agent's heartbeat only when that agent was last answered at least
+``(liveness - 1) / 2`` heartbeats ago (every other heartbeat, about 1 s, at the defaults): an
+agent gives up on a silent manager only after ``lost_manager_grace_s``, which the config keeps
+above ``heartbeat_s * liveness``, so it still hears the manager at least twice within that
+grace, with half the frames. It encodes one
+ManagerBeat and sends the same frames to every agent it answers until the manager sends
+anything else (a later seq) or the job's state or epoch changes; one seq per receiver is all
+the replay rule needs, and an agent answered twice meanwhile gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import zmq
+
+from ms_recover.manager.model import JobModel, JobState
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec
+from ms_recover.protocol.transport import send_frames
+
+log = logging.getLogger("ms_recover.manager")
+
+#: Frames that only refresh liveness and progress.
+QUIET: frozenset[type[M.Message]] = frozenset(
+    {M.AgentHeartbeat, M.WorkerHeartbeat, M.StatusRequest}
+)
+
+
+#: Deciding takes at most 1/SHARE of the thread while frames stream in.
+SHARE = 4
+
+#: Rest between reads while the job runs steadily and only heartbeats came (see above).
+REST_S = 0.005
+
+
+class Cadence:
+    """When to decide and how long to wait for frames (see the module docstring)."""
+
+    def __init__(
+        self, model: JobModel, tick_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.model = model
+        self.tick_s = tick_s
+        self.quiet_s = model.config.heartbeat_s / 4
+        self._clock = clock
+        self._dirty, self._at, self._cost = True, -1e18, 0.0
+
+    def heard(self, kind: type[M.Message]) -> None:
+        """A frame of ``kind`` was handled."""
+        if kind not in QUIET:
+            self._dirty = True
+
+    def _steady(self) -> bool:
+        return self.model.state is JobState.RUNNING
+
+    def _wait_s(self, now: float) -> float:
+        """Seconds until a decision is due."""
+        since = now - self._at
+        if self._dirty:  # three times as long as the last decision took, from its start
+            return SHARE * self._cost - since
+        return (self.quiet_s if self._steady() else self.tick_s) - since
+
+    def run(self, decide: Callable[[], None]) -> bool:
+        """Call ``decide`` if a decision is due (timing it); whether it was called."""
+        now = self._clock()
+        if self._wait_s(now) > 0:
+            return False
+        self._dirty, self._at = False, now
+        decide()
+        self._cost = self._clock() - now
+        return True
+
+    def poll_ms(self) -> int:
+        """How long the next read may wait for a frame: until a decision is due."""
+        wait = self._wait_s(self._clock())
+        most = self.quiet_s if self._steady() and not self._dirty else self.tick_s
+        return max(0, min(int(most * 1000), math.ceil(wait * 1000)))
+
+    def rest_s(self) -> float:
+        """How long to rest before the next read: :data:`REST_S` while only heartbeats came
+        to a steadily running job, else 0."""
+        return REST_S if self._steady() and not self._dirty else 0.0
+
+
+class SharedBeat:
+    """ManagerBeat frames shared by the agents heard while nothing else was sent."""
+
+    def __init__(
+        self,
+        model: JobModel,
+        codec: Codec,
+        seq: Callable[[], int],
+        next_seq: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model = model
+        self.codec = codec
+        # Every other heartbeat at the default liveness of 4 (0.75 s < two beats), so timer
+        # jitter never stretches the gap to three; every beat at the minimum liveness of 2.
+        self.every_s = model.config.heartbeat_s * (model.config.liveness - 1) / 2
+        self._clock = clock
+        self._answered: dict[bytes, float] = {}  # agent identity -> when it was last answered
+        self._seq, self._next_seq = seq, next_seq
+        self._key: tuple[int, str, int] = (-1, "", -1)  # (seq, state, epoch) of the frames
+        self._frames: list[bytes] = []
+        self._sent: set[bytes] = set()
+
+    def send(self, sock: zmq.Socket[bytes], ident: bytes) -> bool:
+        """Answer the agent ``ident``'s heartbeat if it is due; whether a frame was sent."""
+        now = self._clock()
+        if now - self._answered.get(ident, -1e18) < self.every_s:
+            return False
+        self._answered[ident] = now
+        m = self.model
+        if self._key != (self._seq(), m.state.value, m.epoch) or ident in self._sent:
+            msg = M.ManagerBeat(m.state.value)
+            self._frames = self.codec.encode(msg, m.epoch, "manager", self._next_seq())
+            self._key, self._sent = (self._seq(), m.state.value, m.epoch), set()
+        self._sent.add(ident)
+        try:
+            send_frames(sock, [ident, *self._frames])
+        except zmq.ZMQError as exc:
+            log.warning("send manager_hb to %r failed: %s", ident, exc)
+        return True

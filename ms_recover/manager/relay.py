@@ -1,0 +1,188 @@
+"""The manager's side of the node relay (DESIGN.md §1c): one frame per node, both ways.
+
+Ranks launched by ``ms-recover agent`` reach the manager through their node's agent
+(:mod:`ms_recover.agent.relay`). This module keeps the manager's handlers, epochs, replay rules
+and job model exactly as they are for a directly connected rank:
+
+* **Up.** A :class:`~ms_recover.protocol.messages.RelayUp` batch from a registered agent is
+  unwrapped item by item; each item is checked again (:func:`~ms_recover.protocol.relay.up_items`)
+  and handled by the server's ordinary path (replay check, handler) under the rank's **virtual
+  identity**, which names the agent and the rank's identity at the agent. A bad item is dropped
+  and logged; the others are still handled. A claimant agent (a new pod incarnation whose slot
+  is not yet decided) may only relay registrations, which the slot rule then holds.
+* **Heartbeats.** The ranks' heartbeats arrive folded into their agent's heartbeat
+  (``AgentHeartbeat.steps``): :meth:`ManagerRelay.fold` records them for ranks registered
+  through that very agent, as the rank's own heartbeat would.
+* **Down.** :meth:`ManagerRelay.take` queues what the server sends to virtual identities;
+  :meth:`ManagerRelay.flush` (after each batch of frames and each decide) sends every node's
+  queue as one :class:`~ms_recover.protocol.messages.RelayDown` frame, in order, a broadcast as
+  one item with its targets, a per-rank payload as its own item. Each distinct message body is
+  packed once per flush, whatever the number of nodes it goes to.
+
+Processes with no relaying agent (msrun's ranks under the TaskD shim, a standalone worker, the
+status client) keep their direct DEALER connection; both kinds of member mix in one job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+import zmq
+
+from ms_recover.manager.model import JobModel
+from ms_recover.manager.slots import Slots
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec, DropLog, Envelope
+from ms_recover.protocol.relay import (
+    PREFIX,
+    is_virtual,
+    rank_of,
+    split_identity,
+    up_items,
+    virtual_identity,
+)
+from ms_recover.protocol.transport import SLACK, send_frames
+
+log = logging.getLogger("ms_recover.manager")
+
+Handle = Callable[[bytes, Envelope], None]
+_Item = list[Any]  # [message, epoch, [local identities]]
+
+
+class ManagerRelay:
+    """Unwraps relayed batches into per-rank dispatch and batches per-node sends."""
+
+    def __init__(
+        self,
+        model: JobModel,
+        slots: Slots,
+        codec: Codec,
+        sock: zmq.Socket[bytes],
+        next_seq: Callable[[], int],
+        clock: Callable[[], float],
+    ) -> None:
+        self.model = model
+        self.slots = slots
+        self.codec = codec
+        self._sock = sock
+        self._next_seq = next_seq
+        self._clock = clock
+        self.drops = DropLog(log)
+        self._out: dict[bytes, list[_Item]] = {}  # agent identity -> queued items, in order
+        self.items_in = 0  # relayed rank messages handled (plus folded heartbeats)
+        self.items_out = 0  # rank deliveries sent inside RelayDown frames
+        self.frames_out = 0
+
+    # ------------------------------------------------------------------ up
+    def on_relay_up(
+        self, ident: bytes, msg: M.RelayUp, agent_ok: Callable[[], bool], handle: Handle
+    ) -> None:
+        """Handle each item of a batch from the agent ``ident`` as its rank's own frame.
+
+        ``agent_ok`` is the server's check that ``ident`` is the registered agent of the
+        node (it asks an unknown one to register again); ``handle`` the server's per-frame
+        path (replay check, handler)."""
+        node = msg.node_rank
+        claimant = self.slots.claimant(node, ident) is not None
+        if not claimant:
+            if not agent_ok():
+                return
+            self.model.agents[node].last_seen = self._clock()
+        mine = set(self.model.config.ranks_of(node)) if node in self.model.agents else set()
+        for local, item in up_items(msg, self.codec.job_id):
+            if isinstance(item, str):
+                self.drops.drop(item, f"agent of node {node}")
+            elif rank_of(item.msg) not in mine:
+                self.drops.drop(f"rank {rank_of(item.msg)} relayed by node {node}", item.sender)
+            elif claimant and not isinstance(item.msg, M.WorkerHello):
+                self.drops.drop("relayed by an agent whose slot is undecided", item.sender)
+            else:
+                self.items_in += 1
+                handle(virtual_identity(ident, local), item)
+
+    def fold(self, ident: bytes, steps: dict[int, int]) -> None:
+        """The heartbeats of ranks registered through agent ``ident``, folded into its own:
+        the rank was heard, and its committed step only grows. Entries for other ranks (a
+        rank not, or no longer, registered through this agent) are ignored: it registers
+        again when asked (the agent passes a ``Rejoin`` on to its ranks)."""
+        now, ranks = self._clock(), self.model.ranks
+        prefix = PREFIX + bytes([len(ident)]) + ident
+        for rank, step in steps.items():
+            info = ranks.get(rank)
+            if info is None or not info.alive or not info.identity.startswith(prefix):
+                continue
+            self.items_in += 1
+            info.last_seen = now
+            if step > info.committed_step:
+                info.committed_step, info.last_progress = step, now
+
+    # ------------------------------------------------------------------ down
+    def take(self, identities: Sequence[bytes], msg: M.Message, epoch: int) -> list[bytes]:
+        """Queue ``msg`` for every virtual identity; returns the direct ones (sent as before).
+        Consecutive sends of one message object to one node share an item."""
+        direct: list[bytes] = []
+        for identity in identities:
+            parts = split_identity(identity) if is_virtual(identity) else None
+            if parts is None:
+                direct.append(identity)
+                continue
+            agent, local = parts
+            queue = self._out.setdefault(agent, [])
+            if queue and queue[-1][0] is msg and queue[-1][1] == epoch:
+                queue[-1][2].append(local)
+            else:
+                queue.append([msg, epoch, [local]])
+        return direct
+
+    def flush(self) -> None:
+        """Send every node's queue as RelayDown frames (one per node unless it would exceed
+        the frame limit), each distinct body packed once."""
+        if not self._out:
+            return
+        out, self._out = self._out, {}
+        packed: dict[int, bytes] = {}  # id(message) -> its packed body, for this flush
+        limit = self.codec.max_bytes - SLACK
+        for agent, items in out.items():
+            batch: list[tuple[_Item, bytes]] = []
+            size = 0
+            for item in items:
+                body = packed.get(id(item[0]))
+                if body is None:
+                    body = packed[id(item[0])] = msgpack.packb(item[0].to_wire(), use_bin_type=True)
+                if batch and size + len(body) > limit:
+                    self._send(agent, batch)
+                    batch, size = [], 0
+                batch.append((item, body))
+                size += len(body) + 16 * len(item[2])
+            self._send(agent, batch)
+
+    def _send(self, agent: bytes, batch: list[tuple[_Item, bytes]]) -> None:
+        pack = msgpack.Packer(use_bin_type=True)
+        items = [item for item, _ in batch]
+        body = b"".join(
+            (
+                pack.pack_map_header(4),
+                pack.pack("kinds"),
+                pack.pack([item[0].KIND.decode() for item in items]),
+                pack.pack("epochs"),
+                pack.pack([item[1] for item in items]),
+                pack.pack("targets"),
+                pack.pack([item[2] for item in items]),
+                pack.pack("bodies"),
+                pack.pack_array_header(len(batch)),
+                *(b for _, b in batch),
+            )
+        )
+        epoch = max(item[1] for item in items)
+        frames = self.codec.encode_packed(
+            M.RelayDown.KIND, body, epoch, "manager", self._next_seq()
+        )
+        self.frames_out += 1
+        self.items_out += sum(len(item[2]) for item in items)
+        try:
+            send_frames(self._sock, [agent, *frames])
+        except zmq.ZMQError as exc:
+            log.warning("relay to agent %r failed: %s", agent, exc)

@@ -1,0 +1,112 @@
+"""The relay's wire rules, shared by the agent and the manager (DESIGN.md §1c). Pure: no I/O.
+
+Ranks launched by ``ms-recover agent`` talk to their node's agent, which relays their frames to
+the manager in :class:`~ms_recover.protocol.messages.RelayUp` batches and fans the manager's
+:class:`~ms_recover.protocol.messages.RelayDown` batches out to them. The manager addresses a
+relayed rank by a **virtual identity** that names the agent's ROUTER identity and the rank's
+own identity at the agent (:func:`virtual_identity`), so its handlers, epochs and replay rules
+see a relayed rank exactly as a directly connected one.
+
+Guarantees:
+
+* only worker -> manager kinds travel up (:data:`UP_KINDS`) and only manager -> worker kinds
+  travel down (:data:`DOWN_KINDS`); anything else in a batch is dropped with a reason;
+* :func:`up_items` checks every item's envelope and message like :class:`Codec.decode
+  <ms_recover.protocol.codec.Codec>` checks a frame, and yields a reason instead of raising
+  for a bad one, so one bad item never costs the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ms_recover.errors import ProtocolError
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import MAX_SENDER, Envelope, message_of
+
+#: The first bytes of every virtual identity. libzmq's own generated identities start with a
+#: zero byte too but are 5 bytes long; a peer that sets such an identity itself is refused
+#: by the manager (:func:`is_virtual` in ``dispatch``).
+PREFIX = b"\x00R"
+
+#: What a rank may send through its agent.
+UP_KINDS: frozenset[bytes] = frozenset(
+    cls.KIND
+    for cls in (
+        M.WorkerHello,
+        M.WorkerHeartbeat,
+        M.GroupCreated,
+        M.Stopped,
+        M.StateDigest,
+        M.Rebuilt,
+        M.Repaired,
+        M.WorkerFault,
+        M.WorkerDone,
+        M.Dumped,
+    )
+)
+
+#: What the manager may send to a rank through its agent.
+DOWN_KINDS: frozenset[bytes] = frozenset(
+    cls.KIND for cls in (M.Welcome, M.Rejoin, M.Stop, M.Rebuild, M.Repair, M.Resume, M.Exit, M.Dump)
+)
+
+
+def virtual_identity(agent: bytes, local: bytes) -> bytes:
+    """The manager's name for the rank whose identity at ``agent`` is ``local``."""
+    if not 0 < len(agent) < 256:
+        raise ValueError(f"agent identity of {len(agent)} bytes: ZeroMQ allows 1..255")
+    return PREFIX + bytes([len(agent)]) + agent + local
+
+
+def is_virtual(identity: bytes) -> bool:
+    return identity[:2] == PREFIX
+
+
+def split_identity(identity: bytes) -> tuple[bytes, bytes] | None:
+    """``(agent identity, local identity)`` of a virtual identity, else None."""
+    if not is_virtual(identity) or len(identity) < 4:
+        return None
+    n = identity[2]
+    agent, local = identity[3 : 3 + n], identity[3 + n :]
+    return (agent, local) if len(agent) == n and local else None
+
+
+def up_items(msg: M.RelayUp, job_id: str) -> Iterator[tuple[bytes, Envelope | str]]:
+    """Each item of ``msg`` as ``(local identity, envelope)``, or ``(local identity, reason)``
+    for an item that must be dropped. Lists of unequal length drop the whole batch."""
+    lists = (msg.idents, msg.senders, msg.nonces, msg.seqs, msg.epochs, msg.kinds, msg.bodies)
+    if len({len(x) for x in lists}) != 1:
+        yield b"", "relay batch with lists of unequal length"
+        return
+    for ident, sender, nonce, seq, epoch, kind, body in zip(*lists, strict=True):
+        yield ident, _item(job_id, ident, sender, nonce, seq, epoch, kind.encode(), body)
+
+
+def _item(
+    job_id: str,
+    ident: bytes,
+    sender: str,
+    nonce: int,
+    seq: int,
+    epoch: int,
+    kind: bytes,
+    body: dict[str, object],
+) -> Envelope | str:
+    if not ident:
+        return "relayed item without a local identity"
+    if len(sender) > MAX_SENDER:
+        return f"relayed sender longer than {MAX_SENDER}"
+    if kind not in UP_KINDS:
+        return f"{kind[:32].decode(errors='replace')} may not be relayed to the manager"
+    try:
+        message = message_of(kind, body)
+    except ProtocolError as exc:
+        return f"relayed {exc}"
+    return Envelope(job_id, epoch, sender, seq, message, nonce)
+
+
+def rank_of(msg: M.Message) -> int | None:
+    """The rank a worker -> manager message speaks for (all :data:`UP_KINDS` carry one)."""
+    rank = getattr(msg, "rank", None)
+    return rank if isinstance(rank, int) else None

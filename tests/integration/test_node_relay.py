@@ -1,0 +1,375 @@
+"""The node relay (DESIGN.md §1c): ranks talk to their agent, the agent to the manager.
+
+Both ends are real: a :class:`ManagerServer` on 127.0.0.1 (frames pumped into ``dispatch`` by
+the test, so every step is deterministic) with real agent DEALER sockets, and a real
+:class:`LocalRelay` with real rank DEALER sockets. Hostile input on either hop is dropped and
+counted; what is valid still gets through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from ms_recover.agent.relay import LocalRelay
+from ms_recover.config import JobConfig
+from ms_recover.events import EventLog
+from ms_recover.manager.server import ManagerServer
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import MAGIC, Codec, Envelope
+from ms_recover.protocol.relay import virtual_identity
+from ms_recover.testing.wait import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+JOB = "relay"
+
+
+class Peer:
+    """A real DEALER with its own codec (nonce) and seq counter."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, ident: bytes, sender: str, secret: bytes):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTING_ID, ident)
+        self.sock.connect(endpoint)
+        self.ident, self.sender = ident, sender
+        self.codec = Codec(JOB, secret)
+        self.seq = 0
+        self.sent: list[list[bytes]] = []
+
+    def send(self, msg: M.Message, epoch: int = 0) -> None:
+        self.seq += 1
+        frames = self.codec.encode(msg, epoch, self.sender, self.seq)
+        self.sent.append(frames)
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout_s: float = 5.0) -> Envelope:
+        assert self.sock.poll(int(timeout_s * 1000)), f"{self.sender}: nothing within {timeout_s}s"
+        return self.codec.decode(self.sock.recv_multipart())
+
+    def quiet(self, timeout_s: float = 0.2) -> bool:
+        return not self.sock.poll(int(timeout_s * 1000))
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+# ----------------------------------------------------------------------------- the manager's side
+@pytest.fixture
+def server() -> Iterator[ManagerServer]:
+    cfg = JobConfig(job_id=JOB, node_nums=2, proc_per_node=2, manager_port=0)
+    srv = ManagerServer(cfg, events=EventLog(), bind="127.0.0.1")
+    yield srv
+    srv.close()
+
+
+def _pump(server: ManagerServer, frames: int) -> None:
+    """Dispatch ``frames`` frames from the ROUTER (waiting for each), then flush the relay."""
+    for _ in range(frames):
+        assert server._sock.poll(5000), "no frame reached the manager"
+        server.dispatch(server._sock.recv_multipart())
+    server.relay.flush()
+
+
+def _agent(ctx: zmq.Context, server: ManagerServer, node: int) -> Peer:
+    secret = server.config.effective_secret()
+    peer = Peer(
+        ctx, f"tcp://127.0.0.1:{server.port}", f"a{node}.1".encode(), f"agent:{node}", secret
+    )
+    peer.send(M.AgentHello(node, "127.0.0.1", [2 * node, 2 * node + 1], 100 + node, node == 0))
+    _pump(server, 1)
+    assert peer.recv().msg == M.AgentWelcome(True, "")
+    return peer
+
+
+def _relay_up(node: int, items: list[tuple[bytes, str, int, M.Message]], **bad: Any) -> M.RelayUp:
+    fields = {
+        "node_rank": node,
+        "idents": [i[0] for i in items],
+        "senders": [i[1] for i in items],
+        "nonces": [7] * len(items),
+        "seqs": [i[2] for i in items],
+        "epochs": [0] * len(items),
+        "kinds": [i[3].KIND.decode() for i in items],
+        "bodies": [i[3].to_wire() for i in items],
+    }
+    fields.update(bad)
+    return M.RelayUp(**fields)
+
+
+def _hello(rank: int, node: int | None = None) -> M.WorkerHello:
+    return M.WorkerHello(
+        rank, rank // 2 if node is None else node, 300 + rank, 0, "tcp://x:1", -1, 0
+    )
+
+
+def _register_node0(ctx: zmq.Context, server: ManagerServer) -> Peer:
+    agent = _agent(ctx, server, 0)
+    agent.send(_relay_up(0, [(b"L0", "rank:0", 1, _hello(0)), (b"L1", "rank:1", 1, _hello(1))]))
+    _pump(server, 1)
+    return agent
+
+
+def test_relayed_ranks_register_and_their_welcomes_come_back_in_one_frame(ctx, server) -> None:
+    agent = _register_node0(ctx, server)
+    for rank, local in ((0, b"L0"), (1, b"L1")):
+        info = server.model.ranks[rank]
+        assert info.alive and info.identity == virtual_identity(b"a0.1", local)
+    down = agent.recv().msg
+    assert isinstance(down, M.RelayDown)
+    assert down.kinds == ["welcome", "welcome"] and down.targets == [[b"L0"], [b"L1"]]
+    assert all(b["ok"] for b in down.bodies)
+    assert agent.quiet()  # one frame for the node, not one per rank
+    assert server.status()["ranks"][0]["relayed"] is True
+
+
+def test_a_broadcast_is_one_item_per_node_and_direct_ranks_still_get_theirs(ctx, server) -> None:
+    agent = _register_node0(ctx, server)
+    agent.recv()  # the welcomes
+    secret = server.config.effective_secret()
+    endpoint = f"tcp://127.0.0.1:{server.port}"
+    direct = Peer(ctx, endpoint, b"r2.direct", "rank:2", secret)
+    _agent(ctx, server, 1)
+    direct.send(_hello(2))
+    _pump(server, 1)
+    assert direct.recv().msg.ok
+    idents = [server.model.ranks[r].identity for r in (0, 1, 2)]
+    stop, resume0, resume1 = M.Stop("test"), M.Resume(5), M.Resume(6)
+    server.send(idents, stop)
+    server.send(idents[:1], resume0)  # per-rank payloads that differ: one item each
+    server.send(idents[1:2], resume1)
+    server.relay.flush()
+    down = agent.recv().msg
+    assert down.kinds == ["stop", "resume", "resume"]
+    assert down.targets == [[b"L0", b"L1"], [b"L0"], [b"L1"]]
+    assert down.bodies[1:] == [{"step": 5}, {"step": 6}]
+    assert direct.recv().msg == stop and agent.quiet()
+
+
+def test_folded_heartbeats_count_only_for_ranks_registered_through_that_agent(ctx, server) -> None:
+    agent = _register_node0(ctx, server)
+    agent1 = _agent(ctx, server, 1)
+    agent1.send(_relay_up(1, [(b"L2", "rank:2", 1, _hello(2))]))
+    _pump(server, 1)
+    agent.send(M.AgentHeartbeat(0, {0: 300, 1: 301}, {0: 5, 1: 6, 2: 99}))
+    _pump(server, 1)
+    steps = {r: server.model.ranks[r].committed_step for r in range(3)}
+    assert steps == {0: 5, 1: 6, 2: -1}  # rank 2 belongs to node 1's agent
+
+
+def test_hostile_relay_items_are_dropped_and_the_rest_handled(ctx, server) -> None:
+    agent = _register_node0(ctx, server)
+    before = server.relay.drops.total + server.drops.total
+    hello_elsewhere = _hello(2, node=1)
+    agent.send(
+        _relay_up(
+            0,
+            [
+                (b"L0", "rank:0", 2, M.AgentHello(0, "10.0.0.9", [0, 1], 9, True)),  # not up
+                (b"L0", "rank:0", 3, M.Stop("x")),  # a manager -> worker kind
+                (b"LX", "rank:2", 1, hello_elsewhere),  # another node's rank
+                (b"", "rank:1", 2, M.WorkerDone(1, 4)),  # no local identity
+                (b"L1", "rank:1", 1, M.WorkerDone(1, 4)),  # a replay of seq 1 (the hello's)
+                (b"L0", "rank:0", 4, M.WorkerDone(0, 4)),  # valid
+            ],
+        )
+    )
+    _pump(server, 1)
+    assert server.relay.drops.total + server.drops.total == before + 5
+    assert server.model.ranks[0].done and not server.model.ranks[1].done
+    assert server.model.agents[0].pid == 100 and not server.model.ranks[2].registered
+
+
+def test_malformed_batches_and_forged_identities_are_dropped(ctx, server) -> None:
+    agent = _register_node0(ctx, server)
+    item = [(b"L0", "rank:0", 2, M.WorkerDone(0, 4))]
+    drops = server.relay.drops.total
+    agent.send(_relay_up(0, item, seqs=[]))  # lists of unequal length
+    agent.send(_relay_up(0, item, bodies=[{"rank": 0}]))  # a body without its fields
+    _pump(server, 2)
+    assert server.relay.drops.total == drops + 2 and not server.model.ranks[0].done
+    forged = Peer(
+        ctx,
+        f"tcp://127.0.0.1:{server.port}",
+        virtual_identity(b"a0.1", b"L0"),  # a direct peer naming itself as a relayed rank
+        "rank:0",
+        server.config.effective_secret(),
+    )
+    forged.send(M.WorkerDone(0, 4))
+    before = server.drops.total
+    _pump(server, 1)
+    assert server.drops.total == before + 1 and not server.model.ranks[0].done
+    not_maps = _relay_up(0, item, bodies=[[0, 4]])  # a body that is not a map: the frame
+    agent.sock.send_multipart(agent.codec.encode(not_maps, 0, "agent:0", 99))
+    before = server.drops.total
+    _pump(server, 1)
+    assert server.drops.total == before + 1 and not server.model.ranks[0].done
+    stranger = _agent(ctx, server, 1)  # registered, but for node 1: cannot relay node 0
+    stranger.send(_relay_up(0, item))
+    _pump(server, 1)
+    assert not server.model.ranks[0].done
+
+
+# ----------------------------------------------------------------------------- the agent's side
+@pytest.fixture
+def relay(ctx: zmq.Context) -> Iterator[LocalRelay]:
+    cfg = JobConfig(job_id=JOB, node_nums=2, proc_per_node=2, node_rank=1, manager_port=0)
+    local = LocalRelay(ctx, cfg)
+    yield local
+    local.close()
+
+
+def _rank(ctx: zmq.Context, relay: LocalRelay, rank: int, secret: bytes | None = None) -> Peer:
+    key = secret if secret is not None else relay.config.effective_secret()
+    return Peer(ctx, relay.endpoint, f"r{rank}".encode(), f"rank:{rank}", key)
+
+
+def _drained(relay: LocalRelay, frames: int) -> list[M.RelayUp]:
+    """Wait until ``frames`` more frames were accepted or dropped; the batches since."""
+    seen = {"n": 0}
+
+    def done() -> bool:
+        before = relay.drops.total + len(relay._items) + len(relay._steps)
+        relay.drain()
+        seen["n"] += relay.drops.total + len(relay._items) + len(relay._steps) - before
+        return seen["n"] >= frames
+
+    wait_for(done, 5, f"{frames} frames at the relay", poll_s=0.005)
+    return relay.batches()
+
+
+def test_the_relay_authenticates_like_the_manager(ctx, relay) -> None:
+    good = _rank(ctx, relay, 2)
+    wrong_secret = _rank(ctx, relay, 3, secret=b"not-the-secret")
+    wrong_secret.send(M.WorkerDone(3, 1))
+    good.sock.send_multipart([b"garbage"])
+    good.sock.send_multipart([MAGIC, b"stopped", b"\xc1", b"0" * 32])
+    good.send(M.AgentHello(1, "10.0.0.9", [2, 3], 9, False))  # an agent kind
+    good.send(M.Stopped(0, 3, ""))  # rank 0 is node 0's
+    good.send(M.Stopped(2, 3, "ab"))
+    good.sock.send_multipart(good.sent[-1])  # a replay
+    batches = _drained(relay, 7)
+    assert relay.drops.total == 6
+    assert len(batches) == 1 and batches[0].kinds == ["stopped"]
+    assert batches[0].idents == [b"r2"] and batches[0].bodies[0]["digest"] == "ab"
+
+
+def test_heartbeats_are_folded_except_the_one_that_closes_a_resume(ctx, relay) -> None:
+    rank = _rank(ctx, relay, 2)
+    rank.send(M.WorkerHeartbeat(2, 12))
+    assert _drained(relay, 1) == [] and relay.take_steps() == {2: 12}
+    relay.deliver(M.RelayDown(["resume"], [4], [[b"r2"]], [{"step": 13}]))
+    assert rank.recv().msg == M.Resume(13)
+    rank.send(M.WorkerHeartbeat(2, 12))  # the periodic beat before the step ran: folded
+    assert _drained(relay, 1) == []
+    rank.send(M.WorkerHeartbeat(2, 13))  # the report the manager waits for: at once
+    batches = _drained(relay, 1)
+    assert [b.kinds for b in batches] == [["worker_hb"]] and batches[0].epochs == [0]
+    assert relay.take_steps() == {2: 12}
+
+
+def test_the_relay_fans_out_in_order_and_drops_what_is_not_for_ranks(ctx, relay, caplog) -> None:
+    ranks = [_rank(ctx, relay, r) for r in (2, 3)]
+    for r, peer in zip((2, 3), ranks, strict=True):
+        peer.send(M.WorkerHeartbeat(r, 0))  # connected and known
+    _drained(relay, 2)
+    before = relay.drops.total
+    down = M.RelayDown(
+        ["kill_ranks", "stop", "resume", "rebuild"],
+        [3, 3, 3, 3],
+        [[b"r2"], [b"r2", b"r3"], [b"r3"], [b"r2"]],
+        [{"ranks": [2], "reason": "x"}, {"reason": "fault"}, {"step": 8}, {"world": "x"}],
+    )
+    assert relay.deliver(down) == 3
+    assert relay.drops.total == before + 2
+    got2, got3 = ranks[0].recv(), [ranks[1].recv(), ranks[1].recv()]
+    assert (got2.msg, got2.epoch) == (M.Stop("fault"), 3)
+    assert [e.msg for e in got3] == [M.Stop("fault"), M.Resume(8)]
+    assert ranks[0].quiet()
+    lopsided = M.RelayDown(["stop"], [3, 4], [[b"r2"]], [{"reason": "x"}])
+    assert relay.deliver(lopsided) == 0 and ranks[0].quiet()
+    deep: object = 0
+    for _ in range(20):  # within msgpack's limits, deeper than a Welcome may nest in its frame
+        deep = [deep]
+    welcome = {"ok": True, "reason": "", "reboot": False, "world_size": 4, "group_log": [deep]}
+    assert relay.deliver(M.RelayDown(["welcome"], [3], [[b"r2"]], [welcome])) == 0
+    assert "nests deeper" in caplog.text and ranks[0].quiet()
+
+
+def test_a_rejoin_reaches_every_rank_that_spoke(ctx, relay) -> None:
+    ranks = [_rank(ctx, relay, r) for r in (2, 3)]
+    for r, peer in zip((2, 3), ranks, strict=True):
+        peer.send(M.WorkerHeartbeat(r, 0))
+    _drained(relay, 2)
+    relay.rejoin_all("manager restarted")
+    assert [p.recv().msg for p in ranks] == [M.Rejoin("manager restarted")] * 2
+
+
+def test_a_batch_over_the_frame_limit_is_split(ctx) -> None:
+    cfg = JobConfig(
+        job_id=JOB, node_nums=1, proc_per_node=2, manager_port=0, max_frame_bytes=128 << 10
+    )
+    local = LocalRelay(ctx, cfg)
+    try:
+        rank = _rank(ctx, local, 0)
+        for i in range(4):
+            rank.send(M.WorkerFault(0, "comm", "x" * 60000 + str(i)))
+        batches = _drained(local, 4)
+        assert len(batches) > 1 and sum(len(b.kinds) for b in batches) == 4
+        codec = Codec(JOB, cfg.effective_secret(), cfg.max_frame_bytes)
+        for batch in batches:
+            frames = codec.encode(batch, 0, "agent:0", 1)
+            assert codec.decode(frames).msg == batch  # under the limit the manager enforces
+    finally:
+        local.close()
+
+
+def test_relay_down_bodies_are_packed_once_per_flush(ctx, server, monkeypatch) -> None:
+    agents = [_register_node0(ctx, server)]
+    agents.append(_agent(ctx, server, 1))
+    agents[1].send(_relay_up(1, [(b"L2", "rank:2", 1, _hello(2)), (b"L3", "rank:3", 1, _hello(3))]))
+    _pump(server, 1)
+    for agent in agents:
+        agent.recv()
+    packs: list[Any] = []
+    real = msgpack.packb
+    monkeypatch.setattr(msgpack, "packb", lambda obj, **kw: packs.append(obj) or real(obj, **kw))
+    server.send([server.model.ranks[r].identity for r in range(4)], M.Stop("once"))
+    server.relay.flush()
+    assert packs == [{"reason": "once"}]
+    assert [a.recv().msg.targets for a in agents] == [[[b"L0", b"L1"]], [[b"L2", b"L3"]]]
+
+
+# ----------------------------------------------------------------------------- a real job
+def test_a_real_job_runs_through_its_agents_and_recovers_a_kill(tmp_path) -> None:
+    """Ranks launched by ``ms-recover agent`` register through it (no rank frame reaches the
+    manager directly), a SIGKILLed rank's replacement does too, and the job ends normally."""
+    import os
+    import signal
+
+    from .jobs import run_to_end, trainer_job
+
+    with trainer_job(str(tmp_path), steps=400, extra=("--step-time", "0.01")) as job:
+
+        def training(rank: int) -> int:
+            info = job.status()["ranks"][rank]
+            return info["pid"] if info["alive"] and info["step"] >= 2 else 0
+
+        pid = wait_for(lambda: training(3), 30, "rank 3 to train")
+        assert all(r["relayed"] for r in job.status()["ranks"])
+        assert job.server.relay.items_in > 0
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: job.find("recovery", ok=True), 60, "the recovery")
+        ranks = job.status()["ranks"]
+        assert ranks[3]["pid"] != pid and all(r["relayed"] for r in ranks)
+        run_to_end(job)
+    assert job.exit_code == 0

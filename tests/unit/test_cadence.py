@@ -1,0 +1,125 @@
+"""When the manager decides (manager/cadence.py): at once after anything but heartbeats, not
+more than half the time, every quarter heartbeat while only heartbeats come; one ManagerBeat
+encoding shared by the agents heard meanwhile."""
+
+from __future__ import annotations
+
+import pytest
+
+from ms_recover.config import JobConfig
+from ms_recover.manager.cadence import REST_S, Cadence, SharedBeat
+from ms_recover.manager.model import JobModel, JobState
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 64.0  # binary fractions below: exact float sums
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def running() -> JobModel:
+    model = JobModel(JobConfig(job_id="c", node_nums=2, proc_per_node=2, heartbeat_s=0.5))
+    model.state = JobState.RUNNING
+    return model
+
+
+def _decides(cadence: Cadence, took: float = 0.0, clock: Clock | None = None) -> bool:
+    def decide() -> None:
+        if clock is not None:
+            clock.t += took
+
+    return cadence.run(decide)
+
+
+def test_heartbeats_alone_wait_for_the_quiet_tick(running: JobModel) -> None:
+    clock = Clock()
+    cadence = Cadence(running, tick_s=0.02, clock=clock)
+    assert _decides(cadence)  # the first decision is always due
+    cadence.heard(M.AgentHeartbeat)
+    cadence.heard(M.WorkerHeartbeat)
+    clock.t += 0.09375
+    assert not _decides(cadence) and cadence.rest_s() == REST_S
+    assert cadence.poll_ms() == 32  # until the quarter heartbeat (0.125 s)
+    clock.t += 0.015625
+    assert cadence.poll_ms() == 16 and not _decides(cadence)
+    clock.t += 0.015625
+    assert _decides(cadence)
+
+
+def test_any_other_frame_is_decided_on_at_once(running: JobModel) -> None:
+    clock = Clock()
+    cadence = Cadence(running, tick_s=0.02, clock=clock)
+    assert _decides(cadence)
+    clock.t += 0.0009765625
+    cadence.heard(M.RankExited)
+    assert cadence.rest_s() == 0.0 and cadence.poll_ms() == 0
+    assert _decides(cadence)
+
+
+def test_deciding_takes_at_most_a_quarter_of_the_thread(running: JobModel) -> None:
+    clock = Clock()
+    cadence = Cadence(running, tick_s=0.02, clock=clock)
+    assert _decides(cadence, took=0.00390625, clock=clock)  # a ~4 ms decision (16k ranks)
+    cadence.heard(M.Stopped)
+    clock.t += 0.0009765625
+    assert not _decides(cadence) and cadence.poll_ms() == 11  # 4 x 3.9 ms from its start
+    clock.t += 0.0107421875
+    assert _decides(cadence)
+
+
+def test_every_phase_but_running_decides_each_tick(running: JobModel) -> None:
+    running.state = JobState.STOPPING
+    clock = Clock()
+    cadence = Cadence(running, tick_s=0.02, clock=clock)
+    assert _decides(cadence)
+    cadence.heard(M.WorkerHeartbeat)
+    clock.t += 0.015625
+    assert cadence.rest_s() == 0.0 and not _decides(cadence)
+    clock.t += 0.0078125  # past the 20 ms tick
+    assert _decides(cadence)
+
+
+class Sock:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, frame: bytes, flags: int = 0) -> None:
+        self.sent.append(frame)
+
+
+def test_one_beat_is_shared_and_each_agent_answered_once_a_second(
+    running: JobModel, monkeypatch
+) -> None:
+    from ms_recover.manager import cadence as cadence_mod
+
+    sent: list[list[bytes]] = []
+    monkeypatch.setattr(cadence_mod, "send_frames", lambda sock, frames: sent.append(frames))
+    seq = {"n": 0}
+
+    def next_seq() -> int:
+        seq["n"] += 1
+        return seq["n"]
+
+    codec, clock = Codec("c", b"k"), Clock()
+    beat = SharedBeat(running, codec, lambda: seq["n"], next_seq, clock)
+    assert beat.every_s == 0.75  # every other 0.5 s beat: twice within the shortest grace (2 s)
+    assert [beat.send(None, ident) for ident in (b"a0", b"a1")] == [True, True]  # type: ignore[arg-type]
+    assert sent[0][1:] == sent[1][1:] and seq["n"] == 1  # encoded once
+    clock.t += 0.5
+    assert not beat.send(None, b"a0")  # type: ignore[arg-type]  # answered half a second ago
+    clock.t += 0.5
+    # Due again: a fresh seq (the same frames twice would be a replay at the agent).
+    assert beat.send(None, b"a0")  # type: ignore[arg-type]
+    next_seq()  # anything else the manager sent
+    clock.t += 0.5
+    assert beat.send(None, b"a1")  # type: ignore[arg-type]
+    assert [codec.decode(f[1:]).seq for f in sent] == [1, 1, 2, 4]
+    running.state = JobState.STOPPING
+    clock.t += 1.0
+    beat.send(None, b"a1")  # type: ignore[arg-type]
+    assert codec.decode(sent[-1][1:]).msg == M.ManagerBeat("stopping")
