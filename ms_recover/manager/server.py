@@ -20,8 +20,8 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.manager import divergence
-from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.cadence import Cadence, SharedBeat
+from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
