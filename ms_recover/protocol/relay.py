@@ -48,7 +48,8 @@ UP_KINDS: frozenset[bytes] = frozenset(
 
 #: What the manager may send to a rank through its agent.
 DOWN_KINDS: frozenset[bytes] = frozenset(
-    cls.KIND for cls in (M.Welcome, M.Rejoin, M.Stop, M.Rebuild, M.Repair, M.Resume, M.Exit, M.Dump)
+    cls.KIND
+    for cls in (M.Welcome, M.Rejoin, M.Stop, M.Rebuild, M.Repair, M.Peers, M.Resume, M.Exit, M.Dump)
 )
 
 

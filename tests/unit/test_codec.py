@@ -501,3 +501,25 @@ def test_rank_runs_round_trip(ranks: list[int], wire: list[list[int]]) -> None:
 def test_malformed_rank_runs_are_refused(wire: list[list[int]], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         M.ranks_of(wire, 8)
+
+
+def test_the_relay_carries_every_worker_message_kind_both_ways() -> None:
+    """A kind added to the protocol must travel through an agent too: every message documented
+    as worker -> manager goes up, every manager -> worker one comes down (Peers once did not,
+    and a relayed rank creating a group waited for an answer that was dropped)."""
+    import inspect
+
+    from ms_recover.protocol import messages as M
+    from ms_recover.protocol.relay import DOWN_KINDS, UP_KINDS
+
+    classes = [
+        c
+        for c in vars(M).values()
+        if inspect.isclass(c) and issubclass(c, M.Message) and c is not M.Message
+    ]
+    up = {c.KIND for c in classes if (c.__doc__ or "").lstrip().startswith("worker -> manager")}
+    heads = {c.KIND: (c.__doc__ or "").lstrip().split(":")[0] for c in classes}
+    down = {k for k, h in heads.items() if h.startswith("manager ->") and "worker" in h}
+    assert up and down
+    assert up == UP_KINDS
+    assert down == DOWN_KINDS
