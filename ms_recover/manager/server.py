@@ -360,6 +360,19 @@ class ManagerServer:
             return False
         return True
 
+    def _relay_ok(self, ident: bytes, node_rank: int) -> bool:
+        """``_agent_ok``, and after a normal end also the agent released then: it is draining,
+        and its ranks (a pod that came back late) must still hear that the job is over."""
+        agent = self.model.agents.get(node_rank)
+        if (
+            self.model.state is JobState.FINISHED
+            and agent is not None
+            and agent.released
+            and self._agent_ids.get(node_rank) == ident
+        ):
+            return True
+        return self._agent_ok(ident, node_rank)
+
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
         claim = self.slots.claimant(msg.node_rank, ident)
         if claim is not None:  # the claimant: is the old one gone now?
@@ -374,7 +387,7 @@ class ManagerServer:
 
     def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:
         self.relay.on_relay_up(
-            ident, msg, lambda: self._agent_ok(ident, msg.node_rank), self._handle
+            ident, msg, lambda: self._relay_ok(ident, msg.node_rank), self._handle
         )
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
