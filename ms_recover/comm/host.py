@@ -7,8 +7,11 @@ Algorithms (``n`` members of a group, ring order = the group's rank order):
   ``j`` is always summed in the same order (starting at member ``j``, around the ring), so the
   result is bit-for-bit reproducible, and the all-gather copies final bits, so every member
   ends with identical bits. MEAN divides each final segment once, at its owner.
-  Two members with at most ``EXCHANGE_MAX_BYTES`` take a latency path instead: one exchange
-  of the whole buffer, each adding the lower rank's values first (same bits on both).
+  Two members take a latency path instead: one exchange of the whole buffer, each adding the
+  lower rank's values first (same bits on both). It runs over the pair's lane (a plain TCP
+  connection authenticated once, see :mod:`hostlane` and :mod:`laneexchange`) whenever both
+  advertise one, which they do unless the data plane uses CURVE; otherwise over ZeroMQ, up
+  to ``EXCHANGE_MAX_BYTES``.
 * **broadcast**: a pipelined chain from the root along the ring.
 * **barrier**: dissemination, ``ceil(log2 n)`` rounds of empty messages.
 * **send/recv**: a manifest plus a chunked byte stream (see :mod:`hoststream`).
@@ -22,16 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import numpy as np
 import zmq
 from numpy.typing import NDArray
 
-from ms_recover.comm import hoststream
+from ms_recover.comm import hoststream, laneexchange
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.comm.hostauth import DataCurve
+from ms_recover.comm.hostlane import Lanes, lane_endpoint, split_endpoint
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
 from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
 from ms_recover.errors import CommError, ConfigError
@@ -95,7 +100,8 @@ class HostBackend(CommBackend):
         ``advertise_host`` is the address peers dial when ``bind_host`` is a wildcard.
         ``io_threads``: ZeroMQ I/O threads (native, not Python); 2 lets both directions run at once.
         ``password`` (:func:`~ms_recover.comm.hostauth.data_plane_password`): only peers that
-        present it may connect, and this rank presents it. ``ms_recover.init`` always sets it;
+        present it may connect, and this rank presents it (a lane proves it by challenge and
+        response). ``ms_recover.init`` always sets it;
         None (no authentication) is for benchmarks and tests on one host. ``curve`` (with a
         password) authenticates with the job's CURVE keys instead and encrypts every message.
         An inbound message part is capped at the larger of ``chunk_bytes`` + 4 KiB and
@@ -117,6 +123,21 @@ class HostBackend(CommBackend):
             rank, bind_host, advertise_host, timeout, self._boxes, io_threads, password, curve, cap
         )
         self._link.after_send = self._after_send
+        self._lanes: Lanes | None = None  # CURVE encrypts ZeroMQ only: no lane then
+        if curve is None:
+            try:
+                self._lanes = Lanes(
+                    rank,
+                    bind_host,
+                    password,
+                    self._boxes.stats,
+                    self._link.check,
+                    self._link.wake_fd,
+                    timeout,
+                )
+            except CommError:
+                self._link.close()
+                raise
         self._groups: dict[str, tuple[int, ...]] = {}
         self._seq: dict[str, int] = {}
         self._built = False
@@ -127,7 +148,9 @@ class HostBackend(CommBackend):
 
     @property
     def endpoint(self) -> str:
-        return self._link.endpoint
+        if self._lanes is None:
+            return self._link.endpoint
+        return lane_endpoint(self._link.endpoint, self._lanes.port)
 
     @property
     def stats(self) -> WireStats:
@@ -157,7 +180,12 @@ class HostBackend(CommBackend):
             raise CommError(f"rank {self.rank} is not among the members {sorted(members)}")
         # Clear the abort first: an abort() racing with this rebuild must stay in force.
         self._link.clear_abort()
-        self._link.connect(epoch, members)
+        split = {r: split_endpoint(e) for r, e in members.items() if r != self.rank}
+        self._link.connect(
+            epoch, {self.rank: self._link.endpoint} | {r: e for r, (e, _) in split.items()}
+        )
+        if self._lanes is not None:
+            self._lanes.build(epoch, {r: a for r, (_, a) in split.items() if a is not None})
         self.epoch = epoch
         self._boxes.advance(epoch)
         self._groups = {WORLD: tuple(sorted(members))}
@@ -193,6 +221,8 @@ class HostBackend(CommBackend):
         self._link.abort()
 
     def close(self) -> None:
+        if self._lanes is not None:
+            self._lanes.close()
         self._link.close()
 
     # -- collectives -----------------------------------------------------------------------
@@ -257,6 +287,13 @@ class HostBackend(CommBackend):
         if call.n == 1 or flat.size == 0:
             return flat.copy().reshape(src.shape)
         mean = reduce_op is ReduceOp.MEAN
+        if call.n == 2 and self._lanes is not None and self._lanes.has(call.peer(1)):
+            deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
+            label = (call.group, call.seq, call.meta)
+            out = laneexchange.exchange(
+                self._lanes, call.peer(1), label, flat, mean, self._after_send, deadline
+            )
+            return out.reshape(src.shape)
         if call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
             return self._exchange(call, flat, mean).reshape(src.shape)
         return self._ring(call, flat, mean).reshape(src.shape)
