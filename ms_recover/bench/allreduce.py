@@ -117,7 +117,8 @@ def size_measures(r: SizeResult, world: int, repeats: int) -> list[Measure]:
     host = busbw_gbps(r.nbytes, world, r.host_s)
     copy = r.nbytes / r.copy_s / GB
     ms = None if r.mindspore_s is None else busbw_gbps(r.nbytes, world, r.mindspore_s)
-    how = f"median of {repeats}, slowest of {world} ranks"
+    runs = repeats if r.nbytes >= MB else max(repeats, SMALL_REPEATS)  # as _time_size runs
+    how = f"median of {runs}, slowest of {world} ranks"
     head = f"{r.size_mb:g} MiB:"
     return [
         Measure(

@@ -92,6 +92,7 @@ class HostBackend(CommBackend):
         io_threads: int = 2,
         password: bytes | None = None,
         curve: DataCurve | None = None,
+        lanes: bool = True,
     ) -> None:
         """Bind the inbound socket now, so :attr:`endpoint` is known before :meth:`init`.
 
@@ -106,6 +107,8 @@ class HostBackend(CommBackend):
         password) authenticates with the job's CURVE keys instead and encrypts every message.
         An inbound message part is capped at the larger of ``chunk_bytes`` + 4 KiB and
         :data:`~ms_recover.comm.hostlink.MAX_MESSAGE_BYTES`: peers must not use larger chunks.
+        ``lanes=False`` keeps two-rank allreduces on ZeroMQ too (no lane is advertised; CURVE
+        implies it).
         """
         super().__init__(rank, world_size)
         if chunk_bytes < 64:
@@ -124,7 +127,7 @@ class HostBackend(CommBackend):
         )
         self._link.after_send = self._after_send
         self._lanes: Lanes | None = None  # CURVE encrypts ZeroMQ only: no lane then
-        if curve is None:
+        if curve is None and lanes:
             try:
                 self._lanes = Lanes(
                     rank,

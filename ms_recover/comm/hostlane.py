@@ -126,6 +126,9 @@ class Lanes:
         self._conns: dict[int, socket.socket] = {}  # this epoch's connections by peer rank
         self._parked: dict[PendingKey, socket.socket] = {}  # authenticated, not yet used
         self._pending: dict[int, _Pending] = {}  # by fd
+        self._poller = select.poll()  # the wake-up pipe, the listener and pending handshakes
+        self._poller.register(wake_fd, select.POLLIN)
+        self._poller.register(self._listener, select.POLLIN)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -217,14 +220,14 @@ class Lanes:
         Raises Interrupted on abort, CommError at the deadline."""
         while True:
             self._check()
-            poller = select.poll()
-            poller.register(self._wake, select.POLLIN)
-            poller.register(self._listener, select.POLLIN)
-            for fd in self._pending:
-                poller.register(fd, select.POLLIN)
-            if sock is not None:
-                poller.register(sock, events)
-            ready = poller.poll(self._slice_ms(deadline))
+            if sock is None:
+                ready = self._poller.poll(self._slice_ms(deadline))
+            else:
+                self._poller.register(sock, events)
+                try:
+                    ready = self._poller.poll(self._slice_ms(deadline))
+                finally:
+                    self._poller.unregister(sock)
             mine = False
             for fd, _ in ready:
                 if fd == self._listener.fileno():
@@ -233,7 +236,8 @@ class Lanes:
                     self._advance(fd)
                 elif sock is not None and fd == sock.fileno():
                     mine = True
-            self._expire()
+            if self._pending:
+                self._expire()
             if mine or (sock is None and ready):
                 return
             if deadline is not None and time.monotonic() > deadline:
@@ -304,6 +308,7 @@ class Lanes:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._pending[sock.fileno()] = _Pending(sock, time.monotonic() + HANDSHAKE_S)
+            self._poller.register(sock, select.POLLIN)
 
     def _advance(self, fd: int) -> None:
         """Read what arrived on a pending connection; answer HELLO, check the proof."""
@@ -344,6 +349,7 @@ class Lanes:
             self._refuse(fd, "a wrong proof of the job secret")
             return
         del self._pending[fd]
+        self._poller.unregister(fd)
         _, _, epoch, src, _, _ = HELLO.unpack(p.hello)
         old = self._parked.pop((epoch, src), None)
         if old is not None:  # the same peer dialled again (it restarted): the newest wins
@@ -357,6 +363,7 @@ class Lanes:
 
     def _refuse(self, fd: int, reason: str, count: bool = True) -> None:
         p = self._pending.pop(fd)
+        self._poller.unregister(fd)
         try:
             host, port = p.sock.getpeername()[:2]
             peer = f"{host}:{port}"

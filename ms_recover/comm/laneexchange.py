@@ -8,8 +8,8 @@ gives the same bits. MEAN divides the sum by two once, on both members alike.
 
 One thread does both directions with non-blocking sockets: it sends what the kernel takes,
 reads what has arrived, and polls only when neither made progress. A buffer small enough for
-the kernel's socket buffers (the 37 KB of a demo gradient) costs one send, one poll and two
-reads. Nothing blocks on a full socket while the peer waits for us, so there is no deadlock at
+the kernel's socket buffers (the 37 KB of a demo gradient) costs one send, one poll and one
+read. Nothing blocks on a full socket while the peer waits for us, so there is no deadlock at
 any size, and the bytes that cross each way are exactly the buffer's (plus a header of about
 40 bytes per :data:`FRAME_MAX_BYTES`).
 
@@ -90,7 +90,7 @@ class _Exchange:
         self.outbox = self._frames(flat.data.cast("B"))
         self.dst = self.out.data.cast("B")
         self.head = bytearray(FRAME.size + len(self.tail))
-        self.head_got = 0  # bytes of the current frame's header read so far
+        self.head_got = 0  # bytes of the current frame's header read so far (0: none yet)
         self.frame_end = 0  # end offset of the payload being read (0: reading a header)
         self.got = 0  # payload bytes received
         self.added = 0  # elements summed so far
@@ -156,26 +156,37 @@ class _Exchange:
         return True
 
     def _recv_head(self) -> bool:
-        view = memoryview(self.head)
+        """Read a frame header; at its start, together with the payload it announces (one
+        read for both, as both are usually here). A header of another call fails the call
+        before any of its payload is used (what landed in ``out`` is then never returned)."""
+        first = min(FRAME_MAX_BYTES, self.total - self.got)
         try:
-            n = self.sock.recv_into(view[self.head_got :])
+            if self.head_got == 0:
+                payload = self.dst[self.got : self.got + first]
+                n = self.sock.recvmsg_into([self.head, payload])[0]
+            else:
+                n = self.sock.recv_into(memoryview(self.head)[self.head_got :])
         except BlockingIOError:
             return False
         except OSError as exc:
             raise PeerGone from exc
         if n == 0:
             raise PeerGone
-        self.head_got += n
-        if self.head_got >= FRAME.size:
-            magic, glen, mlen, _, _, _ = FRAME.unpack_from(self.head)
-            if magic != FRAME_MAGIC:
-                raise CommError(f"rank {self.peer} sent a malformed lane frame ({magic!r})")
-            size = FRAME.size + glen + mlen
-            if size > self.head_got and size > len(self.head):  # another call's longer tail
-                self.head += bytes(size - len(self.head))
-            if self.head_got >= size:
-                self.frame_end = self._frame_end(size)
-                self.head_got = 0
+        extra = max(0, self.head_got + n - len(self.head))  # payload bytes read with it
+        self.head_got += n - extra
+        if self.head_got < FRAME.size:
+            return True
+        magic, glen, mlen, _, _, _ = FRAME.unpack_from(self.head)
+        if magic != FRAME_MAGIC:
+            raise CommError(f"rank {self.peer} sent a malformed lane frame ({magic!r})")
+        size = FRAME.size + glen + mlen
+        if size != len(self.head) or self.head_got == size:
+            self.frame_end = self._frame_end(size)  # raises unless a frame of this call
+            self.head_got = 0
+            self.got += extra
+            if self.got == self.frame_end:
+                self.frame_end = 0
+            self._add(self.got // self.flat.itemsize)
         return True
 
     def _frame_end(self, size: int) -> int:
@@ -189,7 +200,7 @@ class _Exchange:
                 f"group {self.group!r} op #{self.seq}: rank {self.peer} called "
                 f"allreduce({meta}){where} but rank {self.lanes.rank} called allreduce({self.meta})"
             )
-        if offset != self.got or nbytes == 0 or offset + nbytes > self.total:
+        if offset != self.got or nbytes != min(FRAME_MAX_BYTES, self.total - self.got):
             raise CommError(
                 f"allreduce #{self.seq}: rank {self.peer} sent {nbytes} bytes at offset "
                 f"{offset}; expected offset {self.got} of {self.total}"

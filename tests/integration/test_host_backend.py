@@ -14,7 +14,7 @@ import pytest
 import zmq
 from zmq.utils.garbage import GarbageCollectorThread
 
-from ms_recover.comm import hoststream
+from ms_recover.comm import hoststream, laneexchange
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.comm.host import HostBackend
 from ms_recover.comm.hostauth import (
@@ -133,11 +133,15 @@ def test_allreduce_matches_numpy_and_is_bit_identical(make: Any, n: int, dtype: 
             assert np.array_equal(x, c), "allreduce modified its input"
 
 
-@pytest.mark.parametrize("exchange_max", [0, 1 << 20], ids=["ring", "exchange"])
-def test_two_ranks_same_bits_on_both_paths_nan_payloads_included(
-    make: Any, exchange_max: int
+@pytest.mark.parametrize(
+    ("exchange_max", "lanes"),
+    [(0, False), (1 << 20, False), (0, True)],
+    ids=["ring", "exchange", "lane"],
+)
+def test_two_ranks_same_bits_on_every_path_nan_payloads_included(
+    make: Any, exchange_max: int, lanes: bool
 ) -> None:
-    backends = make(2, chunk_bytes=128)
+    backends = make(2, chunk_bytes=128, lanes=lanes)
     for b in backends:
         b.exchange_max_bytes = exchange_max
     xs = inputs(2, 1001, np.float32, seed=3)
@@ -652,3 +656,20 @@ def test_with_curve_there_is_no_lane() -> None:
         assert split_endpoint(b.endpoint)[1] is None and "?lane=" not in b.endpoint
     finally:
         b.close()
+
+
+def test_a_lane_message_of_many_frames_and_spans_has_the_same_bits(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 8 frames of 125 doubles
+    monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 64)  # many partial adds
+    backends = make(2)
+    xs = inputs(2, 1001, np.float64, seed=5)
+    xs[0][:2] = np.array([0x7FF8000000000001, 0xFFF8000000000002], np.uint64).view(np.float64)
+    xs[1][:2] = np.array([0x7FF8000000000003, 0x7FF8000000000004], np.uint64).view(np.float64)
+    for op in ("sum", "mean"):
+        first = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
+        again = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
+        assert len({bits(o) for o in first + again}) == 1, "same bits on both ranks and reruns"
+        want = xs[0] + xs[1] if op == "sum" else (xs[0] + xs[1]) / 2
+        assert first[0][2:].tobytes() == want[2:].tobytes()
