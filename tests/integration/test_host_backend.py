@@ -673,3 +673,23 @@ def test_a_lane_message_of_many_frames_and_spans_has_the_same_bits(
         assert len({bits(o) for o in first + again}) == 1, "same bits on both ranks and reruns"
         want = xs[0] + xs[1] if op == "sum" else (xs[0] + xs[1]) / 2
         assert first[0][2:].tobytes() == want[2:].tobytes()
+
+
+def test_a_lane_hello_of_an_older_epoch_is_dropped(make: Any) -> None:
+    b0, b1 = make(2)
+    members = {b.rank: b.endpoint for b in (b0, b1)}
+    for b in (b0, b1):
+        b.rebuild(2, members, GroupLog())
+    outs: list[Any] = []
+    waiting = threading.Thread(target=lambda: outs.append(b1.allreduce(np.ones(3))))
+    waiting.start()  # rank 1 serves its lane while it waits for rank 0
+    late = socket.create_connection(_lane(b1), timeout=DEADLINE_S)
+    try:
+        late.sendall(HELLO.pack(HELLO_MAGIC, 1, 1, 0, 1, bytes(16)))  # rank 0 of epoch 1
+        wait_for(lambda: b1.stats.stale_dropped >= 1, "the stale hello to be dropped")
+        assert late.recv(64) == b"", "closed without an answer"
+    finally:
+        late.close()
+    assert np.array_equal(b0.allreduce(np.ones(3)), [2.0, 2.0, 2.0])
+    waiting.join(DEADLINE_S)
+    assert np.array_equal(outs[0], [2.0, 2.0, 2.0]) and b1.stats.refused_connections == 0
