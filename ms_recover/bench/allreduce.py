@@ -130,7 +130,7 @@ def size_measures(r: SizeResult, world: int, repeats: int) -> list[Measure]:
             "GB/s",
             note="not measured"
             if r.mindspore_s is None
-            else f"{r.mindspore_s * 1e3:.2f} ms, {how}",
+            else f"{r.mindspore_s * 1e3:.2f} ms, median of {repeats}, slowest of {world} ranks",
         ),
         Measure(
             f"{head} host / MindSpore busbw",

@@ -36,8 +36,9 @@ from ms_recover.errors import CommError
 FRAME = struct.Struct("<4sHHQQQ")  # magic, group length, meta length, seq, offset, nbytes
 FRAME_MAGIC = b"msrD"
 FRAME_MAX_BYTES = 64 << 20  # a message is cut into frames of at most this many bytes
-ADD_SPAN_BYTES = 256 << 10  # add what has arrived once this much is waiting (and at the end)
+ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is left at the end)
 IOV_MAX = 64  # buffers handed to one sendmsg
+RECV_MAX = 1 << 20  # read at most this much at once, so it is still in cache when added
 
 
 def exchange(
@@ -142,7 +143,7 @@ class _Exchange:
         if self.frame_end == 0:
             return self._recv_head()
         try:
-            n = self.sock.recv_into(self.dst[self.got : self.frame_end])
+            n = self.sock.recv_into(self.dst[self.got : min(self.frame_end, self.got + RECV_MAX)])
         except BlockingIOError:
             return False
         except OSError as exc:
@@ -208,13 +209,19 @@ class _Exchange:
         return int(offset + nbytes)
 
     def _add(self, ready: int) -> None:
-        """Sum the elements that arrived since the last add, if enough or all are here."""
+        """Sum the elements that arrived since the last add, if enough or all are here, a
+        span at a time, topping up the socket's send buffer between spans: the peer is then
+        never left waiting for our bytes while we add."""
         if ready - self.added < self.span and ready < self.flat.size:
             return
-        a, b = self.added, ready
-        mine, theirs = self.flat[a:b], self.out[a:b]
-        if self.low_first:  # the peer is the lower rank: its values go first
-            np.add(theirs, mine, out=theirs)
-        else:
-            np.add(mine, theirs, out=theirs)
-        self.added = ready
+        while self.added < ready:
+            a = self.added
+            b = min(ready, a + self.span)
+            mine, theirs = self.flat[a:b], self.out[a:b]
+            if self.low_first:  # the peer is the lower rank: its values go first
+                np.add(theirs, mine, out=theirs)
+            else:
+                np.add(mine, theirs, out=theirs)
+            self.added = b
+            if self.outbox and b < ready:
+                self._send()

@@ -663,6 +663,7 @@ def test_a_lane_message_of_many_frames_and_spans_has_the_same_bits(
 ) -> None:
     monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 8 frames of 125 doubles
     monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 64)  # many partial adds
+    monkeypatch.setattr(laneexchange, "RECV_MAX", 200)  # payloads read in pieces
     backends = make(2)
     xs = inputs(2, 1001, np.float64, seed=5)
     xs[0][:2] = np.array([0x7FF8000000000001, 0xFFF8000000000002], np.uint64).view(np.float64)
