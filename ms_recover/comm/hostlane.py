@@ -141,6 +141,14 @@ class Lanes:
             self._parked.pop(key).close()
         self.epoch, self._peers = epoch, dict(peers)
 
+    @property
+    def wake_fd(self) -> int:
+        return self._wake
+
+    def check_now(self) -> None:
+        """Raise Interrupted after an abort (CommError once closed); any thread."""
+        self._check()
+
     def has(self, peer: int) -> bool:
         return peer in self._peers
 

@@ -6,8 +6,11 @@ place, in spans of :data:`ADD_SPAN_BYTES` (still in cache from the receive), alw
 rank's values first. So both members hold the same bits, NaN payloads included, and a rerun
 gives the same bits. MEAN divides the sum by two once, on both members alike.
 
-One thread does both directions with non-blocking sockets: it sends what the kernel takes,
-reads what has arrived, and polls only when neither made progress. A buffer small enough for
+Below :data:`THREAD_MIN_BYTES` one thread does both directions with non-blocking sockets: it
+sends what the kernel takes, reads what has arrived, and polls only when neither made progress.
+From that size a helper thread sends while the caller's thread receives and adds (the kernel
+copies run without the GIL), as a threaded raw exchange does; the helper is joined before the
+call returns, and stops within :data:`SENDER_SLICE_MS` of an abort. A buffer small enough for
 the kernel's socket buffers (the 37 KB of a demo gradient) costs one send, one poll and one
 read. Nothing blocks on a full socket while the peer waits for us, so there is no deadlock at
 any size, and the bytes that cross each way are exactly the buffer's (plus a header of about
@@ -24,6 +27,8 @@ from __future__ import annotations
 import select
 import socket
 import struct
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +44,8 @@ FRAME_MAX_BYTES = 64 << 20  # a message is cut into frames of at most this many 
 ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is left at the end)
 IOV_MAX = 64  # buffers handed to one sendmsg
 RECV_MAX = 1 << 20  # read at most this much at once, so it is still in cache when added
+THREAD_MIN_BYTES = 4 << 20  # from this size a helper thread sends while this one receives
+SENDER_SLICE_MS = 50
 
 
 def exchange(
@@ -96,6 +103,7 @@ class _Exchange:
         self.got = 0  # payload bytes received
         self.added = 0  # elements summed so far
         self.span = max(1, ADD_SPAN_BYTES // flat.itemsize)
+        self.sending = False  # a helper thread owns the outbox (see _threaded)
 
     def _frames(self, src: memoryview) -> list[memoryview]:
         bufs: list[memoryview] = []
@@ -108,6 +116,8 @@ class _Exchange:
         return bufs
 
     def loop(self, deadline: float | None, what: str) -> NDArray[Any]:
+        if self.total >= THREAD_MIN_BYTES:
+            return self._threaded(deadline, what)
         while self.outbox or self.got < self.total:
             if self._send() | self._recv():
                 continue
@@ -116,6 +126,45 @@ class _Exchange:
             )
             self.lanes.wait(self.sock, events, deadline, what)
         return self.out
+
+    def _threaded(self, deadline: float | None, what: str) -> NDArray[Any]:
+        """Large buffers: a helper thread sends (the GIL is released in the kernel copy)
+        while this thread receives and adds, as a threaded raw exchange would. The helper
+        only sends; it stops at once on abort and is always joined before this returns."""
+        self.sending = True
+        errors: list[BaseException] = []
+        helper = threading.Thread(target=self._send_all, args=(errors,), daemon=True)
+        helper.start()
+        try:
+            while self.got < self.total:
+                if not self._recv():
+                    self.lanes.wait(self.sock, select.POLLIN, deadline, what)
+            while helper.is_alive():
+                helper.join(SENDER_SLICE_MS / 1000)
+                self.lanes.check_now()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CommError(
+                        f"rank {self.lanes.rank}: rank {self.peer} took more "
+                        f"than {self.lanes.timeout}s to take {what}"
+                    )
+        finally:
+            self.sending = False  # the helper sees it within SENDER_SLICE_MS
+            helper.join()
+        if errors:
+            raise errors[0]
+        return self.out
+
+    def _send_all(self, errors: list[BaseException]) -> None:
+        try:
+            while self.outbox and self.sending:
+                if not self._send():
+                    poller = select.poll()
+                    poller.register(self.sock, select.POLLOUT)
+                    poller.register(self.lanes.wake_fd, select.POLLIN)
+                    poller.poll(SENDER_SLICE_MS)
+                    self.lanes.check_now()
+        except BaseException as exc:  # handed to the receiving thread
+            errors.append(exc)
 
     def _send(self) -> bool:
         if not self.outbox:
@@ -223,5 +272,5 @@ class _Exchange:
             else:
                 np.add(mine, theirs, out=theirs)
             self.added = b
-            if self.outbox and b < ready:
+            if self.outbox and b < ready and not self.sending:
                 self._send()

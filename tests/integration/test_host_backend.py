@@ -628,7 +628,11 @@ def test_lane_ranks_of_another_secret_do_not_exchange(make: Any) -> None:
     assert b1.stats.refused_connections >= 1
 
 
-def test_a_lane_peer_that_dies_leaves_the_call_waiting_for_the_abort(make: Any) -> None:
+@pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "sender-thread"])
+def test_a_lane_peer_that_dies_leaves_the_call_waiting_for_the_abort(
+    make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
+) -> None:
+    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
     b0, b1 = make(2)
     run_all([b0, b1], lambda b: b.allreduce(np.ones(8)))  # the lane is connected
     outcome: list[BaseException] = []
@@ -658,9 +662,11 @@ def test_with_curve_there_is_no_lane() -> None:
         b.close()
 
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "sender-thread"])
 def test_a_lane_message_of_many_frames_and_spans_has_the_same_bits(
-    make: Any, monkeypatch: pytest.MonkeyPatch
+    make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
 ) -> None:
+    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
     monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 8 frames of 125 doubles
     monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 64)  # many partial adds
     monkeypatch.setattr(laneexchange, "RECV_MAX", 200)  # payloads read in pieces
