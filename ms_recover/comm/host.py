@@ -7,8 +7,11 @@ Algorithms (``n`` members of a group, ring order = the group's rank order):
   ``j`` is always summed in the same order (starting at member ``j``, around the ring), so the
   result is bit-for-bit reproducible, and the all-gather copies final bits, so every member
   ends with identical bits. MEAN divides each final segment once, at its owner.
-  Two members with at most ``EXCHANGE_MAX_BYTES`` take a latency path instead: one exchange
-  of the whole buffer, each adding the lower rank's values first (same bits on both).
+  Two members take a latency path instead: one exchange of the whole buffer, each adding the
+  lower rank's values first (same bits on both). It runs over the pair's lane (a plain TCP
+  connection authenticated once, see :mod:`hostlane` and :mod:`laneexchange`) whenever both
+  advertise one, which they do unless the data plane uses CURVE; otherwise over ZeroMQ, up
+  to ``EXCHANGE_MAX_BYTES``.
 * **broadcast**: a pipelined chain from the root along the ring.
 * **barrier**: dissemination, ``ceil(log2 n)`` rounds of empty messages.
 * **send/recv**: a manifest plus a chunked byte stream (see :mod:`hoststream`).
@@ -27,16 +30,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 import numpy as np
 import zmq
 from numpy.typing import NDArray
 
-from ms_recover.comm import hoststream
+from ms_recover.comm import hoststream, laneexchange
 from ms_recover.comm.base import CommBackend, ReduceOp, check_out, same_buffer
 from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.comm.hostauth import DataCurve
+from ms_recover.comm.hostlane import Lanes, lane_endpoint, split_endpoint
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
 from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
 from ms_recover.comm.peers import group_targets
@@ -93,6 +98,7 @@ class HostBackend(CommBackend):
         io_threads: int = 2,
         password: bytes | None = None,
         curve: DataCurve | None = None,
+        lanes: bool = True,
     ) -> None:
         """Bind the inbound socket now, so :attr:`endpoint` is known before :meth:`init`.
 
@@ -101,11 +107,14 @@ class HostBackend(CommBackend):
         ``advertise_host`` is the address peers dial when ``bind_host`` is a wildcard.
         ``io_threads``: ZeroMQ I/O threads (native, not Python); 2 lets both directions run at once.
         ``password`` (:func:`~ms_recover.comm.hostauth.data_plane_password`): only peers that
-        present it may connect, and this rank presents it. ``ms_recover.init`` always sets it;
+        present it may connect, and this rank presents it (a lane proves it by challenge and
+        response). ``ms_recover.init`` always sets it;
         None (no authentication) is for benchmarks and tests on one host. ``curve`` (with a
         password) authenticates with the job's CURVE keys instead and encrypts every message.
         An inbound message part is capped at the larger of ``chunk_bytes`` + 4 KiB and
         :data:`~ms_recover.comm.hostlink.MAX_MESSAGE_BYTES`: peers must not use larger chunks.
+        ``lanes=False`` keeps two-rank allreduces on ZeroMQ too (no lane is advertised; CURVE
+        implies it).
         """
         super().__init__(rank, world_size)
         if chunk_bytes < 64:
@@ -123,6 +132,21 @@ class HostBackend(CommBackend):
             rank, bind_host, advertise_host, timeout, self._boxes, io_threads, password, curve, cap
         )
         self._link.after_send = self._after_send
+        self._lanes: Lanes | None = None  # CURVE encrypts ZeroMQ only: no lane then
+        if curve is None and lanes:
+            try:
+                self._lanes = Lanes(
+                    rank,
+                    bind_host,
+                    password,
+                    self._boxes.stats,
+                    self._link.check,
+                    self._link.wake_fd,
+                    timeout,
+                )
+            except CommError:
+                self._link.close()
+                raise
         self._groups: dict[str, tuple[int, ...]] = {}
         self._seq: dict[str, int] = {}
         self._blind: dict[str, list[int]] = {}  # group -> peers it sends to with no endpoint
@@ -134,7 +158,9 @@ class HostBackend(CommBackend):
 
     @property
     def endpoint(self) -> str:
-        return self._link.endpoint
+        if self._lanes is None:
+            return self._link.endpoint
+        return lane_endpoint(self._link.endpoint, self._lanes.port)
 
     @property
     def stats(self) -> WireStats:
@@ -164,7 +190,12 @@ class HostBackend(CommBackend):
             raise CommError(f"rank {self.rank} is not among the members {sorted(members)}")
         # Clear the abort first: an abort() racing with this rebuild must stay in force.
         self._link.clear_abort()
-        self._link.connect(epoch, members)
+        split = {r: split_endpoint(e) for r, e in members.items() if r != self.rank}
+        self._link.connect(
+            epoch, {self.rank: self._link.endpoint} | {r: e for r, (e, _) in split.items()}
+        )
+        if self._lanes is not None:
+            self._lanes.build(epoch, {r: a for r, (_, a) in split.items() if a is not None})
         self.epoch = epoch
         self._boxes.advance(epoch)
         self._groups = {WORLD: tuple(sorted(members))}
@@ -211,7 +242,12 @@ class HostBackend(CommBackend):
     def add_peers(self, endpoints: dict[int, str]) -> None:
         """Connect to more members of this epoch (a repair pair, a group created since the
         build). CommError for a rank that is not a member."""
-        self._link.add_peers(endpoints)
+        split = {r: split_endpoint(e) for r, e in endpoints.items()}
+        self._link.add_peers({r: e for r, (e, _) in split.items()})
+        if self._lanes is not None:
+            self._lanes.add(
+                {r: a for r, (_, a) in split.items() if a is not None and r != self.rank}
+            )
         for name in self._groups:
             self._look(name)
 
@@ -219,6 +255,8 @@ class HostBackend(CommBackend):
         self._link.abort()
 
     def close(self) -> None:
+        if self._lanes is not None:
+            self._lanes.close()
         self._link.close()
 
     # -- collectives -----------------------------------------------------------------------
@@ -297,16 +335,21 @@ class HostBackend(CommBackend):
                 np.copyto(out, src)
             return out
         mean = reduce_op is ReduceOp.MEAN
-        if call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
+        if call.n == 2 and self._lanes is not None and self._lanes.has(call.peer(1)):
+            deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
+            label = (call.group, call.seq, call.meta)
+            result = laneexchange.exchange(
+                self._lanes, call.peer(1), label, flat, mean, self._after_send, deadline
+            )
+        elif call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
             result = self._exchange(call, flat, mean)
         else:
             result = self._ring(call, flat, mean)
         if out is None:
             return result.reshape(src.shape)
-        # Both paths return only once no send still reads ``flat`` (trackers waited for, or
-        # see _ring), so overwriting the input here is safe. Kept to this one copy on purpose:
-        # the host data plane's exchange/ring paths are being rewritten (branch ``wire``),
-        # which can then receive straight into ``out`` and drop it.
+        # Every path returns only once no send still reads ``flat`` (the lane joins its sender,
+        # trackers are waited for, or see _ring), so overwriting the input here is safe. The
+        # lane could receive straight into ``out`` when it is not the input; not done yet.
         np.copyto(out, result.reshape(src.shape))
         return out
 

@@ -181,6 +181,11 @@ class Link:
         self._dealers = {}
         self._ctx.term()  # returns once the dealers' queues are sent or their linger is over
 
+    @property
+    def wake_fd(self) -> int:
+        """Readable after :meth:`abort`: other waits on the training thread poll it too."""
+        return self._wake_r
+
     def check_open(self) -> None:
         if self._closed:
             raise CommError(f"rank {self.rank}: host backend is closed")

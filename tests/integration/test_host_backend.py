@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 import time
@@ -13,16 +14,18 @@ import pytest
 import zmq
 from zmq.utils.garbage import GarbageCollectorThread
 
-from ms_recover.comm import hoststream
+from ms_recover.comm import hoststream, laneexchange
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.comm.host import HostBackend
 from ms_recover.comm.hostauth import (
     USER,
     ZAP_ENDPOINT,
+    DataCurve,
     Gatekeeper,
     configure_client,
     data_plane_password,
 )
+from ms_recover.comm.hostlane import HELLO, HELLO_MAGIC, split_endpoint
 from ms_recover.comm.hostwire import P2P, Header, WireStats
 from ms_recover.errors import CommError, Interrupted
 from ms_recover.testing.floats import bit_diff, bits, finite_specials, special_values
@@ -130,11 +133,15 @@ def test_allreduce_matches_numpy_and_is_bit_identical(make: Any, n: int, dtype: 
             assert np.array_equal(x, c), "allreduce modified its input"
 
 
-@pytest.mark.parametrize("exchange_max", [0, 1 << 20], ids=["ring", "exchange"])
-def test_two_ranks_same_bits_on_both_paths_nan_payloads_included(
-    make: Any, exchange_max: int
+@pytest.mark.parametrize(
+    ("exchange_max", "lanes"),
+    [(0, False), (1 << 20, False), (0, True)],
+    ids=["ring", "exchange", "lane"],
+)
+def test_two_ranks_same_bits_on_every_path_nan_payloads_included(
+    make: Any, exchange_max: int, lanes: bool
 ) -> None:
-    backends = make(2, chunk_bytes=128)
+    backends = make(2, chunk_bytes=128, lanes=lanes)
     for b in backends:
         b.exchange_max_bytes = exchange_max
     xs = inputs(2, 1001, np.float32, seed=3)
@@ -369,7 +376,8 @@ def test_abort_unblocks_a_rank_whose_peer_never_joins(make: Any, call: str) -> N
 
     thread = threading.Thread(target=body)
     thread.start()
-    wait_for(lambda: blocked_in(thread, "take"), "the rank to block")
+    # ZeroMQ waits in Link.take; a two-rank allreduce waits on its lane in Lanes.wait.
+    wait_for(lambda: blocked_in(thread, "take") or blocked_in(thread, "wait"), "the rank to block")
     aborted_at = time.monotonic()
     b0.abort()
     thread.join(DEADLINE_S)
@@ -466,7 +474,7 @@ def raw() -> Iterator[Callable[[str], zmq.Socket[bytes]]]:
         if password is not None:
             configure_client(sock, password)
             sock.plain_username = user
-        sock.connect(endpoint)
+        sock.connect(split_endpoint(endpoint)[0])  # the ZeroMQ part, without the lane
         socks.append(sock)
         return sock
 
@@ -574,3 +582,121 @@ def test_the_gatekeeper_speaks_zap() -> None:
         gate.close()
         router.close(linger=0)
         ctx.term()
+
+
+# -- the two-rank lane -----------------------------------------------------------------------
+
+
+def _lane(backend: HostBackend) -> tuple[str, int]:
+    lane = split_endpoint(backend.endpoint)[1]
+    assert lane is not None, "a backend without CURVE advertises a lane"
+    return lane
+
+
+def test_a_lane_dialer_without_the_job_secret_is_refused(make: Any) -> None:
+    b0, b1 = make(2, password=PASSWORD)
+    xs = inputs(2, 1000, np.float32)
+    outs: list[Any] = []
+    waiting = threading.Thread(target=lambda: outs.append(b1.allreduce(xs[1])))
+    waiting.start()  # rank 1 waits for rank 0 to dial, serving its lane meanwhile
+    intruders = [socket.create_connection(_lane(b1), timeout=DEADLINE_S) for _ in range(2)]
+    try:
+        intruders[0].sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(40))  # not a hello at all
+        intruders[1].sendall(HELLO.pack(HELLO_MAGIC, 1, 1, 0, 1, bytes(16)))  # "rank 0"
+        challenge = intruders[1].recv(64)  # the acceptor answers the hello ...
+        intruders[1].sendall(bytes(32))  # ... but refuses a proof made without the secret
+        wait_for(lambda: b1.stats.refused_connections >= 2, "two refusals")
+    finally:
+        for sock in intruders:
+            sock.close()
+    mine = b0.allreduce(xs[0])  # the real rank 0 still gets through
+    waiting.join(DEADLINE_S)
+    assert len(challenge) == 48 and b1.stats.refused_connections == 2
+    assert mine.tobytes() == outs[0].tobytes() == (xs[0] + xs[1]).tobytes()
+
+
+def test_lane_ranks_of_another_secret_do_not_exchange(make: Any) -> None:
+    (b0,) = [HostBackend(0, 2, password=data_plane_password(b"other", "job-a"), timeout=2.0)]
+    (b1,) = [HostBackend(1, 2, password=PASSWORD, timeout=2.0)]
+    make.made.extend([b0, b1])
+    members = {0: b0.endpoint, 1: b1.endpoint}
+    for b in (b0, b1):
+        b.init(1, members)
+    with pytest.raises(CommError) as err:
+        run_all([b0, b1], lambda b: b.allreduce(np.ones(4, np.float32)))
+    assert "failed to prove" in str(err.value) or "nothing" in str(err.value)
+    assert b1.stats.refused_connections >= 1
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "sender-thread"])
+def test_a_lane_peer_that_dies_leaves_the_call_waiting_for_the_abort(
+    make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
+) -> None:
+    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
+    b0, b1 = make(2)
+    run_all([b0, b1], lambda b: b.allreduce(np.ones(8)))  # the lane is connected
+    outcome: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            b0.allreduce(np.ones(1 << 16))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    b1.close()  # the peer goes away: its connection is closed under the call
+    wait_for(lambda: blocked_in(thread, "wait_for_abort"), "the call to wait for the abort")
+    assert not outcome, "a peer that hung up is not an error of this rank"
+    b0.abort()
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive() and isinstance(outcome[0], Interrupted)
+
+
+def test_with_curve_there_is_no_lane() -> None:
+    curve = DataCurve.derive(b"job secret", "job-a")
+    b = HostBackend(0, 2, password=PASSWORD, curve=curve)
+    try:
+        assert split_endpoint(b.endpoint)[1] is None and "?lane=" not in b.endpoint
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "sender-thread"])
+def test_a_lane_message_of_many_frames_and_spans_has_the_same_bits(
+    make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
+) -> None:
+    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
+    monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 8 frames of 125 doubles
+    monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 64)  # many partial adds
+    monkeypatch.setattr(laneexchange, "RECV_MAX", 200)  # payloads read in pieces
+    backends = make(2)
+    xs = inputs(2, 1001, np.float64, seed=5)
+    xs[0][:2] = np.array([0x7FF8000000000001, 0xFFF8000000000002], np.uint64).view(np.float64)
+    xs[1][:2] = np.array([0x7FF8000000000003, 0x7FF8000000000004], np.uint64).view(np.float64)
+    for op in ("sum", "mean"):
+        first = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
+        again = run_all(backends, lambda b, op=op: b.allreduce(xs[b.rank], op))
+        assert len({bits(o) for o in first + again}) == 1, "same bits on both ranks and reruns"
+        want = xs[0] + xs[1] if op == "sum" else (xs[0] + xs[1]) / 2
+        assert first[0][2:].tobytes() == want[2:].tobytes()
+
+
+def test_a_lane_hello_of_an_older_epoch_is_dropped(make: Any) -> None:
+    b0, b1 = make(2)
+    members = {b.rank: b.endpoint for b in (b0, b1)}
+    for b in (b0, b1):
+        b.rebuild(2, members, GroupLog())
+    outs: list[Any] = []
+    waiting = threading.Thread(target=lambda: outs.append(b1.allreduce(np.ones(3))))
+    waiting.start()  # rank 1 serves its lane while it waits for rank 0
+    late = socket.create_connection(_lane(b1), timeout=DEADLINE_S)
+    try:
+        late.sendall(HELLO.pack(HELLO_MAGIC, 1, 1, 0, 1, bytes(16)))  # rank 0 of epoch 1
+        wait_for(lambda: b1.stats.stale_dropped >= 1, "the stale hello to be dropped")
+        assert late.recv(64) == b"", "closed without an answer"
+    finally:
+        late.close()
+    assert np.array_equal(b0.allreduce(np.ones(3)), [2.0, 2.0, 2.0])
+    waiting.join(DEADLINE_S)
+    assert np.array_equal(outs[0], [2.0, 2.0, 2.0]) and b1.stats.refused_connections == 0

@@ -102,3 +102,29 @@ def test_a_repair_pair_sends_once_its_endpoint_is_added(make: Any) -> None:
 
     results = run_all(backends, body)
     np.testing.assert_array_equal(results[dst], np.arange(3.0))
+
+
+def test_a_pair_group_made_after_the_build_uses_the_lane_on_both_sides(make: Any) -> None:
+    """Rank 0 knows rank 2's endpoint from the build; rank 2 learns rank 0's only when the
+    pair group is made (the manager's Peers answer, here add_peers). A two-member allreduce
+    takes the lane only if both know each other's lane: one on the lane and one on ZeroMQ
+    would wait for each other until the timeout."""
+    backends = make(4, init=False, timeout=10.0)
+    address = {b.rank: b.endpoint for b in backends}
+    assert all("?lane=" in e for e in address.values())
+    for b in backends:
+        members = {r: e if (b.rank, r) != (2, 0) else "" for r, e in address.items()}
+        b.init(1, members)
+    backends[2].add_peers({0: address[0]})
+
+    def body(b: HostBackend) -> Any:
+        if b.rank not in (0, 2):
+            return None
+        b.create_group("pair", (0, 2))
+        return b.allreduce(np.full(4096, b.rank + 1.0), group="pair")
+
+    started = time.monotonic()
+    results = run_all(backends, body)
+    assert time.monotonic() - started < 5.0
+    np.testing.assert_array_equal(results[0], np.full(4096, 4.0))
+    np.testing.assert_array_equal(results[2], results[0])

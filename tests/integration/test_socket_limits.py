@@ -15,6 +15,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ms_recover.comm.host import HostBackend
+from ms_recover.comm.hostlane import split_endpoint
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
@@ -106,7 +107,8 @@ def test_an_oversize_frame_does_not_grow_the_manager(manager) -> None:
 def test_an_oversize_data_plane_message_is_refused_at_the_socket() -> None:
     rank = HostBackend(0, 1, timeout=5.0)
     try:
-        _send_and_wait_for_disconnect(rank.endpoint, [b"hdr", bytes(MAX_MESSAGE_BYTES + 1)])
+        zmq_endpoint = split_endpoint(rank.endpoint)[0]  # without the lane port
+        _send_and_wait_for_disconnect(zmq_endpoint, [b"hdr", bytes(MAX_MESSAGE_BYTES + 1)])
         assert rank._link._drain() == 0  # nothing reached the mailboxes
     finally:
         rank.close()

@@ -38,31 +38,66 @@ def rows(result: allreduce.SizeResult, world: int = 2) -> dict[str, Any]:
 # --- the rows and verdicts of one size ---------------------------------------------------
 
 
-def test_both_targets_met_at_their_limits() -> None:
+def test_every_target_met_at_its_limit() -> None:
     # 2 ranks: busbw = 2 (n-1)/n x bytes / time = bytes / time.
-    got = rows(allreduce.SizeResult(1.0, GB, host_s=0.5, copy_s=0.25, mindspore_s=2.5))
+    got = rows(allreduce.SizeResult(16.0, GB, 0.5, copy_s=0.25, mindspore_s=2.5, exchange_s=0.425))
     assert got["host allreduce busbw"].value == pytest.approx(2.0)
     assert got["MindSpore AllReduce busbw"].value == pytest.approx(0.4)
     assert got["loopback socket copy"].value == pytest.approx(4.0)
-    ratio, share = got["host / MindSpore busbw"], got["host busbw / socket copy"]
+    assert got["raw full-duplex socket exchange"].value == pytest.approx(1 / 0.425)
+    ratio, share = got["host / MindSpore busbw"], got["host allreduce / raw exchange"]
     assert (ratio.value, ratio.limit, ratio.verdict) == (pytest.approx(5.0), 5.0, "PASS")
-    assert (share.value, share.limit, share.verdict) == (pytest.approx(50.0), 50.0, "PASS")
+    assert (share.value, share.limit, share.verdict) == (pytest.approx(85.0), 85.0, "PASS")
+    small = rows(allreduce.SizeResult(0.0353, 37_000, 40e-6, copy_s=20e-6, mindspore_s=None))
+    times = small["host allreduce time / socket copy time"]
+    assert (times.value, times.limit, times.verdict) == (pytest.approx(2.0), 2.0, "PASS")
 
 
-def test_both_targets_missed() -> None:
-    got = rows(allreduce.SizeResult(1.0, GB, host_s=0.5, copy_s=0.1, mindspore_s=2.0))
+def test_every_target_missed() -> None:
+    got = rows(allreduce.SizeResult(16.0, GB, 0.5, copy_s=0.1, mindspore_s=2.0, exchange_s=0.42))
     assert got["host / MindSpore busbw"].value == pytest.approx(4.0)
     assert got["host / MindSpore busbw"].verdict == "MISS"
-    assert got["host busbw / socket copy"].value == pytest.approx(20.0)
-    assert got["host busbw / socket copy"].verdict == "MISS"
+    assert got["host allreduce / raw exchange"].value == pytest.approx(84.0)
+    assert got["host allreduce / raw exchange"].verdict == "MISS"
+    small = rows(allreduce.SizeResult(0.0353, 37_000, 41e-6, copy_s=20e-6, mindspore_s=None))
+    assert small["host allreduce time / socket copy time"].verdict == "MISS"
+
+
+def test_each_size_carries_only_its_own_targets() -> None:
+    # The exchange target holds from 16 MiB, the copy target up to 64 KiB; between, reference.
+    mid = rows(
+        allreduce.SizeResult(1.0, 1 << 20, 1.0, copy_s=0.1, mindspore_s=None, exchange_s=0.1)
+    )
+    assert mid["host allreduce / raw exchange"].verdict == "-"
+    assert mid["host allreduce time / socket copy time"].verdict == "-"
+    small = rows(
+        allreduce.SizeResult(0.0353, 37_000, 1.0, copy_s=0.1, mindspore_s=None, exchange_s=0.1)
+    )
+    assert small["host allreduce / raw exchange"].verdict == "-"
+    big = rows(
+        allreduce.SizeResult(64.0, 64 << 20, 1.0, copy_s=0.1, mindspore_s=None, exchange_s=0.1)
+    )
+    assert big["host allreduce time / socket copy time"].verdict == "-"
+    assert big["host allreduce / raw exchange"].verdict == "MISS"
+
+
+def test_the_ceiling_is_the_faster_raw_exchange_of_each_repetition() -> None:
+    # each way is first taken at its slowest rank, then the faster way per repetition
+    ranks = [
+        {"threaded": [1.0, 5.0], "polled": [2.0, 3.0]},
+        {"threaded": [1.5, 4.0], "polled": [1.0, 6.0]},
+    ]
+    assert allreduce.best_exchange(ranks) == [[1.5, 5.0]]
 
 
 def test_bus_bandwidth_scales_with_the_ring_factor() -> None:
-    got = rows(allreduce.SizeResult(1.0, GB, host_s=1.0, copy_s=1.0, mindspore_s=3.0), world=4)
+    result = allreduce.SizeResult(1.0, GB, 1.0, copy_s=1.0, mindspore_s=3.0, exchange_s=1.0)
+    got = rows(result, world=4)
+    assert got["raw full-duplex socket exchange"].value == pytest.approx(1.5)  # the same bytes
     assert got["host allreduce busbw"].value == pytest.approx(1.5)  # 2 x 3/4
     assert got["MindSpore AllReduce busbw"].value == pytest.approx(0.5)
     assert got["host / MindSpore busbw"].value == pytest.approx(3.0)  # the factor cancels
-    assert got["host busbw / socket copy"].value == pytest.approx(150.0)
+    assert got["loopback socket copy"].value == pytest.approx(1.0)
 
 
 def test_a_repetition_takes_as_long_as_its_slowest_rank() -> None:
@@ -89,7 +124,7 @@ def test_an_unformed_cluster_gives_no_number_and_says_why() -> None:
     assert ms.value is None and ms.note == "not measured"
     assert ratio.value is None and ratio.passed is None and ratio.verdict == "-"
     assert ratio.limit == 5.0, "the target is still shown"
-    assert got["16 MiB: host busbw / socket copy"].passed is not None, "the rest is kept"
+    assert got["16 MiB: host allreduce time / socket copy time"].value == 4.0, "the rest is kept"
     text = report.format()
     assert f"MindSpore CPU AllReduce not measured: {reason}" in text
     ms_line = next(line for line in text.splitlines() if "MindSpore AllReduce busbw " in line)

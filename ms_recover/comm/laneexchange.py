@@ -1,0 +1,276 @@
+"""The two-member allreduce over a lane: one full-duplex exchange, added as it arrives.
+
+Each member sends its whole buffer to the other, straight from the caller's array, and
+receives the other's straight into the output array; as whole elements land they are added in
+place, in spans of :data:`ADD_SPAN_BYTES` (still in cache from the receive), always the lower
+rank's values first. So both members hold the same bits, NaN payloads included, and a rerun
+gives the same bits. MEAN divides the sum by two once, on both members alike.
+
+Below :data:`THREAD_MIN_BYTES` one thread does both directions with non-blocking sockets: it
+sends what the kernel takes, reads what has arrived, and polls only when neither made progress.
+From that size a helper thread sends while the caller's thread receives and adds (the kernel
+copies run without the GIL), as a threaded raw exchange does; the helper is joined before the
+call returns, and stops within :data:`SENDER_SLICE_MS` of an abort. A buffer small enough for
+the kernel's socket buffers (the 37 KB of a demo gradient) costs one send, one poll and one
+read. Nothing blocks on a full socket while the peer waits for us, so there is no deadlock at
+any size, and the bytes that cross each way are exactly the buffer's (plus a header of about
+40 bytes per :data:`FRAME_MAX_BYTES`).
+
+On the wire a message is frames ``[FRAME header, group, meta, payload]``; the header carries
+the group's op sequence number and the payload's offset and size. Epoch and sender are the
+connection's (see :mod:`hostlane`). A frame of another call (a different group, sequence or
+signature) fails the call with CommError naming both calls, rather than deadlocking.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ms_recover.comm.hostlane import Lanes, PeerGone
+from ms_recover.errors import CommError
+
+FRAME = struct.Struct("<4sHHQQQ")  # magic, group length, meta length, seq, offset, nbytes
+FRAME_MAGIC = b"msrD"
+FRAME_MAX_BYTES = 64 << 20  # a message is cut into frames of at most this many bytes
+ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is left at the end)
+IOV_MAX = 64  # buffers handed to one sendmsg
+RECV_MAX = 1 << 20  # read at most this much at once, so it is still in cache when added
+THREAD_MIN_BYTES = 4 << 20  # from this size a helper thread sends while this one receives
+SENDER_SLICE_MS = 50
+
+
+def exchange(
+    lanes: Lanes,
+    peer: int,
+    label: tuple[str, int, str],
+    flat: NDArray[Any],
+    mean: bool,
+    after_send: Callable[[], None] | None,
+    deadline: float | None,
+) -> NDArray[Any]:
+    """The sum (or mean) of ``flat`` and ``peer``'s, identical on both; ``label`` is the
+    call's (group, seq, signature). Raises Interrupted on abort, CommError otherwise."""
+    what = f"allreduce #{label[1]} on group {label[0]!r} with rank {peer}"
+    try:
+        sock = lanes.conn(peer, deadline)
+        run = _Exchange(lanes, sock, peer, label, flat, after_send)
+        out = run.loop(deadline, what)
+    except PeerGone:
+        lanes.drop(peer)
+        lanes.wait_for_abort(peer, deadline, what)
+        raise AssertionError("unreachable: wait_for_abort always raises") from None
+    except CommError:
+        lanes.drop(peer)  # its stream is out of step now
+        raise
+    if mean:
+        np.divide(out, 2, out=out)
+    return out
+
+
+class _Exchange:
+    """The send and receive state of one exchange."""
+
+    def __init__(
+        self,
+        lanes: Lanes,
+        sock: socket.socket,
+        peer: int,
+        label: tuple[str, int, str],
+        flat: NDArray[Any],
+        after_send: Callable[[], None] | None,
+    ) -> None:
+        self.lanes, self.sock, self.peer, self.after_send = lanes, sock, peer, after_send
+        self.group, self.seq, self.meta = label
+        self.flat = flat
+        self.low_first = peer < lanes.rank
+        self.out = np.empty_like(flat)
+        self.total = flat.nbytes
+        self.tail = self.group.encode() + self.meta.encode()
+        self.outbox = self._frames(flat.data.cast("B"))
+        self.dst = self.out.data.cast("B")
+        self.head = bytearray(FRAME.size + len(self.tail))
+        self.head_got = 0  # bytes of the current frame's header read so far (0: none yet)
+        self.frame_end = 0  # end offset of the payload being read (0: reading a header)
+        self.got = 0  # payload bytes received
+        self.added = 0  # elements summed so far
+        self.span = max(1, ADD_SPAN_BYTES // flat.itemsize)
+        self.sending = False  # a helper thread owns the outbox (see _threaded)
+
+    def _frames(self, src: memoryview) -> list[memoryview]:
+        bufs: list[memoryview] = []
+        for start in range(0, self.total, FRAME_MAX_BYTES):
+            size = min(FRAME_MAX_BYTES, self.total - start)
+            head = FRAME.pack(
+                FRAME_MAGIC, len(self.group.encode()), len(self.meta), self.seq, start, size
+            )
+            bufs += [memoryview(head + self.tail), src[start : start + size]]
+        return bufs
+
+    def loop(self, deadline: float | None, what: str) -> NDArray[Any]:
+        if self.total >= THREAD_MIN_BYTES:
+            return self._threaded(deadline, what)
+        while self.outbox or self.got < self.total:
+            if self._send() | self._recv():
+                continue
+            events = (select.POLLOUT if self.outbox else 0) | (
+                select.POLLIN if self.got < self.total else 0
+            )
+            self.lanes.wait(self.sock, events, deadline, what)
+        return self.out
+
+    def _threaded(self, deadline: float | None, what: str) -> NDArray[Any]:
+        """Large buffers: a helper thread sends (the GIL is released in the kernel copy)
+        while this thread receives and adds, as a threaded raw exchange would. The helper
+        only sends; it stops at once on abort and is always joined before this returns."""
+        self.sending = True
+        errors: list[BaseException] = []
+        helper = threading.Thread(target=self._send_all, args=(errors,), daemon=True)
+        helper.start()
+        try:
+            while self.got < self.total:
+                if not self._recv():
+                    self.lanes.wait(self.sock, select.POLLIN, deadline, what)
+            while helper.is_alive():
+                helper.join(SENDER_SLICE_MS / 1000)
+                self.lanes.check_now()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise CommError(
+                        f"rank {self.lanes.rank}: rank {self.peer} took more "
+                        f"than {self.lanes.timeout}s to take {what}"
+                    )
+        finally:
+            self.sending = False  # the helper sees it within SENDER_SLICE_MS
+            helper.join()
+        if errors:
+            raise errors[0]
+        return self.out
+
+    def _send_all(self, errors: list[BaseException]) -> None:
+        try:
+            while self.outbox and self.sending:
+                if not self._send():
+                    poller = select.poll()
+                    poller.register(self.sock, select.POLLOUT)
+                    poller.register(self.lanes.wake_fd, select.POLLIN)
+                    poller.poll(SENDER_SLICE_MS)
+                    self.lanes.check_now()
+        except BaseException as exc:  # handed to the receiving thread
+            errors.append(exc)
+
+    def _send(self) -> bool:
+        if not self.outbox:
+            return False
+        try:
+            sent = self.sock.sendmsg(self.outbox[:IOV_MAX])
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise PeerGone from exc
+        while sent:
+            first = self.outbox[0]
+            if sent < len(first):
+                self.outbox[0] = first[sent:]
+                break
+            sent -= len(first)
+            self.outbox.pop(0)
+        if self.after_send is not None:
+            self.after_send()
+        return True
+
+    def _recv(self) -> bool:
+        if self.got >= self.total:
+            return False
+        if self.frame_end == 0:
+            return self._recv_head()
+        try:
+            n = self.sock.recv_into(self.dst[self.got : min(self.frame_end, self.got + RECV_MAX)])
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise PeerGone from exc
+        if n == 0:
+            raise PeerGone
+        self.got += n
+        if self.got == self.frame_end:
+            self.frame_end = 0
+        self._add(self.got // self.flat.itemsize)
+        return True
+
+    def _recv_head(self) -> bool:
+        """Read a frame header; at its start, together with the payload it announces (one
+        read for both, as both are usually here). A header of another call fails the call
+        before any of its payload is used (what landed in ``out`` is then never returned)."""
+        first = min(FRAME_MAX_BYTES, self.total - self.got)
+        try:
+            if self.head_got == 0:
+                payload = self.dst[self.got : self.got + first]
+                n = self.sock.recvmsg_into([self.head, payload])[0]
+            else:
+                n = self.sock.recv_into(memoryview(self.head)[self.head_got :])
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise PeerGone from exc
+        if n == 0:
+            raise PeerGone
+        extra = max(0, self.head_got + n - len(self.head))  # payload bytes read with it
+        self.head_got += n - extra
+        if self.head_got < FRAME.size:
+            return True
+        magic, glen, mlen, _, _, _ = FRAME.unpack_from(self.head)
+        if magic != FRAME_MAGIC:
+            raise CommError(f"rank {self.peer} sent a malformed lane frame ({magic!r})")
+        size = FRAME.size + glen + mlen
+        if size != len(self.head) or self.head_got == size:
+            self.frame_end = self._frame_end(size)  # raises unless a frame of this call
+            self.head_got = 0
+            self.got += extra
+            if self.got == self.frame_end:
+                self.frame_end = 0
+            self._add(self.got // self.flat.itemsize)
+        return True
+
+    def _frame_end(self, size: int) -> int:
+        """Check a complete frame header against this call; the end of its payload."""
+        _, glen, _, seq, offset, nbytes = FRAME.unpack_from(self.head)
+        group = bytes(self.head[FRAME.size : FRAME.size + glen]).decode(errors="replace")
+        meta = bytes(self.head[FRAME.size + glen : size]).decode(errors="replace")
+        if (group, seq, meta) != (self.group, self.seq, self.meta) or size != len(self.head):
+            where = "" if (group, seq) == (self.group, self.seq) else f" as op #{seq} of {group!r}"
+            raise CommError(
+                f"group {self.group!r} op #{self.seq}: rank {self.peer} called "
+                f"allreduce({meta}){where} but rank {self.lanes.rank} called allreduce({self.meta})"
+            )
+        if offset != self.got or nbytes != min(FRAME_MAX_BYTES, self.total - self.got):
+            raise CommError(
+                f"allreduce #{self.seq}: rank {self.peer} sent {nbytes} bytes at offset "
+                f"{offset}; expected offset {self.got} of {self.total}"
+            )
+        return int(offset + nbytes)
+
+    def _add(self, ready: int) -> None:
+        """Sum the elements that arrived since the last add, if enough or all are here, a
+        span at a time, topping up the socket's send buffer between spans: the peer is then
+        never left waiting for our bytes while we add."""
+        if ready - self.added < self.span and ready < self.flat.size:
+            return
+        while self.added < ready:
+            a = self.added
+            b = min(ready, a + self.span)
+            mine, theirs = self.flat[a:b], self.out[a:b]
+            if self.low_first:  # the peer is the lower rank: its values go first
+                np.add(theirs, mine, out=theirs)
+            else:
+                np.add(mine, theirs, out=theirs)
+            self.added = b
+            if self.outbox and b < ready and not self.sending:
+                self._send()
