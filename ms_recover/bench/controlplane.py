@@ -536,9 +536,9 @@ def _report(
         "heartbeats those frames carried in.",
         "Repeat 1 stops a running job; later repeats are a new fault right after the previous "
         "stop-all (a new epoch, STOP to every survivor again), without a rebuild in between.",
-        "Formation's REBUILD grows with the square of the job (every rank's endpoint to every "
-        "rank); a recovery's REBUILD carries the world as rank ranges and, to survivors, only "
-        "the endpoints registered since their last rebuild.",
+        "Each REBUILD carries the world as rank ranges and only the data endpoints of the peers "
+        "that rank sends to (ring successor, barrier and recursive-doubling partners, its "
+        "groups: ms_recover.comm.peers), about 2 log2(N) of them, so formation is N log N.",
     ]
     for s in scales:
         if s.get("at_deadline"):
