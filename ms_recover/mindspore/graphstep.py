@@ -210,24 +210,23 @@ class GraphStep:
         If ``reduce_fn`` raises, that exception propagates and nothing was applied.
         """
         tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
-        cell = self._cell if self._cell is not None else self._build()
-        signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
-        if signature not in self._warmed:
-            self._warm_up(cell, tensors)
-            self._warmed.add(signature)
-        return self._run(cell, tensors)
+        return self._run(self._ready(tensors), tensors)
 
     def warm_up(self, *batch: Any) -> None:
         """Build, compile and run the graph once on ``batch`` with the identity reduction, then
         restore every value bit for bit (what the first step with a new signature does);
         called ahead by a spare (``ms_recover.init(warm_up=...)``), it takes the compile off
         that step. Only the shapes and dtypes of ``batch`` matter."""
-        tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
+        self._ready(tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch))
+
+    def _ready(self, tensors: tuple[Tensor, ...]) -> Any:
+        """The built cell, warmed up once for this batch signature."""
         cell = self._cell if self._cell is not None else self._build()
         signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
         if signature not in self._warmed:
             self._warm_up(cell, tensors)
             self._warmed.add(signature)
+        return cell
 
     def close(self) -> None:
         """Release the op's slot; the step must not be called afterwards."""
