@@ -124,7 +124,8 @@ def _run_all(out: str, names: Sequence[str], extra: dict[str, list[str]]) -> Non
         runs.append(
             {
                 "bench": name,
-                "argv": ["ms-recover", *cmd[3:]],
+                # the report's name relative to DIR: the run directory may be moved or published
+                "argv": ["ms-recover", *cmd[3:-1], os.path.basename(path)],
                 "exit_code": rc,
                 "seconds": round(time.monotonic() - t0, 1),
                 "load_before": [round(x, 2) for x in before],
