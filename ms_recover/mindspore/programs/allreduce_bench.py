@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import mindspore
@@ -47,19 +48,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="directory for rank-<r>.jsonl")
     args = p.parse_args(argv)
     mindspore.set_context(device_target="CPU")
+    return serve(
+        args.out,
+        lambda rank, world: {
+            str(n): _time_allreduce(n, rank, world, args.repeats) for n in args.counts
+        },
+    )
+
+
+def serve(
+    out: str,
+    work: Callable[[int, int], dict[str, list[float]]],
+    joined: Callable[[], None] | None = None,
+) -> int:
+    """One process of a MindSpore CPU cluster program (this one, ``msrun_step_bench``).
+
+    The scheduler serves the cluster inside ``init()`` and MindSpore ends it when the workers
+    have left. A worker joins, calls ``joined`` (a context to set once the cluster formed),
+    reports ``formed``, runs ``work(rank, world)`` (times by element count) and reports
+    ``result``, or ``error`` with the first line of the reason (the traceback is in its log).
+    """
     if os.environ.get(E.ROLE) == E.ROLE_SCHED:
         init()  # serves the cluster; MindSpore ends the process when the workers have left
         return 0
     node = int(os.environ[E.NODE_ID])
-    with open(os.path.join(args.out, f"rank-{node}.jsonl"), "a", encoding="utf-8") as events:
+    with open(os.path.join(out, f"rank-{node}.jsonl"), "a", encoding="utf-8") as events:
         try:
             init()
             rank, world = get_rank(), get_group_size()
             if rank != node:
                 raise RuntimeError(f"MindSpore gave rank {rank} to MS_NODE_ID={node}")
+            if joined is not None:
+                joined()
             _emit(events, "formed", rank=rank, world=world)
-            times = {str(n): _time_allreduce(n, rank, world, args.repeats) for n in args.counts}
-            _emit(events, "result", rank=rank, world=world, times=times)
+            _emit(events, "result", rank=rank, world=world, times=work(rank, world))
         except Exception as exc:  # the parent reads the reason; the traceback is in the log
             first = (str(exc).strip().splitlines() or [""])[0]
             _emit(events, "error", error=f"{type(exc).__name__}: {first}"[:500])

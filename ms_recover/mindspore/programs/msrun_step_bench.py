@@ -18,19 +18,15 @@ under the gradient's element count, which must be the one ``--counts`` names) or
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from typing import TextIO
 
 import mindspore
 import numpy as np
-from mindspore import Tensor, nn, ops
-from mindspore.communication import get_group_size, get_rank, init
+from mindspore import Tensor, nn
 
-from ms_recover import env as E
 from ms_recover.mindspore.programs import overhead_train
-from ms_recover.mindspore.programs.allreduce_bench import event_line
+from ms_recover.mindspore.programs.allreduce_bench import serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,27 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=50)
     args = p.parse_args(argv)
     mindspore.set_context(mode=mindspore.GRAPH_MODE, device_target="CPU")
-    if os.environ.get(E.ROLE) == E.ROLE_SCHED:
-        init()  # serves the cluster; MindSpore ends the process when the workers have left
-        return 0
-    node = int(os.environ[E.NODE_ID])
-    with open(os.path.join(args.out, f"rank-{node}.jsonl"), "a", encoding="utf-8") as events:
-        try:
-            init()
-            rank, world = get_rank(), get_group_size()
-            if rank != node:
-                raise RuntimeError(f"MindSpore gave rank {rank} to MS_NODE_ID={node}")
-            mindspore.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
-            _emit(events, "formed", rank=rank, world=world)
-            times = _time_steps(args, rank, world)
-            _emit(events, "result", rank=rank, world=world, times={str(args.counts[0]): times})
-        except Exception as exc:  # the parent reads the reason; the traceback is in the log
-            first = (str(exc).strip().splitlines() or [""])[0]
-            _emit(events, "error", error=f"{type(exc).__name__}: {first}"[:500])
-            raise
-    # As allreduce_bench: leaving while a peer's last AllReduce still needs this rank fails it.
-    ops.AllReduce()(Tensor(np.ones(1, dtype=np.float32))).asnumpy()
-    return 0
+    return serve(
+        args.out,
+        lambda rank, world: {str(args.counts[0]): _time_steps(args, rank, world)},
+        lambda: mindspore.set_auto_parallel_context(
+            parallel_mode="data_parallel", gradients_mean=True
+        ),
+    )
 
 
 def _time_steps(args: argparse.Namespace, rank: int, world: int) -> list[float]:
@@ -81,11 +63,6 @@ def _time_steps(args: argparse.Namespace, rank: int, world: int) -> list[float]:
         if i >= args.warmup:
             times.append(time.perf_counter() - t)
     return times
-
-
-def _emit(events: TextIO, event: str, **fields: object) -> None:
-    events.write(event_line(event, **fields))
-    events.flush()
 
 
 if __name__ == "__main__":
