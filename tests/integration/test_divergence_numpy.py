@@ -13,7 +13,7 @@ import pytest
 
 from ms_recover.testing.faults import Faults
 
-from .jobs import results, run_to_end, trainer_job
+from .jobs import reference_sha, results, run_to_end, trainer_job
 
 pytestmark = pytest.mark.timeout(180)
 STEPS = 40
@@ -23,13 +23,7 @@ SLOW = ("--step-time", "0.05")
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = str(tmp_path_factory.mktemp("reference"))
-    with trainer_job(out, steps=STEPS) as job:
-        run_to_end(job)
-        assert job.exit_code == 0
-    shas = {r["sha256"] for r in results(out)}
-    assert len(shas) == 1, "replicas of an uninterrupted run disagree"
-    return shas.pop()
+    return reference_sha(str(tmp_path_factory.mktemp("reference")), STEPS)
 
 
 def _story(job: Any) -> str:

@@ -18,7 +18,7 @@ import pytest
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.wait import wait_for
 
-from .jobs import STEPS, results, run_to_end, trainer_job
+from .jobs import STEPS, reference_sha, results, run_to_end, trainer_job
 
 pytestmark = pytest.mark.timeout(180)
 LAST = STEPS - 1
@@ -26,12 +26,7 @@ LAST = STEPS - 1
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = str(tmp_path_factory.mktemp("reference"))
-    with trainer_job(out) as job:
-        run_to_end(job)
-        assert job.exit_code == 0
-    (sha,) = {r["sha256"] for r in results(out)}
-    return sha
+    return reference_sha(str(tmp_path_factory.mktemp("reference")))
 
 
 def _why(job) -> list:

@@ -20,7 +20,7 @@ from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.testing.wait import wait_for
 
-from .jobs import STEPS, results, run_to_end, trainer_job
+from .jobs import STEPS, reference_sha, results, run_to_end, trainer_job
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,12 +61,7 @@ MATRIX: dict[str, tuple[Faults, str, str, dict[str, Any]]] = {
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = str(tmp_path_factory.mktemp("reference"))
-    with trainer_job(out) as job:
-        run_to_end(job)
-    shas = {r["sha256"] for r in results(out)}
-    assert len(shas) == 1, "replicas of an uninterrupted run disagree"
-    return shas.pop()
+    return reference_sha(str(tmp_path_factory.mktemp("reference")))
 
 
 def assert_survived(job: LocalJob, out: str, reference: str, scenario: Any) -> list[dict]:

@@ -19,20 +19,14 @@ from ms_recover.testing.wait import wait_for
 from ms_recover.worker.dump import load_npz, locate, read_manifest
 from ms_recover.worker.repair import sha256_of
 
-from .jobs import STEPS, results, run_to_end, trainer_job
+from .jobs import STEPS, reference_sha, results, run_to_end, trainer_job
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = str(tmp_path_factory.mktemp("reference"))
-    with trainer_job(out) as job:
-        run_to_end(job)
-        assert job.exit_code == 0
-    shas = {r["sha256"] for r in results(out)}
-    assert len(shas) == 1, "replicas of an uninterrupted run disagree"
-    return shas.pop()
+    return reference_sha(str(tmp_path_factory.mktemp("reference")))
 
 
 def _assert_recovered(job, out: str, reference: str, strategy: str) -> dict:
