@@ -21,7 +21,9 @@ Every partner (``i ^ 2**k`` and ``i ^ p = i - p``) is in
 chosen from ``n`` and the buffer's size alone, which every member agrees on (the call's
 signature carries the size), so all members take it for the same call. The result is
 deterministic for a given ``n`` (it need not equal the ring's bits: the order of the sums
-differs). A peer that dies fails the call on the link's timeout, or waits for the abort.
+differs). A member that dies fails the call, with the link's timeout, on every member that
+waits for it (directly or through a partner; members that already hold every contribution
+finish), or they wait for the abort.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import pytest
 from ms_recover.comm import hostdoubling, hostring
 from ms_recover.comm.host import HostBackend
 from ms_recover.errors import CommError, Interrupted
+from ms_recover.faulthooks import FaultHooks
 from ms_recover.testing.floats import bits, special_values
 from tests.integration.test_host_backend import DEADLINE_S, blocked_in, inputs, make, run_all
 
@@ -171,6 +172,41 @@ def test_a_dead_member_fails_the_call_on_every_other_member(make: Any, n: int, d
     for err in out:
         assert isinstance(err, CommError), err
         assert "allreduce #1 on group 'world'" in str(err)
+
+
+class _DieAfter(FaultHooks):
+    """Stops the rank after its ``chunks``-th message: it dies in the middle of a call."""
+
+    armed = True
+
+    def __init__(self, backend: HostBackend, chunks: int) -> None:
+        self.backend, self.left = backend, chunks
+
+    def after_chunk_sent(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.backend.close()
+            raise CommError("died")
+
+
+@pytest.mark.parametrize(
+    ("chunks", "failed"), [(3, [0, 1, 2]), (20, [1])], ids=["first-stage", "last-stage"]
+)
+def test_a_member_dying_mid_doubling_fails_the_call_of_those_waiting_for_it(
+    make: Any, chunks: int, failed: list[int]
+) -> None:
+    # Rank 3 dies while it sends to rank 2 (stage 0) or to rank 1 (stage 1, the last). In the
+    # last stage, ranks 0 and 2 have every contribution from each other: they finish.
+    backends = make(4, chunk_bytes=64, timeout=1.0)  # 16 messages per stage of 1 KiB
+    backends[3].faults = _DieAfter(backends[3], chunks)
+    out = _each(backends, lambda b: b.allreduce(np.ones(256, np.float32)))
+    assert str(out[3]) == "died"
+    for rank in range(3):
+        if rank in failed:
+            assert isinstance(out[rank], CommError), out[rank]
+            assert "allreduce #0 on group 'world'" in str(out[rank])
+        else:
+            assert np.array_equal(out[rank], np.full(256, 4.0, np.float32))
 
 
 def test_a_mismatched_call_fails_loudly(make: Any) -> None:
