@@ -286,20 +286,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds for the formed MindSpore cluster to report (default %(default)s)",
     )
-    parser.add_argument(
-        "--doubling-world",
-        type=int,
-        default=doubling.WORLD,
-        help="ranks of the recursive doubling vs ring rows, 0 skips them (default %(default)s)",
-    )
-    parser.add_argument(
-        "--doubling-sizes",
-        type=float,
-        nargs="+",
-        default=list(doubling.SIZES_MB),
-        metavar="MB",
-        help="sizes in MiB of float32 of those rows (default: 0.0353, 37 KB)",
-    )
+    doubling.configure(parser)
     parser.add_argument("--workdir", help="MindSpore cluster logs go here (default: a temp dir)")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
@@ -319,7 +306,13 @@ def run(args: argparse.Namespace) -> int:
         curve = _allreduce_times(
             distinct, args.world, args.repeats, args.chunk_kb * 1024, args.io_threads, True
         )
-    small = _doubling(args)
+    small = doubling.run(
+        args,
+        element_count,
+        lambda counts, world: _allreduce_times(
+            counts, world, args.repeats, args.chunk_kb * 1024, args.io_threads, small=True
+        ),
+    )
     workdir, outcome = _mindspore(args, distinct)
     ms = outcome.times or {}
 
@@ -365,28 +358,6 @@ def run(args: argparse.Namespace) -> int:
     return report.emit(args.json)
 
 
-def _doubling(args: argparse.Namespace) -> list[tuple[doubling.Result, dict[str, Any]]]:
-    """The recursive doubling vs ring rows' results, with their samples per rank."""
-    if not args.doubling_world:
-        return []
-    world = args.doubling_world
-    print(f"allreduce: recursive doubling vs ring, {world} ranks ...", flush=True)
-    counts = {size: element_count(size) for size in dict.fromkeys(args.doubling_sizes)}
-    times = _allreduce_times(
-        list(dict.fromkeys(counts.values())),
-        world,
-        args.repeats,
-        args.chunk_kb * 1024,
-        args.io_threads,
-        small=True,
-    )
-    out = []
-    for size, n in counts.items():
-        samples = {kind: [r[kind] for r in times[n]] for kind in ("doubling", "ring")}
-        out.append((doubling.result(size, n * 4, times[n]), samples))
-    return out
-
-
 def _mindspore(args: argparse.Namespace, counts: list[int]) -> tuple[str, mscluster.Outcome]:
     """The MindSpore baseline's times, or why there are none; and where its logs are."""
     if not args.mindspore:
@@ -412,29 +383,10 @@ def _validate(args: argparse.Namespace, sizes: list[float]) -> None:
         if args.ms_form_timeout <= 0
         else "",
         f"--ms-timeout must be > 0, got {args.ms_timeout}" if args.ms_timeout <= 0 else "",
-        *_doubling_problems(args),
+        *doubling.problems(args, element_count),
     ]
     if any(problems):
         raise ConfigError("bench allreduce: " + "; ".join(p for p in problems if p))
-
-
-def _doubling_problems(args: argparse.Namespace) -> list[str]:
-    from ms_recover.comm.hostdoubling import DOUBLING_MAX_BYTES  # zmq: only when checking
-
-    if args.doubling_world == 0:
-        return []
-    top = DOUBLING_MAX_BYTES / MB
-    return [
-        f"--doubling-world must be 0 (skip) or >= 3, got {args.doubling_world}"
-        if args.doubling_world < 3
-        else "",
-        f"--doubling-sizes must be > 0 and <= {top:g} MiB (DOUBLING_MAX_BYTES), "
-        f"got {args.doubling_sizes}"
-        if not all(
-            0 < s and element_count(s) * 4 <= DOUBLING_MAX_BYTES for s in args.doubling_sizes
-        )
-        else "",
-    ]
 
 
 def _rank_main(

@@ -10,16 +10,20 @@ are timed): target, recursive doubling takes less time than the ring.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ms_recover.bench.table import Measure
 from ms_recover.errors import MsRecoverError
+
+# (element counts, world) -> element count -> per rank, each kind's seconds per repetition
+Times = Callable[[list[int], int], dict[int, list[dict[str, list[float]]]]]
 
 WORLD = 4  # the default world of these rows (--doubling-world)
 SIZES_MB = (0.0353,)  # the demo's 37 KB gradient (--doubling-sizes)
@@ -98,3 +102,57 @@ def measures(r: Result, world: int) -> list[Measure]:
             "interleaved",
         ),
     ]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--doubling-world",
+        type=int,
+        default=WORLD,
+        help="ranks of the recursive doubling vs ring rows, 0 skips them (default %(default)s)",
+    )
+    parser.add_argument(
+        "--doubling-sizes",
+        type=float,
+        nargs="+",
+        default=list(SIZES_MB),
+        metavar="MB",
+        help="sizes in MiB of float32 of those rows (default: 0.0353, 37 KB)",
+    )
+
+
+def problems(args: argparse.Namespace, count: Callable[[float], int]) -> list[str]:
+    """What is wrong with the options (empty strings where nothing is); ``count``: elements
+    of a size in MiB."""
+    from ms_recover.comm.hostdoubling import DOUBLING_MAX_BYTES  # zmq: only when checking
+
+    if args.doubling_world == 0:
+        return []
+    top = DOUBLING_MAX_BYTES / (1 << 20)
+    fits = all(0 < s and count(s) * 4 <= DOUBLING_MAX_BYTES for s in args.doubling_sizes)
+    return [
+        f"--doubling-world must be 0 (skip) or >= 3, got {args.doubling_world}"
+        if args.doubling_world < 3
+        else "",
+        ""
+        if fits
+        else f"--doubling-sizes must be > 0 and <= {top:g} MiB (DOUBLING_MAX_BYTES), "
+        f"got {args.doubling_sizes}",
+    ]
+
+
+def run(
+    args: argparse.Namespace, count: Callable[[float], int], times: Times
+) -> list[tuple[Result, dict[str, Any]]]:
+    """Each size's result, with its samples per rank (none with ``--doubling-world 0``)."""
+    world = args.doubling_world
+    if not world:
+        return []
+    print(f"allreduce: recursive doubling vs ring, {world} ranks ...", flush=True)
+    counts = {size: count(size) for size in dict.fromkeys(args.doubling_sizes)}
+    per_count = times(list(dict.fromkeys(counts.values())), world)
+    out = []
+    for size, n in counts.items():
+        samples = {kind: [r[kind] for r in per_count[n]] for kind in ("doubling", "ring")}
+        out.append((result(size, n * 4, per_count[n]), samples))
+    return out
