@@ -23,7 +23,7 @@ on the same float32 tensors:
 The raw socket rows run inside the same rank processes as the allreduce, interleaved with it
 repetition by repetition (each after a barrier), so a loaded host slows both alike.
 
-Four things are measured:
+Five things are measured:
 
 * **host**: each rank is its own process (multiprocessing ``spawn``) with a
   :class:`HostBackend` on a 127.0.0.1 ephemeral port;
@@ -35,7 +35,10 @@ Four things are measured:
 * **raw sockets**: plain TCP between the rank processes (see above; no ZeroMQ, no numpy);
 * **host, CURVE**: the host allreduce again with the data plane encrypted and authenticated by
   ZeroMQ CURVE (``MS_RECOVER_DATA_CURVE=1``), what it costs; no target applies to it (the
-  targets hold with data-plane encryption off, the default). ``--no-curve`` skips it.
+  targets hold with data-plane encryption off, the default). ``--no-curve`` skips it;
+* **recursive doubling vs ring**: at ``--doubling-world`` ranks (default 4), small sizes timed
+  both ways in the same processes (see :mod:`ms_recover.bench.doubling`); target: doubling
+  takes less time than the ring.
 
 Each allreduce result is checked once. A timed call starts after a barrier, a repetition
 takes as long as its slowest rank, and the reported time is the median over repetitions
@@ -60,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from ms_recover.bench import mscluster
+from ms_recover.bench import doubling, mscluster
 from ms_recover.bench.rawsockets import RawRing
 from ms_recover.bench.table import Measure, Report
 from ms_recover.errors import ConfigError, MsRecoverError
@@ -84,6 +87,7 @@ SETTINGS = (
     "ms_form_timeout",
     "ms_tries",
     "ms_timeout",
+    "doubling_world",
 )
 
 
@@ -209,6 +213,8 @@ def build_report(
     outcome: mscluster.Outcome,
     settings: Mapping[str, Any],
     samples: Mapping[str, Any],
+    small: Sequence[doubling.Result] = (),
+    small_world: int = 0,
 ) -> Report:
     """The §8 table: one block of rows per size, and why MindSpore was not measured, if not."""
     rep = Report(
@@ -218,6 +224,8 @@ def build_report(
     )
     for r in results:
         rep.add(*size_measures(r, world, repeats))
+    for d in small:
+        rep.add(*doubling.measures(d, small_world))
     rep.settings = dict(settings)
     rep.samples = {**samples, "mindspore_tries": list(outcome.tries)}
     rep.notes = [
@@ -278,6 +286,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=600.0,
         help="seconds for the formed MindSpore cluster to report (default %(default)s)",
     )
+    doubling.configure(parser)
     parser.add_argument("--workdir", help="MindSpore cluster logs go here (default: a temp dir)")
     parser.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
@@ -297,6 +306,13 @@ def run(args: argparse.Namespace) -> int:
         curve = _allreduce_times(
             distinct, args.world, args.repeats, args.chunk_kb * 1024, args.io_threads, True
         )
+    small = doubling.run(
+        args,
+        element_count,
+        lambda counts, world: _allreduce_times(
+            counts, world, args.repeats, args.chunk_kb * 1024, args.io_threads, small=True
+        ),
+    )
     workdir, outcome = _mindspore(args, distinct)
     ms = outcome.times or {}
 
@@ -316,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
         for size, n in counts.items()
     ]
     settings = {k: getattr(args, k) for k in SETTINGS} | {"sizes_mb": sizes, "workdir": workdir}
+    settings["doubling_sizes_mb"] = args.doubling_sizes if args.doubling_world else []
     samples = {
         "host_s": {str(s): kind(host[n], "host") for s, n in counts.items()},
         "mindspore_s": {str(s): ms.get(n) for s, n in counts.items()},
@@ -326,7 +343,18 @@ def run(args: argparse.Namespace) -> int:
             str(s): kind(curve[n], "host") if n in curve else None for s, n in counts.items()
         },
     }
-    report = build_report(results, args.world, args.repeats, outcome, settings, samples)
+    samples["doubling_s"] = {str(d.size_mb): s["doubling"] for d, s in small}
+    samples["ring_s"] = {str(d.size_mb): s["ring"] for d, s in small}
+    report = build_report(
+        results,
+        args.world,
+        args.repeats,
+        outcome,
+        settings,
+        samples,
+        [d for d, _ in small],
+        args.doubling_world,
+    )
     return report.emit(args.json)
 
 
@@ -355,6 +383,7 @@ def _validate(args: argparse.Namespace, sizes: list[float]) -> None:
         if args.ms_form_timeout <= 0
         else "",
         f"--ms-timeout must be > 0, got {args.ms_timeout}" if args.ms_timeout <= 0 else "",
+        *doubling.problems(args, element_count),
     ]
     if any(problems):
         raise ConfigError("bench allreduce: " + "; ".join(p for p in problems if p))
@@ -371,6 +400,7 @@ def _rank_main(
     down: Any,
     results: Any,
     curve: bool = False,
+    small: bool = False,
 ) -> None:
     backend = _backend(rank, world, chunk_bytes, io_threads, curve)
     raw = RawRing(rank, world)
@@ -381,7 +411,10 @@ def _rank_main(
         raw.connect(ports)
         backend.barrier()
         for n in counts:
-            results.put((rank, n, _time_size(backend, raw, n, repeats, curve)))
+            if small:
+                results.put((rank, n, doubling.time_rank(backend, n, repeats)))
+            else:
+                results.put((rank, n, _time_size(backend, raw, n, repeats, curve)))
     except BaseException as exc:  # reported to the parent, which raises
         results.put((rank, None, repr(exc)))
     finally:
@@ -445,6 +478,7 @@ def _allreduce_times(
     chunk_bytes: int,
     io_threads: int,
     curve: bool = False,
+    small: bool = False,
 ) -> dict[int, list[dict[str, list[float]]]]:
     """Element count -> per rank, each kind's seconds per repetition (see _time_size)."""
     ctx = mp.get_context("spawn")
@@ -454,7 +488,10 @@ def _allreduce_times(
         ctx.Process(
             target=_rank_main,
             daemon=True,
-            args=(r, world, counts, repeats, chunk_bytes, io_threads, up, downs[r], results, curve),
+            args=(
+                *(r, world, counts, repeats, chunk_bytes, io_threads),
+                *(up, downs[r], results, curve, small),
+            ),
         )
         for r in range(world)
     ]

@@ -2,16 +2,13 @@
 
 Algorithms (``n`` members of a group, ring order = the group's rank order):
 
-* **allreduce**: ring reduce-scatter then ring all-gather, streamed chunk by chunk: a chunk is
-  forwarded as soon as it has been reduced (or received), so both phases pipeline. Segment
-  ``j`` is always summed in the same order (starting at member ``j``, around the ring), so the
-  result is bit-for-bit reproducible, and the all-gather copies final bits, so every member
-  ends with identical bits. MEAN divides each final segment once, at its owner.
-  Two members take a latency path instead: one exchange of the whole buffer, each adding the
-  lower rank's values first (same bits on both). It runs over the pair's lane (a plain TCP
-  connection authenticated once, see :mod:`hostlane` and :mod:`laneexchange`) whenever both
-  advertise one, which they do unless the data plane uses CURVE; otherwise over ZeroMQ, up
-  to ``EXCHANGE_MAX_BYTES``.
+* **allreduce**: a ring reduce-scatter then all-gather (:mod:`hostring`), every member ending
+  with the same bits, reproducibly. Two members take a latency path instead: one exchange of
+  the whole buffer, each adding the lower rank's values first (same bits on both). It runs
+  over the pair's lane (a plain TCP connection authenticated once, see :mod:`hostlane` and
+  :mod:`laneexchange`) whenever both advertise one, which they do unless the data plane uses
+  CURVE; otherwise over ZeroMQ, up to ``EXCHANGE_MAX_BYTES``. More than two members take
+  recursive doubling (:mod:`hostdoubling`) up to ``DOUBLING_MAX_BYTES``.
 * **broadcast**: a pipelined chain from the root along the ring.
 * **barrier**: dissemination, ``ceil(log2 n)`` rounds of empty messages.
 * **send/recv**: a manifest plus a chunked byte stream (see :mod:`hoststream`).
@@ -28,7 +25,6 @@ tracked and waited for before returning; all-gather forwards re-send the receive
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any
@@ -37,10 +33,19 @@ import numpy as np
 import zmq
 from numpy.typing import NDArray
 
-from ms_recover.comm import hoststream, laneexchange
+from ms_recover.comm import hostdoubling, hostring, hoststream, laneexchange
 from ms_recover.comm.base import CommBackend, ReduceOp, check_out, same_buffer
 from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.comm.hostauth import DataCurve
+from ms_recover.comm.hostcall import (
+    Call,
+    check_reducible,
+    contiguous,
+    reduce_op,
+    signature,
+    take,
+    values,
+)
 from ms_recover.comm.hostlane import Lanes, lane_endpoint, split_endpoint
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
 from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
@@ -50,38 +55,9 @@ from ms_recover.errors import CommError, ConfigError
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 1 << 20
-# Two-member allreduces up to this size take the one-exchange path (see HostBackend._exchange).
+# Two-member allreduces up to this size take the one-exchange path (see hostring.exchange).
 EXCHANGE_MAX_BYTES = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    """One collective call on one rank: where it sits in the group and how to label frames."""
-
-    epoch: int
-    rank: int
-    group: str
-    ranks: tuple[int, ...]
-    seq: int
-    kind: str
-    meta: str
-
-    @property
-    def n(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def index(self) -> int:
-        return self.ranks.index(self.rank)
-
-    def peer(self, shift: int) -> int:
-        return self.ranks[(self.index + shift) % self.n]
-
-    def header(self, offset: int) -> Header:
-        return Header(self.epoch, self.rank, self.group, self.seq, self.kind, offset, self.meta)
-
-    def __str__(self) -> str:
-        return f"{self.kind} #{self.seq} on group {self.group!r}"
+DOUBLING_MAX_BYTES = hostdoubling.DOUBLING_MAX_BYTES
 
 
 class HostBackend(CommBackend):
@@ -126,6 +102,9 @@ class HostBackend(CommBackend):
         self.chunk_bytes = chunk_bytes
         # Must be the same on every member: it picks the algorithm both sides follow.
         self.exchange_max_bytes = EXCHANGE_MAX_BYTES
+        # Groups of more than two: allreduces up to this size take recursive doubling. Must be
+        # the same on every member too.
+        self.doubling_max_bytes = DOUBLING_MAX_BYTES
         self._boxes = Mailboxes()
         cap = max(MAX_MESSAGE_BYTES, chunk_bytes + 4096)
         self._link = Link(
@@ -261,7 +240,7 @@ class HostBackend(CommBackend):
 
     # -- collectives -----------------------------------------------------------------------
 
-    def _enter(self, group: str, kind: str, meta: str, root: int | None = None) -> _Call:
+    def _enter(self, group: str, kind: str, meta: str, root: int | None = None) -> Call:
         """Check the rank may call ``kind`` on ``group`` and number the call.
 
         Every check comes before the numbering: a call refused here leaves the group's op
@@ -285,32 +264,7 @@ class HostBackend(CommBackend):
             raise CommError(f"{kind} on group {group!r}: {self._link.unreachable(blind[0])}")
         seq = self._seq[group]
         self._seq[group] = seq + 1
-        return _Call(self.epoch, self.rank, group, ranks, seq, kind, meta)
-
-    def _take(self, call: _Call, src: int, offset: int) -> zmq.Frame:
-        """The next frame of ``call`` from ``src``; checks both ranks made the same call."""
-        key = (call.epoch, src, call.group, call.seq)
-        header, frame = self._link.take(key, f"{call} from rank {src}")
-        if header.kind != call.kind or header.meta != call.meta:
-            raise CommError(
-                f"group {call.group!r} op #{call.seq}: rank {src} called "
-                f"{header.kind}({header.meta}) but rank {self.rank} called "
-                f"{call.kind}({call.meta})"
-            )
-        if header.offset != offset:
-            raise CommError(f"{call}: rank {src} sent offset {header.offset}, expected {offset}")
-        return frame
-
-    def _values(
-        self, call: _Call, frame: zmq.Frame, dtype: np.dtype[Any], start: int, end: int
-    ) -> NDArray[Any]:
-        try:
-            values = np.frombuffer(frame.buffer, dtype=dtype)
-        except ValueError as exc:
-            raise CommError(f"{call}: payload of {len(frame.buffer)} bytes is not {dtype}") from exc
-        if values.size == 0 or start + values.size > end:
-            raise CommError(f"{call}: {values.size} elements at {start} overrun segment end {end}")
-        return values
+        return Call(self.epoch, self.rank, group, ranks, seq, kind, meta)
 
     def allreduce(
         self,
@@ -321,12 +275,12 @@ class HostBackend(CommBackend):
     ) -> NDArray[Any]:
         """Sum (or mean) over the group; identical bits on every member; input untouched
         unless it is ``out``. One member with ``out`` the input: nothing to copy or write."""
-        reduce_op = _reduce_op(op)
-        src = _contiguous(array)
-        _check_reducible(src.dtype, reduce_op)
+        which = reduce_op(op)
+        src = contiguous(array)
+        check_reducible(src.dtype, which)
         if out is not None:
             check_out(np.asarray(array), out)
-        call = self._enter(group, "allreduce", _signature(src))
+        call = self._enter(group, "allreduce", signature(src))
         flat = src.reshape(-1)
         if call.n == 1 or flat.size == 0:
             if out is None:
@@ -334,7 +288,7 @@ class HostBackend(CommBackend):
             if not same_buffer(out, np.asarray(array)):
                 np.copyto(out, src)
             return out
-        mean = reduce_op is ReduceOp.MEAN
+        mean = which is ReduceOp.MEAN
         if call.n == 2 and self._lanes is not None and self._lanes.has(call.peer(1)):
             deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
             label = (call.group, call.seq, call.meta)
@@ -342,82 +296,23 @@ class HostBackend(CommBackend):
                 self._lanes, call.peer(1), label, flat, mean, self._after_send, deadline
             )
         elif call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
-            result = self._exchange(call, flat, mean)
+            result = hostring.exchange(self._link, call, flat, mean, self.chunk_bytes)
+        elif call.n > 2 and flat.nbytes <= self.doubling_max_bytes:
+            result = hostdoubling.allreduce(self._link, call, flat, mean, self.chunk_bytes)
         else:
-            result = self._ring(call, flat, mean)
+            result = hostring.ring(self._link, call, flat, mean, self.chunk_bytes)
         if out is None:
             return result.reshape(src.shape)
         # Every path returns only once no send still reads ``flat`` (the lane joins its sender,
-        # trackers are waited for, or see _ring), so overwriting the input here is safe. The
+        # trackers are waited for, or see hostring.ring), so overwriting the input here is safe. The
         # lane could receive straight into ``out`` when it is not the input; not done yet.
         np.copyto(out, result.reshape(src.shape))
         return out
 
-    def _exchange(self, call: _Call, flat: NDArray[Any], mean: bool) -> NDArray[Any]:
-        """Two members: each sends its whole buffer once and adds the peer's as it arrives.
-
-        One message latency instead of the ring's two. Both members add in the same order
-        (the lower rank's values first), so both hold the same bits, NaN payloads included.
-        """
-        peer = call.peer(1)
-        step = max(1, self.chunk_bytes // flat.itemsize)
-        trackers = [
-            self._link.send(peer, call.header(a), flat[a : a + step], track=True)
-            for a in range(0, flat.size, step)
-        ]
-        out = np.empty_like(flat)
-        low_first = call.rank < peer
-        got = 0
-        while got < flat.size:
-            values = self._values(call, self._take(call, peer, got), flat.dtype, got, flat.size)
-            stop = got + values.size
-            first, second = (flat[got:stop], values) if low_first else (values, flat[got:stop])
-            np.add(first, second, out=out[got:stop])
-            got = stop
-        if mean:
-            np.divide(out, 2, out=out)
-        self._link.wait_sent([t for t in trackers if t is not None], peer, str(call))
-        return out
-
-    def _ring(self, call: _Call, flat: NDArray[Any], mean: bool) -> NDArray[Any]:
-        n, right = call.n, call.peer(1)
-        bounds = _segments(flat.size, n)
-        step = max(1, self.chunk_bytes // flat.itemsize)
-        out = np.empty_like(flat)
-        # Own segment first. It is read from the caller's array: its final value comes back
-        # around the ring only after the right peer has received it, so no tracking is needed.
-        for a in range(bounds[call.index], bounds[call.index + 1], step):
-            self._link.send(right, call.header(a), flat[a : min(a + step, bounds[call.index + 1])])
-        trackers: list[zmq.MessageTracker] = []
-        last = 2 * n - 3
-        for t in range(last + 1):
-            seg = (call.index - t - 1) % n
-            got, end = bounds[seg], bounds[seg + 1]
-            while got < end:
-                frame = self._take(call, call.peer(-1), got)
-                values = self._values(call, frame, flat.dtype, got, end)
-                stop = got + values.size
-                dst = out[got:stop]
-                if t < n - 1:  # reduce-scatter: add our contribution, forward the partial sum
-                    np.add(flat[got:stop], values, out=dst)
-                    if t == n - 2 and mean:
-                        np.divide(dst, n, out=dst)
-                    # The owned segment never comes back to us: track it (see module doc).
-                    tracker = self._link.send(right, call.header(got), dst, track=t == n - 2)
-                    if tracker is not None:
-                        trackers.append(tracker)
-                else:  # all-gather: keep the final bits, forward the very same frame
-                    dst[...] = values
-                    if t < last:
-                        self._link.send(right, call.header(got), frame)
-                got = stop
-        self._link.wait_sent(trackers, right, str(call))
-        return out
-
     def broadcast(self, array: NDArray[Any], root: int, group: str = WORLD) -> NDArray[Any]:
         """Root's array on every member (a new array everywhere, the root's input untouched)."""
-        src = _contiguous(array)
-        call = self._enter(group, "broadcast", _signature(src), root)
+        src = contiguous(array)
+        call = self._enter(group, "broadcast", signature(src), root)
         flat = src.reshape(-1)
         chain = call.ranks[call.ranks.index(root) :] + call.ranks[: call.ranks.index(root)]
         pos = chain.index(self.rank)
@@ -434,12 +329,12 @@ class HostBackend(CommBackend):
         out = np.empty_like(flat)
         got = 0
         while got < flat.size:
-            frame = self._take(call, chain[pos - 1], got)
-            values = self._values(call, frame, flat.dtype, got, flat.size)
-            out[got : got + values.size] = values
+            frame = take(self._link, call, chain[pos - 1], got)
+            vals = values(call, frame, flat.dtype, got, flat.size)
+            out[got : got + vals.size] = vals
             if nxt is not None:
                 self._link.send(nxt, call.header(got), frame)
-            got += values.size
+            got += vals.size
         return out.reshape(src.shape)
 
     def barrier(self, group: str = WORLD) -> None:
@@ -447,7 +342,7 @@ class HostBackend(CommBackend):
         distance, round_ = 1, 0
         while distance < call.n:
             self._link.send(call.peer(distance), call.header(round_), b"")
-            self._take(call, call.peer(-distance), round_)
+            take(self._link, call, call.peer(-distance), round_)
             distance, round_ = distance * 2, round_ + 1
 
     # -- point to point --------------------------------------------------------------------
@@ -497,35 +392,3 @@ class HostBackend(CommBackend):
 
     def _p2p_header(self, tag: str, offset: int, meta: str) -> Header:
         return Header(self.epoch, self.rank, P2P, tag, "p2p", offset, meta)
-
-
-def _contiguous(array: NDArray[Any]) -> NDArray[Any]:
-    array = np.asarray(array)
-    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
-
-
-def _signature(array: NDArray[Any]) -> str:
-    return f"{array.dtype.str}:{array.size}"
-
-
-def _segments(size: int, n: int) -> list[int]:
-    """Boundaries of ``n`` near-equal segments of ``size`` elements (``n + 1`` entries)."""
-    base, extra = divmod(size, n)
-    return [k * base + min(k, extra) for k in range(n + 1)]
-
-
-def _reduce_op(op: ReduceOp | str) -> ReduceOp:
-    try:
-        return ReduceOp(op)
-    except ValueError:
-        valid = ", ".join(o.value for o in ReduceOp)
-        raise CommError(f"reduce op {op!r} is not one of: {valid}") from None
-
-
-def _check_reducible(dtype: np.dtype[Any], op: ReduceOp) -> None:
-    kinds = "fc" if op is ReduceOp.MEAN else "fciu"
-    if dtype.kind not in kinds:
-        valid = "float or complex" if op is ReduceOp.MEAN else "float, complex or integer"
-        raise CommError(
-            f"allreduce {op.value} of dtype {dtype} is not supported; dtype must be {valid}"
-        )

@@ -8,12 +8,11 @@ order is sorted), the member at position ``i`` sends to:
 * ``g[(i + 1) % n]``: the ring allreduce, the two-member one-exchange path and the broadcast
   chain (which runs along the ring from the root);
 * ``g[(i + 2**k) % n]`` for every ``2**k < n``: the dissemination barrier;
-* ``g[i ^ 2**k]`` for every ``i ^ 2**k < n``: recursive doubling/halving partners. No path uses
-  them today; they are here so that a recursive-doubling small-allreduce path for worlds of
-  more than two ranks needs no protocol change. Such a path must pick its partners from this
-  set: with ``n`` not a power of two, fold position ``i >= 2**m`` (the largest power below
-  ``n``) onto ``i ^ 2**m = i - 2**m``, then double among the first ``2**m``. (MPICH's
-  even/odd fold renumbers the ranks, so its partners are not in the set.)
+* ``g[i ^ 2**k]`` for every ``i ^ 2**k < n``: recursive doubling partners, the small-allreduce
+  path of groups of more than two (:mod:`~ms_recover.comm.hostdoubling`). It picks its
+  partners from this set: with ``n`` not a power of two, position ``i >= 2**m`` (the largest
+  power below ``n``) folds onto ``i ^ 2**m = i - 2**m``, then the first ``2**m`` double.
+  (MPICH's even/odd fold renumbers the ranks, so its partners are not in the set.)
 
 Point to point (repair, MindIO's ``send_recv``) needs the destination: a repair pair
 ``(src, dst)`` gives ``src`` the endpoint of ``dst``.

@@ -140,7 +140,8 @@ def test_bench_help_lists_every_benchmark() -> None:
 def test_allreduce_without_mindspore_reports_host_and_socket_copy(tmp_path: Path) -> None:
     path = tmp_path / "allreduce.json"
     out, _ = _bench(
-        "allreduce", "--no-mindspore", "--sizes", "0.25", "--repeats", "2", "--json", str(path)
+        *("allreduce", "--no-mindspore", "--sizes", "0.25", "--repeats", "2"),
+        *("--doubling-world", "3", "--doubling-sizes", "0.01", "--json", str(path)),
     )
     assert out.returncode == 0, out.stderr
     assert "MindSpore CPU AllReduce not measured: skipped (--no-mindspore)" in out.stdout
@@ -166,12 +167,27 @@ def test_allreduce_without_mindspore_reports_host_and_socket_copy(tmp_path: Path
     curve = m["0.25 MiB: host allreduce busbw, CURVE"]  # what data-plane encryption costs
     assert curve["value"] > 0 and "MS_RECOVER_DATA_CURVE=1" in curve["note"]
     assert len(report["samples"]["host_curve_s"]["0.25"]) == 2  # ranks
+    # Groups of more than two: recursive doubling against the ring, in the same processes.
+    assert report["settings"]["doubling_world"] == 3
+    for kind in ("doubling_s", "ring_s"):
+        ranks = report["samples"][kind]["0.01"]
+        assert len(ranks) == 3 and all(len(r) == runs and min(r) > 0 for r in ranks)
+    assert m["0.01 MiB, 3 ranks: recursive doubling allreduce"]["value"] > 0
+    assert m["0.01 MiB, 3 ranks: ring allreduce"]["value"] > 0
+    vs = m["0.01 MiB, 3 ranks: recursive doubling / ring time"]
+    assert vs["value"] > 0 and (vs["op"], vs["limit"]) == ("<", 1)
 
 
 def test_allreduce_rejects_bad_settings() -> None:
     out, _ = _bench("allreduce", "--world", "1", "--ms-tries", "0", timeout=30)
     assert out.returncode == 2
     assert "--world must be >= 2, got 1; --ms-tries must be >= 1, got 0" in out.stderr
+    out, _ = _bench("allreduce", "--doubling-world", "2", "--doubling-sizes", "1", timeout=30)
+    assert out.returncode == 2
+    assert "--doubling-world must be 0 (skip) or >= 3, got 2" in out.stderr
+    assert "--doubling-sizes must be > 0 and <= 0.25 MiB (DOUBLING_MAX_BYTES), got [1.0]" in (
+        out.stderr
+    )
 
 
 def test_controlplane_direct_shape_still_runs(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 import zmq
 from zmq.utils.garbage import GarbageCollectorThread
 
-from ms_recover.comm import hoststream, laneexchange
+from ms_recover.comm import hostring, hoststream, laneexchange
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.comm.host import HostBackend
 from ms_recover.comm.hostauth import (
@@ -119,6 +119,8 @@ def inputs(n: int, size: int, dtype: Any, seed: int = 0) -> list[np.ndarray]:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_allreduce_matches_numpy_and_is_bit_identical(make: Any, n: int, dtype: Any) -> None:
     backends = make(n, chunk_bytes=256)
+    for b in backends:
+        b.doubling_max_bytes = 0  # the ring; recursive doubling: test_host_doubling.py
     for size in [1, n - 1, n, 7, 1001]:
         xs = inputs(n, size, dtype, seed=size)
         copies = [x.copy() for x in xs]
@@ -159,6 +161,26 @@ def test_two_ranks_same_bits_on_every_path_nan_payloads_included(
         assert np.isnan(out[0][:3]).all()
 
 
+@pytest.mark.parametrize("block", [256, hostring.ADD_BLOCK_BYTES], ids=["blocks", "one-block"])
+@pytest.mark.filterwarnings("ignore:(overflow|invalid value) encountered:RuntimeWarning")
+def test_two_ranks_of_different_chunk_sizes_hold_the_same_nan_bits(
+    make: Any, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    # The ZeroMQ exchange once added each message as it came: the bits of two NaNs added then
+    # depended on where the peer's chunks ended, so the two ranks disagreed.
+    monkeypatch.setattr(hostring, "ADD_BLOCK_BYTES", block)
+    backends = make(2, init=False, lanes=False)
+    backends[0].chunk_bytes, backends[1].chunk_bytes = 64, 200
+    members = {b.rank: b.endpoint for b in backends}
+    for b in backends:
+        b.init(1, members)
+    rng = np.random.default_rng(11)
+    pool = np.tile(special_values(np.float32), 40)
+    xs = [rng.permutation(pool) for _ in range(2)]
+    out = run_all(backends, lambda b: b.allreduce(xs[b.rank]))
+    assert bits(out[0]) == bits(out[1])
+
+
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("finite", [True, False])
@@ -170,6 +192,8 @@ def test_allreduce_of_special_values_has_the_same_bits_on_every_rank(
     # reduction, for subnormals, signed zeros and NaN payloads too (the order in which NaNs
     # meet decides which payload survives: only the segment owner may compute it).
     backends = make(n, chunk_bytes=64)
+    for b in backends:
+        b.doubling_max_bytes = 0  # the ring; recursive doubling: test_host_doubling.py
     specials = finite_specials(dtype) if finite else special_values(dtype)
     rng = np.random.default_rng(n)
     pool = np.tile(np.concatenate([specials, specials * dtype(0.5)]), 4)  # several chunks
