@@ -151,6 +151,7 @@ class HostBackend(CommBackend):
         self._seq: dict[str, int] = {}
         self._blind: dict[str, list[int]] = {}  # group -> peers it sends to with no endpoint
         self._built = False
+        self._lane_spare = laneexchange.RecvBuffer()  # the lane's in-place receive buffer
 
     def _after_send(self) -> None:
         if self.faults.armed:
@@ -255,6 +256,7 @@ class HostBackend(CommBackend):
         self._link.abort()
 
     def close(self) -> None:
+        self._lane_spare.release()
         if self._lanes is not None:
             self._lanes.close()
         self._link.close()
@@ -338,9 +340,20 @@ class HostBackend(CommBackend):
         if call.n == 2 and self._lanes is not None and self._lanes.has(call.peer(1)):
             deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
             label = (call.group, call.seq, call.meta)
+            into, inplace = _lane_target(flat, out)
             result = laneexchange.exchange(
-                self._lanes, call.peer(1), label, flat, mean, self._after_send, deadline
+                self._lanes,
+                call.peer(1),
+                label,
+                flat,
+                mean,
+                self._after_send,
+                deadline,
+                into,
+                self._lane_spare if inplace else None,
             )
+            if out is not None and into is not None:
+                return out  # the lane wrote the result into it
         elif call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
             result = self._exchange(call, flat, mean)
         else:
@@ -348,8 +361,7 @@ class HostBackend(CommBackend):
         if out is None:
             return result.reshape(src.shape)
         # Every path returns only once no send still reads ``flat`` (the lane joins its sender,
-        # trackers are waited for, or see _ring), so overwriting the input here is safe. The
-        # lane could receive straight into ``out`` when it is not the input; not done yet.
+        # trackers are waited for, or see _ring), so overwriting the input here is safe.
         np.copyto(out, result.reshape(src.shape))
         return out
 
@@ -497,6 +509,21 @@ class HostBackend(CommBackend):
 
     def _p2p_header(self, tag: str, offset: int, meta: str) -> Header:
         return Header(self.epoch, self.rank, P2P, tag, "p2p", offset, meta)
+
+
+def _lane_target(flat: NDArray[Any], out: NDArray[Any] | None) -> tuple[NDArray[Any] | None, bool]:
+    """Where the lane writes the result, and whether that is the input itself: ``out``
+    (flattened) when it is the input or does not overlap it; None (a new array, copied into
+    ``out`` afterwards) when it overlaps the input elsewhere (adding into it would change
+    what is still to be sent)."""
+    if out is None:
+        return None, False
+    target = out.reshape(-1)  # a view: out is C-contiguous, of flat's dtype and size
+    if not np.may_share_memory(target, flat):  # cheap: compares bounds only
+        return target, False
+    if target.ctypes.data == flat.ctypes.data:  # same start, dtype, size, both contiguous
+        return target, True
+    return None, False
 
 
 def _contiguous(array: NDArray[Any]) -> NDArray[Any]:

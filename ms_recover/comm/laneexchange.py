@@ -1,10 +1,17 @@
 """The two-member allreduce over a lane: one full-duplex exchange, added as it arrives.
 
 Each member sends its whole buffer to the other, straight from the caller's array, and
-receives the other's straight into the output array; as whole elements land they are added in
-place, in spans of :data:`ADD_SPAN_BYTES` (still in cache from the receive), always the lower
-rank's values first. So both members hold the same bits, NaN payloads included, and a rerun
-gives the same bits. MEAN divides the sum by two once, on both members alike.
+receives the other's straight into the output array (the caller's ``out``, or a new array);
+as whole elements land they are added in place, in spans of :data:`ADD_SPAN_BYTES` (still in
+cache from the receive), always the lower rank's values first. So both members hold the same
+bits, NaN payloads included, and a rerun gives the same bits. MEAN halves each span's sum
+once, on both members alike: the same bits as dividing the whole sum by two afterwards.
+
+In place (``out`` the input itself, as a training step reduces its gradient buffer): the
+peer's values land in a receive buffer the lane keeps across calls (:class:`RecvBuffer`), and
+a span is summed into the input only once this member has sent it (the kernel has copied it),
+so the peer always gets the input as it was. Spans not sent yet when everything has arrived
+are summed once the send is done.
 
 Below :data:`THREAD_MIN_BYTES` one thread does both directions with non-blocking sockets: it
 sends what the kernel takes, reads what has arrived, and polls only when neither made progress.
@@ -48,6 +55,25 @@ THREAD_MIN_BYTES = 4 << 20  # from this size a helper thread sends while this on
 SENDER_SLICE_MS = 50
 
 
+class RecvBuffer:
+    """A receive buffer kept across in-place calls: grown to the largest such call and then
+    reused, so an in-place call allocates nothing and touches no fresh page (as a raw socket
+    exchange reusing its buffers). Training thread only."""
+
+    def __init__(self) -> None:
+        self._buf: NDArray[np.uint8] = np.empty(0, np.uint8)
+
+    def like(self, flat: NDArray[Any]) -> NDArray[Any]:
+        """A 1-D array of ``flat``'s dtype and size over this buffer (garbage contents)."""
+        if self._buf.nbytes < flat.nbytes:
+            self._buf = np.empty(0, np.uint8)  # free the old one before the new one is made
+            self._buf = np.empty(flat.nbytes, np.uint8)
+        return self._buf[: flat.nbytes].view(flat.dtype)
+
+    def release(self) -> None:
+        self._buf = np.empty(0, np.uint8)
+
+
 def exchange(
     lanes: Lanes,
     peer: int,
@@ -56,13 +82,21 @@ def exchange(
     mean: bool,
     after_send: Callable[[], None] | None,
     deadline: float | None,
+    into: NDArray[Any] | None = None,
+    spare: RecvBuffer | None = None,
 ) -> NDArray[Any]:
     """The sum (or mean) of ``flat`` and ``peer``'s, identical on both; ``label`` is the
-    call's (group, seq, signature). Raises Interrupted on abort, CommError otherwise."""
+    call's (group, seq, signature). Raises Interrupted on abort, CommError otherwise.
+
+    ``into``: a writeable 1-D array of ``flat``'s dtype and size that receives the result and
+    is returned: memory that does not overlap ``flat``, or with ``spare`` (where the peer's
+    values land meanwhile) ``flat`` itself. None: a new array. A call that raises may have
+    written part of ``into`` (in place: of ``flat``): its contents are then undefined."""
     what = f"allreduce #{label[1]} on group {label[0]!r} with rank {peer}"
     try:
         sock = lanes.conn(peer, deadline)
-        run = _Exchange(lanes, sock, peer, label, flat, after_send)
+        run = _Exchange(lanes, sock, peer, label, flat, after_send, mean)
+        run.target(into, spare)
         out = run.loop(deadline, what)
     except PeerGone:
         lanes.drop(peer)
@@ -71,8 +105,6 @@ def exchange(
     except CommError:
         lanes.drop(peer)  # its stream is out of step now
         raise
-    if mean:
-        np.divide(out, 2, out=out)
     return out
 
 
@@ -87,16 +119,19 @@ class _Exchange:
         label: tuple[str, int, str],
         flat: NDArray[Any],
         after_send: Callable[[], None] | None,
+        mean: bool,
     ) -> None:
         self.lanes, self.sock, self.peer, self.after_send = lanes, sock, peer, after_send
         self.group, self.seq, self.meta = label
-        self.flat = flat
+        self.flat, self.mean = flat, mean
         self.low_first = peer < lanes.rank
-        self.out = np.empty_like(flat)
         self.total = flat.nbytes
         self.tail = self.group.encode() + self.meta.encode()
+        # What is still to send, each with the payload offset its last byte ends at (-1: a
+        # header); ``sent`` payload bytes have been taken by the kernel (the helper thread
+        # writes it, this one reads it: an int, so no lock is needed under the GIL).
         self.outbox = self._frames(flat.data.cast("B"))
-        self.dst = self.out.data.cast("B")
+        self.sent = 0
         self.head = bytearray(FRAME.size + len(self.tail))
         self.head_got = 0  # bytes of the current frame's header read so far (0: none yet)
         self.frame_end = 0  # end offset of the payload being read (0: reading a header)
@@ -105,14 +140,28 @@ class _Exchange:
         self.span = max(1, ADD_SPAN_BYTES // flat.itemsize)
         self.sending = False  # a helper thread owns the outbox (see _threaded)
 
-    def _frames(self, src: memoryview) -> list[memoryview]:
-        bufs: list[memoryview] = []
+    def target(self, into: NDArray[Any] | None, spare: RecvBuffer | None) -> None:
+        """Where the result goes (``out``) and where the peer's bytes land (``recv``)."""
+        self.out = np.empty_like(self.flat) if into is None else into
+        self.inplace = spare is not None
+        if spare is not None:
+            if into is None or into.ctypes.data != self.flat.ctypes.data:
+                raise AssertionError("a lane exchange with a RecvBuffer is one into its input")
+            self.recv = spare.like(self.flat)
+        else:
+            if into is not None and np.may_share_memory(into, self.flat):
+                raise AssertionError("a lane exchange into memory that overlaps its input")
+            self.recv = self.out
+        self.dst = self.recv.data.cast("B")
+
+    def _frames(self, src: memoryview) -> list[tuple[memoryview, int]]:
+        bufs: list[tuple[memoryview, int]] = []
         for start in range(0, self.total, FRAME_MAX_BYTES):
             size = min(FRAME_MAX_BYTES, self.total - start)
             head = FRAME.pack(
                 FRAME_MAGIC, len(self.group.encode()), len(self.meta), self.seq, start, size
             )
-            bufs += [memoryview(head + self.tail), src[start : start + size]]
+            bufs += [(memoryview(head + self.tail), -1), (src[start : start + size], start + size)]
         return bufs
 
     def loop(self, deadline: float | None, what: str) -> NDArray[Any]:
@@ -125,6 +174,7 @@ class _Exchange:
                 select.POLLIN if self.got < self.total else 0
             )
             self.lanes.wait(self.sock, events, deadline, what)
+        self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
     def _threaded(self, deadline: float | None, what: str) -> NDArray[Any]:
@@ -152,6 +202,7 @@ class _Exchange:
             helper.join()
         if errors:
             raise errors[0]
+        self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
     def _send_all(self, errors: list[BaseException]) -> None:
@@ -170,18 +221,22 @@ class _Exchange:
         if not self.outbox:
             return False
         try:
-            sent = self.sock.sendmsg(self.outbox[:IOV_MAX])
+            sent = self.sock.sendmsg([buf for buf, _ in self.outbox[:IOV_MAX]])
         except BlockingIOError:
             return False
         except OSError as exc:
             raise PeerGone from exc
         while sent:
-            first = self.outbox[0]
+            first, end = self.outbox[0]
             if sent < len(first):
-                self.outbox[0] = first[sent:]
+                self.outbox[0] = (first[sent:], end)
+                if end >= 0:
+                    self.sent = end - (len(first) - sent)
                 break
             sent -= len(first)
             self.outbox.pop(0)
+            if end >= 0:
+                self.sent = end
         if self.after_send is not None:
             self.after_send()
         return True
@@ -209,7 +264,7 @@ class _Exchange:
         """Read a frame header; at its start, together with the payload it announces (one
         read for both, as both are usually here). A header of another call fails the call
         before any of its payload is used (what landed in ``out`` is then never returned)."""
-        first = min(FRAME_MAX_BYTES, self.total - self.got)
+        first = min(FRAME_MAX_BYTES, self.total - self.got, RECV_MAX)
         try:
             if self.head_got == 0:
                 payload = self.dst[self.got : self.got + first]
@@ -257,20 +312,35 @@ class _Exchange:
             )
         return int(offset + nbytes)
 
-    def _add(self, ready: int) -> None:
-        """Sum the elements that arrived since the last add, if enough or all are here, a
-        span at a time, topping up the socket's send buffer between spans: the peer is then
-        never left waiting for our bytes while we add."""
+    def _add(self, arrived: int) -> None:
+        """Sum the elements that arrived since the last add (in place: and that were sent),
+        if enough or all are ready, a span at a time, topping up the socket's send buffer
+        between spans: the peer is then never left waiting for our bytes while we add."""
+        ready = min(arrived, self.got // self.flat.itemsize)
+        if self.inplace:
+            ready = min(ready, self.sent // self.flat.itemsize)
         if ready - self.added < self.span and ready < self.flat.size:
             return
         while self.added < ready:
             a = self.added
             b = min(ready, a + self.span)
-            mine, theirs = self.flat[a:b], self.out[a:b]
+            mine, theirs, out = self.flat[a:b], self.recv[a:b], self.out[a:b]
             if self.low_first:  # the peer is the lower rank: its values go first
-                np.add(theirs, mine, out=theirs)
+                np.add(theirs, mine, out=out)
             else:
-                np.add(mine, theirs, out=theirs)
+                np.add(mine, theirs, out=out)
+            if self.mean:
+                _halve(out)
             self.added = b
             if self.outbox and b < ready and not self.sending:
                 self._send()
+
+
+def _halve(values: NDArray[Any]) -> None:
+    """``values /= 2`` in place, bit for bit. A real float times 0.5 is the same correctly
+    rounded value as divided by 2 (NaN payloads, infinities and subnormals included) and costs
+    about half as much; complex division is not a plain scaling in numpy, so it divides."""
+    if values.dtype.kind == "f":
+        np.multiply(values, 0.5, out=values)
+    else:
+        np.divide(values, 2, out=values)
