@@ -44,6 +44,7 @@ from ms_recover.comm.hostauth import DataCurve
 from ms_recover.comm.hostlane import Lanes, lane_endpoint, split_endpoint
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
 from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
+from ms_recover.comm.lanebuffers import RecvBuffer, Results
 from ms_recover.comm.peers import group_targets
 from ms_recover.errors import CommError, ConfigError
 
@@ -151,7 +152,8 @@ class HostBackend(CommBackend):
         self._seq: dict[str, int] = {}
         self._blind: dict[str, list[int]] = {}  # group -> peers it sends to with no endpoint
         self._built = False
-        self._lane_spare = laneexchange.RecvBuffer()  # the lane's in-place receive buffer
+        self._lane_spare = RecvBuffer()  # the lane's in-place receive buffer
+        self._lane_results = Results()  # the lane's results of calls without out=
 
     def _after_send(self) -> None:
         if self.faults.armed:
@@ -257,6 +259,7 @@ class HostBackend(CommBackend):
 
     def close(self) -> None:
         self._lane_spare.release()
+        self._lane_results.release()
         if self._lanes is not None:
             self._lanes.close()
         self._link.close()
@@ -341,6 +344,7 @@ class HostBackend(CommBackend):
             deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
             label = (call.group, call.seq, call.meta)
             into, inplace = _lane_target(flat, out)
+            fresh = self._lane_results.new_like(flat) if out is None else None
             result = laneexchange.exchange(
                 self._lanes,
                 call.peer(1),
@@ -349,7 +353,7 @@ class HostBackend(CommBackend):
                 mean,
                 self._after_send,
                 deadline,
-                into,
+                fresh if into is None else into,
                 self._lane_spare if inplace else None,
             )
             if out is not None and into is not None:

@@ -8,7 +8,7 @@ bits, NaN payloads included, and a rerun gives the same bits. MEAN halves each s
 once, on both members alike: the same bits as dividing the whole sum by two afterwards.
 
 In place (``out`` the input itself, as a training step reduces its gradient buffer): the
-peer's values land in a receive buffer the lane keeps across calls (:class:`RecvBuffer`), and
+peer's values land in a receive buffer kept across calls (:mod:`~ms_recover.comm.lanebuffers`), and
 a span is summed into the input only once this member has sent it (the kernel has copied it),
 so the peer always gets the input as it was. Spans not sent yet when everything has arrived
 are summed once the send is done.
@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ms_recover.comm.hostlane import Lanes, PeerGone
+from ms_recover.comm.lanebuffers import RecvBuffer
 from ms_recover.errors import CommError
 
 FRAME = struct.Struct("<4sHHQQQ")  # magic, group length, meta length, seq, offset, nbytes
@@ -53,25 +54,6 @@ IOV_MAX = 64  # buffers handed to one sendmsg
 RECV_MAX = 1 << 20  # read at most this much at once, so it is still in cache when added
 THREAD_MIN_BYTES = 4 << 20  # from this size a helper thread sends while this one receives
 SENDER_SLICE_MS = 50
-
-
-class RecvBuffer:
-    """A receive buffer kept across in-place calls: grown to the largest such call and then
-    reused, so an in-place call allocates nothing and touches no fresh page (as a raw socket
-    exchange reusing its buffers). Training thread only."""
-
-    def __init__(self) -> None:
-        self._buf: NDArray[np.uint8] = np.empty(0, np.uint8)
-
-    def like(self, flat: NDArray[Any]) -> NDArray[Any]:
-        """A 1-D array of ``flat``'s dtype and size over this buffer (garbage contents)."""
-        if self._buf.nbytes < flat.nbytes:
-            self._buf = np.empty(0, np.uint8)  # free the old one before the new one is made
-            self._buf = np.empty(flat.nbytes, np.uint8)
-        return self._buf[: flat.nbytes].view(flat.dtype)
-
-    def release(self) -> None:
-        self._buf = np.empty(0, np.uint8)
 
 
 def exchange(

@@ -17,6 +17,7 @@ import pytest
 
 from ms_recover.comm import laneexchange
 from ms_recover.comm.host import HostBackend
+from ms_recover.comm.lanebuffers import POOL_MIN_BYTES, Results
 from ms_recover.errors import Interrupted
 from ms_recover.testing.floats import bits
 from tests.integration.test_host_backend import (
@@ -186,3 +187,56 @@ def test_halving_is_dividing_by_two_bit_for_bit(dtype: Any, raw: Any) -> None:
     split = wide.copy()
     laneexchange._halve(split)
     assert split.tobytes() == np.divide(wide, 2).tobytes()
+
+
+HOLDERS = {
+    "the array": lambda a: a,
+    "a view": lambda a: a.reshape(2, -1)[1],
+    "a memoryview": memoryview,
+    "an array over its buffer": lambda a: np.frombuffer(a, np.uint8),
+}
+
+
+@pytest.mark.parametrize("hold", HOLDERS)
+def test_a_result_block_anything_refers_to_is_not_handed_out_again(hold: str) -> None:
+    pool = Results()
+    flat = np.ones(POOL_MIN_BYTES // 4, np.float32)
+    first = pool.new_like(flat)
+    first[:] = 1.0
+    block, keep = first.ctypes.data, HOLDERS[hold](first)
+    del first
+    other = pool.new_like(flat)
+    other[:] = 5.0
+    assert other.ctypes.data != block
+    assert np.all(np.frombuffer(keep, np.float32) == 1.0), "what the caller holds is untouched"
+
+
+def test_a_result_block_nothing_refers_to_is_reused() -> None:
+    pool = Results()
+    flat = np.ones(POOL_MIN_BYTES // 4, np.float32)
+    first = pool.new_like(flat)
+    block = first.ctypes.data
+    del first
+    again = pool.new_like(flat)
+    assert again.ctypes.data == block and again.dtype == flat.dtype and again.shape == flat.shape
+    del again
+    assert pool.new_like(flat[:-1]).ctypes.data != block, "another size: a new block"
+    assert pool.new_like(flat[:10]).base is None, "small results are plain new arrays"
+    pool.release()
+    assert pool._owner is None
+
+
+def test_results_without_out_that_the_caller_keeps_are_never_overwritten(make: Any) -> None:
+    backends = make(2)
+    n = POOL_MIN_BYTES // 4 + 3
+    xs = [np.full(n, r + 1.0, np.float32) for r in range(2)]
+    kept = run_all(backends, lambda b: b.allreduce(xs[b.rank]))
+    ys = [np.full(n, 10.0 * (r + 1), np.float32) for r in range(2)]
+    again = run_all(backends, lambda b: b.allreduce(ys[b.rank]))
+    assert all(np.array_equal(k, np.full(n, 3.0)) for k in kept), "still the first results"
+    assert all(np.array_equal(a, np.full(n, 30.0)) for a in again)
+    blocks = {a.ctypes.data for a in again}
+    del kept, again
+    reused = run_all(backends, lambda b: b.allreduce(xs[b.rank]))
+    assert {r.ctypes.data for r in reused} == blocks, "dropped results: their blocks reused"
+    assert all(np.array_equal(r, np.full(n, 3.0)) for r in reused)
