@@ -24,11 +24,12 @@ The raw socket rows run inside the same rank processes as the allreduce, interle
 repetition by repetition (each after a barrier), so a loaded host slows both alike.
 
 The raw exchange sends from and receives into buffers it keeps across repetitions. The plain
-``allreduce(x)`` returns a new array each call (a 64 MiB one is fresh memory from the kernel
-every time: its pages are faulted in and zeroed); a training loop passes a buffer it keeps, as
-the raw exchange does, so two more calls are timed against the same baselines and targets:
-``allreduce(x, out=buf)`` (another buffer, kept) and ``allreduce(g, "mean", out=g)`` (in place,
-as GraphStep reduces a gradient bucket; ``g`` holds the mean of 1..world, so it stays put).
+``allreduce(x)`` returns a new array each call (the bench drops it at once; two ranks reuse a
+dropped result's memory, see :mod:`~ms_recover.comm.lanebuffers`); a training loop passes a
+buffer it keeps, as the raw exchange does, so two more calls are timed against the same
+baselines and targets: ``allreduce(x, out=buf)`` (another buffer, kept) and
+``allreduce(g, "mean", out=g)`` (in place, as GraphStep reduces a gradient bucket; ``g`` holds
+the mean of 1..world, so it stays put).
 
 Four things are measured:
 
