@@ -5,8 +5,8 @@ glibc hands a block of 32 MiB or more straight from the kernel and gives it back
 new 64 MiB array is new pages every time, each faulted in and zeroed (about as much CPU as the
 allreduce's add). Two buffers are therefore kept per backend, training thread only:
 
-* :class:`RecvBuffer`: where the peer's values land in an in-place call (``out`` the input),
-  grown to the largest such call and reused;
+* :class:`RecvBuffer`: where the peer's values land in an in-place call (``out`` the input):
+  a ring of up to ``laneexchange.RING_BYTES``, kept and reused;
 * :class:`Results`: the result array of the last call without ``out`` from
   :data:`POOL_MIN_BYTES`, handed out again once nothing but the pool refers to it: the caller
   dropped the array and every view of it (a view, a memoryview, an array made from its buffer
@@ -27,18 +27,20 @@ POOL_MIN_BYTES = 4 << 20  # smaller results come from malloc's own free lists, w
 
 
 class RecvBuffer:
-    """A receive buffer kept across in-place calls: grown to the largest such call and then
+    """A receive buffer kept across in-place calls: grown to the largest size asked and then
     reused, so an in-place call allocates nothing and touches no fresh page."""
 
     def __init__(self) -> None:
         self._buf: NDArray[np.uint8] = np.empty(0, np.uint8)
 
-    def like(self, flat: NDArray[Any]) -> NDArray[Any]:
-        """A 1-D array of ``flat``'s dtype and size over this buffer (garbage contents)."""
-        if self._buf.nbytes < flat.nbytes:
+    def like(self, flat: NDArray[Any], most: int) -> NDArray[Any]:
+        """A 1-D array of ``flat``'s dtype over this buffer, of ``flat``'s size or ``most``
+        elements if fewer (garbage contents)."""
+        nbytes = min(flat.size, most) * flat.itemsize
+        if self._buf.nbytes < nbytes:
             self._buf = np.empty(0, np.uint8)  # free the old one before the new one is made
-            self._buf = np.empty(flat.nbytes, np.uint8)
-        return self._buf[: flat.nbytes].view(flat.dtype)
+            self._buf = np.empty(nbytes, np.uint8)
+        return self._buf[:nbytes].view(flat.dtype)
 
     def release(self) -> None:
         self._buf = np.empty(0, np.uint8)

@@ -8,10 +8,12 @@ bits, NaN payloads included, and a rerun gives the same bits. MEAN halves each s
 once, on both members alike: the same bits as dividing the whole sum by two afterwards.
 
 In place (``out`` the input itself, as a training step reduces its gradient buffer): the
-peer's values land in a receive buffer kept across calls (:mod:`~ms_recover.comm.lanebuffers`), and
-a span is summed into the input only once this member has sent it (the kernel has copied it),
-so the peer always gets the input as it was. Spans not sent yet when everything has arrived
-are summed once the send is done.
+peer's values land in a ring of about :data:`RING_BYTES` kept across calls
+(:mod:`~ms_recover.comm.lanebuffers`; small enough to stay in cache), and a span is summed
+into the input only once this member has sent it (the kernel has copied it), so the peer
+always gets the input as it was. A full ring waits for this member's sends; spans not sent yet
+when everything has arrived are summed once the send is done. No deadlock: of two members,
+at most one can be a full ring ahead of its own sends (the other then reads).
 
 Below :data:`THREAD_MIN_BYTES` one thread does both directions with non-blocking sockets: it
 sends what the kernel takes, reads what has arrived, and polls only when neither made progress.
@@ -53,6 +55,7 @@ ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is
 IOV_MAX = 64  # buffers handed to one sendmsg
 RECV_MAX = 1 << 20  # read at most this much at once, so it is still in cache when added
 THREAD_MIN_BYTES = 4 << 20  # from this size a helper thread sends while this one receives
+RING_BYTES = 4 << 20  # in place, the peer's values wait to be summed in a ring of about this
 SENDER_SLICE_MS = 50
 
 
@@ -121,6 +124,8 @@ class _Exchange:
         self.added = 0  # elements summed so far
         self.span = max(1, ADD_SPAN_BYTES // flat.itemsize)
         self.sending = False  # a helper thread owns the outbox (see _threaded)
+        self.progress = threading.Condition()  # notified as the helper sends (in place)
+        self.errors: list[BaseException] = []  # the helper's
 
     def target(self, into: NDArray[Any] | None, spare: RecvBuffer | None) -> None:
         """Where the result goes (``out``) and where the peer's bytes land (``recv``)."""
@@ -129,12 +134,14 @@ class _Exchange:
         if spare is not None:
             if into is None or into.ctypes.data != self.flat.ctypes.data:
                 raise AssertionError("a lane exchange with a RecvBuffer is one into its input")
-            self.recv = spare.like(self.flat)
+            span_bytes = self.span * self.flat.itemsize  # the ring holds whole spans
+            self.recv = spare.like(self.flat, self.span * max(1, RING_BYTES // span_bytes))
         else:
             if into is not None and np.may_share_memory(into, self.flat):
                 raise AssertionError("a lane exchange into memory that overlaps its input")
             self.recv = self.out
         self.dst = self.recv.data.cast("B")
+        self.ring, self.ring_bytes = self.recv.size, self.recv.nbytes
 
     def _frames(self, src: memoryview) -> list[tuple[memoryview, int]]:
         bufs: list[tuple[memoryview, int]] = []
@@ -153,7 +160,7 @@ class _Exchange:
             if self._send() | self._recv():
                 continue
             events = (select.POLLOUT if self.outbox else 0) | (
-                select.POLLIN if self.got < self.total else 0
+                select.POLLIN if self.got < self.total and self._room() else 0
             )
             self.lanes.wait(self.sock, events, deadline, what)
         self._add(self.flat.size)  # in place: the spans that waited for the send
@@ -164,13 +171,16 @@ class _Exchange:
         while this thread receives and adds, as a threaded raw exchange would. The helper
         only sends; it stops at once on abort and is always joined before this returns."""
         self.sending = True
-        errors: list[BaseException] = []
-        helper = threading.Thread(target=self._send_all, args=(errors,), daemon=True)
+        helper = threading.Thread(target=self._send_all, daemon=True)
         helper.start()
         try:
             while self.got < self.total:
-                if not self._recv():
+                if self._recv():
+                    continue
+                if self._room():
                     self.lanes.wait(self.sock, select.POLLIN, deadline, what)
+                else:
+                    self._wait_sent(deadline, what)
             while helper.is_alive():
                 helper.join(SENDER_SLICE_MS / 1000)
                 self.lanes.check_now()
@@ -182,12 +192,29 @@ class _Exchange:
         finally:
             self.sending = False  # the helper sees it within SENDER_SLICE_MS
             helper.join()
-        if errors:
-            raise errors[0]
+        if self.errors:
+            raise self.errors[0]
         self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
-    def _send_all(self, errors: list[BaseException]) -> None:
+    def _wait_sent(self, deadline: float | None, what: str) -> None:
+        """In place, the ring is full of values this rank has not sent yet: wait (at most a
+        slice, then check abort and deadline) for the helper to send more."""
+        seen = self.sent
+        with self.progress:
+            self.progress.wait_for(
+                lambda: self.sent != seen or bool(self.errors), SENDER_SLICE_MS / 1000
+            )
+        if self.errors:
+            raise self.errors[0]
+        self.lanes.check_now()
+        if deadline is not None and time.monotonic() > deadline:
+            raise CommError(
+                f"rank {self.lanes.rank}: rank {self.peer} took more "
+                f"than {self.lanes.timeout}s to take {what}"
+            )
+
+    def _send_all(self) -> None:
         try:
             while self.outbox and self.sending:
                 if not self._send():
@@ -197,7 +224,10 @@ class _Exchange:
                     poller.poll(SENDER_SLICE_MS)
                     self.lanes.check_now()
         except BaseException as exc:  # handed to the receiving thread
-            errors.append(exc)
+            self.errors.append(exc)
+        finally:
+            with self.progress:
+                self.progress.notify()
 
     def _send(self) -> bool:
         if not self.outbox:
@@ -219,6 +249,9 @@ class _Exchange:
             self.outbox.pop(0)
             if end >= 0:
                 self.sent = end
+        if self.inplace and self.sending:
+            with self.progress:
+                self.progress.notify()
         if self.after_send is not None:
             self.after_send()
         return True
@@ -228,8 +261,12 @@ class _Exchange:
             return False
         if self.frame_end == 0:
             return self._recv_head()
+        room = self._space()
+        if not room:
+            return False
+        pos = self.got % self.ring_bytes
         try:
-            n = self.sock.recv_into(self.dst[self.got : min(self.frame_end, self.got + RECV_MAX)])
+            n = self.sock.recv_into(self.dst[pos : pos + min(self.frame_end - self.got, room)])
         except BlockingIOError:
             return False
         except OSError as exc:
@@ -246,10 +283,11 @@ class _Exchange:
         """Read a frame header; at its start, together with the payload it announces (one
         read for both, as both are usually here). A header of another call fails the call
         before any of its payload is used (what landed in ``out`` is then never returned)."""
-        first = min(FRAME_MAX_BYTES, self.total - self.got, RECV_MAX)
+        first = min(FRAME_MAX_BYTES, self.total - self.got, self._space())
         try:
             if self.head_got == 0:
-                payload = self.dst[self.got : self.got + first]
+                pos = self.got % self.ring_bytes
+                payload = self.dst[pos : pos + first]
                 n = self.sock.recvmsg_into([self.head, payload])[0]
             else:
                 n = self.sock.recv_into(memoryview(self.head)[self.head_got :])
@@ -276,6 +314,21 @@ class _Exchange:
             self._add(self.got // self.flat.itemsize)
         return True
 
+    def _room(self) -> int:
+        """Bytes the next read may write (at most RECV_MAX): up to the ring's end, and never
+        over values not summed yet."""
+        free = self.added * self.flat.itemsize + self.ring_bytes - self.got
+        return min(RECV_MAX, self.ring_bytes - self.got % self.ring_bytes, free)
+
+    def _space(self) -> int:
+        """:meth:`_room`, after summing what was sent since (in place, a full ring waits for
+        this rank's sends)."""
+        room = self._room()
+        if not room:
+            self._add(self.got // self.flat.itemsize)
+            room = self._room()
+        return room
+
     def _frame_end(self, size: int) -> int:
         """Check a complete frame header against this call; the end of its payload."""
         _, glen, _, seq, offset, nbytes = FRAME.unpack_from(self.head)
@@ -301,12 +354,13 @@ class _Exchange:
         ready = min(arrived, self.got // self.flat.itemsize)
         if self.inplace:
             ready = min(ready, self.sent // self.flat.itemsize)
-        if ready - self.added < self.span and ready < self.flat.size:
-            return
+        if ready < self.flat.size:  # whole spans only: no span then crosses the ring's end
+            ready = self.added + (ready - self.added) // self.span * self.span
         while self.added < ready:
             a = self.added
             b = min(ready, a + self.span)
-            mine, theirs, out = self.flat[a:b], self.recv[a:b], self.out[a:b]
+            r = a % self.ring
+            mine, theirs, out = self.flat[a:b], self.recv[r : r + b - a], self.out[a:b]
             if self.low_first:  # the peer is the lower rank: its values go first
                 np.add(theirs, mine, out=out)
             else:

@@ -40,6 +40,7 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 1001 doubles: 9 frames
     monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 56)  # 7 doubles, 14 float32
     monkeypatch.setattr(laneexchange, "RECV_MAX", 200)
+    monkeypatch.setattr(laneexchange, "RING_BYTES", 170)  # in place: a ring of 3 spans
 
 
 def _path(monkeypatch: pytest.MonkeyPatch, threaded: bool) -> None:
@@ -100,13 +101,13 @@ def test_out_and_in_place_give_the_plain_bits_on_both_ranks(
 def test_in_place_sums_a_span_into_the_input_only_once_it_was_sent(
     make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
 ) -> None:
-    # Rank 0 holds its sends back until it has received all of rank 1's values: summing them
+    # Rank 0 holds its sends back until its ring is full of rank 1's values: summing them
     # into its input at once would send rank 1 sums instead of rank 0's values.
     _path(monkeypatch, threaded)
     real_send = laneexchange._Exchange._send
 
     def send_late(self: laneexchange._Exchange) -> bool:
-        if self.lanes.rank == 0 and self.got < self.total:
+        if self.lanes.rank == 0 and self.got < self.total and self._room():
             return False
         return real_send(self)
 
@@ -173,6 +174,21 @@ def test_the_in_place_receive_buffer_is_kept_grown_and_released(make: Any) -> No
     assert spare._buf.nbytes == 16000 and np.array_equal(bigger[1], np.full(2000, 2.0))
     backends[0].close()
     assert spare._buf.nbytes == 0
+
+
+@PATHS
+def test_a_large_in_place_call_waits_in_a_ring_not_a_copy_of_its_size(
+    make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
+) -> None:
+    _path(monkeypatch, threaded)
+    monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 1000)
+    monkeypatch.setattr(laneexchange, "RING_BYTES", 4500)  # four whole spans: 4000 bytes
+    backends = make(2)
+    xs = inputs(2, 100_003, np.float64, seed=9)
+    bufs = [x.copy() for x in xs]
+    _each_into(backends, bufs, bufs, "mean")
+    assert [b._lane_spare._buf.nbytes for b in backends] == [4000, 4000]
+    assert bufs[0].tobytes() == bufs[1].tobytes() == ((xs[0] + xs[1]) / 2).tobytes()
 
 
 @pytest.mark.parametrize(("dtype", "raw"), [(np.float16, np.uint16), (np.float32, np.uint32)])
