@@ -256,3 +256,37 @@ def test_results_without_out_that_the_caller_keeps_are_never_overwritten(make: A
     reused = run_all(backends, lambda b: b.allreduce(xs[b.rank]))
     assert {r.ctypes.data for r in reused} == blocks, "dropped results: their blocks reused"
     assert all(np.array_equal(r, np.full(n, 3.0)) for r in reused)
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_a_full_ring_waiting_for_sends_that_never_come_stops_at_the_abort(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rank 0's sends never go out, so its ring fills with rank 1's values and stays full.
+    _path(monkeypatch, threaded=True)
+    real_send = laneexchange._Exchange._send
+    monkeypatch.setattr(
+        laneexchange._Exchange,
+        "_send",
+        lambda self: False if self.lanes.rank == 0 else real_send(self),
+    )
+    backends = make(2)
+    bufs = [np.ones(1001) for _ in range(2)]
+    outcome: list[BaseException] = []
+
+    def body(b: HostBackend) -> None:
+        try:
+            b.allreduce(bufs[b.rank], out=bufs[b.rank])
+        except BaseException as exc:
+            outcome.append(exc)
+
+    threads = [threading.Thread(target=body, args=(b,)) for b in backends]
+    for t in threads:
+        t.start()
+    wait_for(lambda: blocked_in(threads[0], "_wait_sent"), "rank 0 to wait for its sends")
+    for b in backends:
+        b.abort()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert not any(t.is_alive() for t in threads)
+    assert [type(e) for e in outcome] == [Interrupted, Interrupted]
