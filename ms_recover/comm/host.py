@@ -343,7 +343,7 @@ class HostBackend(CommBackend):
         if call.n == 2 and self._lanes is not None and self._lanes.has(call.peer(1)):
             deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
             label = (call.group, call.seq, call.meta)
-            into, inplace = _lane_target(flat, out)
+            into, inplace = _lane_target(flat, out, array)
             fresh = self._lane_results.new_like(flat) if out is None else None
             result = laneexchange.exchange(
                 self._lanes,
@@ -515,13 +515,17 @@ class HostBackend(CommBackend):
         return Header(self.epoch, self.rank, P2P, tag, "p2p", offset, meta)
 
 
-def _lane_target(flat: NDArray[Any], out: NDArray[Any] | None) -> tuple[NDArray[Any] | None, bool]:
+def _lane_target(
+    flat: NDArray[Any], out: NDArray[Any] | None, array: object
+) -> tuple[NDArray[Any] | None, bool]:
     """Where the lane writes the result, and whether that is the input itself: ``out``
     (flattened) when it is the input or does not overlap it; None (a new array, copied into
     ``out`` afterwards) when it overlaps the input elsewhere (adding into it would change
     what is still to be sent)."""
     if out is None:
         return None, False
+    if out is array:  # the common in-place call (GraphStep's): flat is out's own memory
+        return flat, True
     target = out.reshape(-1)  # a view: out is C-contiguous, of flat's dtype and size
     if not np.may_share_memory(target, flat):  # cheap: compares bounds only
         return target, False

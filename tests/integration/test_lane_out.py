@@ -290,3 +290,16 @@ def test_a_full_ring_waiting_for_sends_that_never_come_stops_at_the_abort(
         t.join(DEADLINE_S)
     assert not any(t.is_alive() for t in threads)
     assert [type(e) for e in outcome] == [Interrupted, Interrupted]
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_in_place_through_another_view_of_the_input_is_in_place_too(make: Any) -> None:
+    backends = make(2)
+    xs = _nan_payloads(inputs(2, 1001, np.float64, seed=6))
+    plain = run_all(backends, lambda b: b.allreduce(xs[b.rank], "mean"))
+    bufs = [x.reshape(7, 143) for x in (x.copy() for x in xs)]
+    views = [b.view() for b in bufs]  # other objects over the same memory
+    got = run_all(backends, lambda b: b.allreduce(bufs[b.rank], "mean", out=views[b.rank]))
+    assert [g is v for g, v in zip(got, views, strict=True)] == [True, True]
+    assert {bits(v.reshape(-1)) for v in views} == {bits(plain[0])}
+    assert [b._lane_spare._buf.nbytes for b in backends] == [168, 168], "the ring was used"
