@@ -23,6 +23,14 @@ on the same float32 tensors:
 The raw socket rows run inside the same rank processes as the allreduce, interleaved with it
 repetition by repetition (each after a barrier), so a loaded host slows both alike.
 
+The raw exchange sends from and receives into buffers it keeps across repetitions. The plain
+``allreduce(x)`` returns a new array each call (the bench drops it at once; two ranks reuse a
+dropped result's memory, see :mod:`~ms_recover.comm.lanebuffers`); a training loop passes a
+buffer it keeps, as the raw exchange does, so two more calls are timed against the same
+baselines and targets: ``allreduce(x, out=buf)`` (another buffer, kept) and
+``allreduce(g, "mean", out=g)`` (in place, as GraphStep reduces a gradient bucket; ``g`` holds
+the mean of 1..world, so it stays put).
+
 Five things are measured:
 
 * **host**: each rank is its own process (multiprocessing ``spawn``) with a
@@ -102,6 +110,16 @@ class SizeResult:
     mindspore_s: float | None
     curve_s: float | None = None  # the host allreduce with CURVE on the data plane
     exchange_s: float | None = None  # raw full-duplex exchange of the same bytes
+    out_s: float | None = None  # allreduce(x, out=buf), buf reused across calls
+    inplace_s: float | None = None  # allreduce(x, "mean", out=x), as a training step calls it
+
+
+# The host allreduce as a training loop calls it, each against the same raw baselines:
+# (row label, SizeResult field).
+OUT_VARIANTS = (
+    ("host allreduce(out=buf)", "out_s"),
+    ("host allreduce(mean, out=x)", "inplace_s"),
+)
 
 
 def element_count(size_mb: float) -> int:
@@ -149,8 +167,48 @@ def size_measures(r: SizeResult, world: int, repeats: int) -> list[Measure]:
         Measure(f"{head} loopback socket copy", copy, "GB/s", note=f"{r.copy_s * 1e3:.3f} ms"),
         _copy_ratio(r, head),
         *_exchange_measures(r, world, how, head),
+        *_variant_measures(r, head),
         *_curve_measures(r, world, how, head),
     ]
+
+
+def _variant_measures(r: SizeResult, head: str) -> list[Measure]:
+    """The allreduce into a buffer the caller keeps (``out=``) against the same baselines
+    and targets as the plain call: the raw exchange reuses its buffers across calls too."""
+    rows: list[Measure] = []
+    small, big = r.nbytes <= SMALL_MAX_BYTES, r.nbytes >= EXCHANGE_MIN_BYTES
+    for label, field in OUT_VARIANTS:
+        seconds = getattr(r, field)
+        if seconds is None:
+            continue
+        note = f"{seconds * 1e3:.3f} ms"
+        if small:
+            ratio = seconds / r.copy_s
+            rows.append(
+                Measure(
+                    f"{head} {label} time / socket copy time",
+                    ratio,
+                    "x",
+                    "<=",
+                    VS_COPY_X,
+                    note=f"{note} vs {r.copy_s * 1e3:.3f} ms",
+                )
+            )
+        if r.exchange_s is not None:
+            pct = r.exchange_s / seconds * 100
+            rows.append(
+                Measure(
+                    f"{head} {label} / raw exchange",
+                    pct,
+                    "%",
+                    ">=" if big else "",
+                    VS_EXCHANGE_PCT if big else None,
+                    note=note
+                    if big
+                    else f"{note}; target only from {EXCHANGE_MIN_BYTES // MB} MiB",
+                )
+            )
+    return rows
 
 
 def _copy_ratio(r: SizeResult, head: str) -> Measure:
@@ -328,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
             slowest_median(ms[n]) if n in ms else None,
             slowest_median(kind(curve[n], "host")) if n in curve else None,
             slowest_median(best_exchange(host[n])),
+            slowest_median(kind(host[n], "out")),
+            slowest_median(kind(host[n], "inplace")),
         )
         for size, n in counts.items()
     ]
@@ -335,6 +395,8 @@ def run(args: argparse.Namespace) -> int:
     settings["doubling_sizes_mb"] = args.doubling_sizes if args.doubling_world else []
     samples = {
         "host_s": {str(s): kind(host[n], "host") for s, n in counts.items()},
+        "host_out_s": {str(s): kind(host[n], "out") for s, n in counts.items()},
+        "host_inplace_mean_s": {str(s): kind(host[n], "inplace") for s, n in counts.items()},
         "mindspore_s": {str(s): ms.get(n) for s, n in counts.items()},
         "socket_copy_s": {str(s): kind(host[n], "copy") for s, n in counts.items()},
         "raw_exchange_threaded_s": {str(s): kind(host[n], "threaded") for s, n in counts.items()},
@@ -445,14 +507,17 @@ def _time_size(
     rank, world = backend.rank, backend.world_size
     expected = world * (world + 1) / 2
     x = np.full(n, rank + 1, dtype=np.float32)
-    out = backend.allreduce(x)  # warm-up, and a correctness check
-    if not np.all(out == expected):
-        bad = int(np.flatnonzero(out != expected)[0])
-        raise MsRecoverError(f"rank {rank}: element {bad} is {out[bad]}, not {expected}")
+    _check(rank, backend.allreduce(x), expected)  # warm-up, and a correctness check
     ring_bytes = int(2 * (world - 1) / world * x.nbytes)
     kinds: dict[str, Any] = {"host": lambda: backend.allreduce(x)}
     if not curve:
+        buf = np.empty_like(x)
+        grads = np.full(n, rank + 1, dtype=np.float32)  # the mean of 1..world stays put
+        _check(rank, backend.allreduce(x, out=buf), expected)
+        _check(rank, backend.allreduce(grads, "mean", out=grads), expected / world)
         kinds |= {
+            "out": lambda: backend.allreduce(x, out=buf),
+            "inplace": lambda: backend.allreduce(grads, "mean", out=grads),
             "threaded": lambda: raw.exchange(ring_bytes, threaded=True),
             "polled": lambda: raw.exchange(ring_bytes, threaded=False),
             "copy": lambda: raw.copy(x.nbytes),
@@ -469,6 +534,12 @@ def _time_size(
             if i:
                 times[kind].append(time.perf_counter() - start)
     return times
+
+
+def _check(rank: int, out: Any, expected: float) -> None:
+    if not np.all(out == expected):
+        bad = int(np.flatnonzero(out != expected)[0])
+        raise MsRecoverError(f"rank {rank}: element {bad} is {out[bad]}, not {expected}")
 
 
 def _allreduce_times(

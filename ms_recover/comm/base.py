@@ -34,16 +34,22 @@ class ReduceOp(str, enum.Enum):
 def check_out(array: NDArray[Any], out: object) -> NDArray[Any]:
     """``out`` if it can receive the allreduce of ``array``, else CommError naming what is
     expected (an ndarray of the same shape and dtype, C-contiguous and writeable)."""
+    if (
+        isinstance(out, np.ndarray)
+        and out.dtype == array.dtype
+        and out.shape == array.shape
+        and out.flags.c_contiguous
+        and out.flags.writeable
+    ):
+        return out  # checked on every call: the messages below are made only for a refusal
     want = f"a writeable C-contiguous {array.dtype} ndarray of shape {array.shape}"
     if not isinstance(out, np.ndarray):
         raise CommError(f"allreduce out= must be {want}, got {type(out).__name__}")
     got = f"{out.dtype} array of shape {out.shape}"
     if out.dtype != array.dtype or out.shape != array.shape:
         raise CommError(f"allreduce out= must be {want}, got a {got}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        flaw = "not C-contiguous" if not out.flags.c_contiguous else "read-only"
-        raise CommError(f"allreduce out= must be {want}, got a {flaw} {got}")
-    return out
+    flaw = "not C-contiguous" if not out.flags.c_contiguous else "read-only"
+    raise CommError(f"allreduce out= must be {want}, got a {flaw} {got}")
 
 
 def same_buffer(a: NDArray[Any], b: NDArray[Any]) -> bool:

@@ -49,6 +49,7 @@ from ms_recover.comm.hostcall import (
 from ms_recover.comm.hostlane import Lanes, lane_endpoint, split_endpoint
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES, Link
 from ms_recover.comm.hostwire import P2P, Header, Mailboxes, WireStats
+from ms_recover.comm.lanebuffers import RecvBuffer, Results, lane_target
 from ms_recover.comm.peers import group_targets
 from ms_recover.errors import CommError, ConfigError
 
@@ -130,6 +131,8 @@ class HostBackend(CommBackend):
         self._seq: dict[str, int] = {}
         self._blind: dict[str, list[int]] = {}  # group -> peers it sends to with no endpoint
         self._built = False
+        self._lane_spare = RecvBuffer()  # the lane's in-place receive buffer
+        self._lane_results = Results()  # the lane's results of calls without out=
 
     def _after_send(self) -> None:
         if self.faults.armed:
@@ -234,6 +237,8 @@ class HostBackend(CommBackend):
         self._link.abort()
 
     def close(self) -> None:
+        self._lane_spare.release()
+        self._lane_results.release()
         if self._lanes is not None:
             self._lanes.close()
         self._link.close()
@@ -292,9 +297,21 @@ class HostBackend(CommBackend):
         if call.n == 2 and self._lanes is not None and self._lanes.has(call.peer(1)):
             deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
             label = (call.group, call.seq, call.meta)
+            into, inplace = lane_target(flat, out, array)
+            fresh = self._lane_results.new_like(flat) if out is None else None
             result = laneexchange.exchange(
-                self._lanes, call.peer(1), label, flat, mean, self._after_send, deadline
+                self._lanes,
+                call.peer(1),
+                label,
+                flat,
+                mean,
+                self._after_send,
+                deadline,
+                fresh if into is None else into,
+                self._lane_spare if inplace else None,
             )
+            if out is not None and into is not None:
+                return out  # the lane wrote the result into it
         elif call.n == 2 and flat.nbytes <= self.exchange_max_bytes:
             result = hostring.exchange(self._link, call, flat, mean, self.chunk_bytes)
         elif call.n > 2 and flat.nbytes <= self.doubling_max_bytes:
@@ -304,8 +321,7 @@ class HostBackend(CommBackend):
         if out is None:
             return result.reshape(src.shape)
         # Every path returns only once no send still reads ``flat`` (the lane joins its sender,
-        # trackers are waited for, or see hostring.ring), so overwriting the input here is safe. The
-        # lane could receive straight into ``out`` when it is not the input; not done yet.
+        # trackers are waited for, or see hostring.ring), so overwriting the input here is safe.
         np.copyto(out, result.reshape(src.shape))
         return out
 

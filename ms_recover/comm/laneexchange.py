@@ -1,10 +1,19 @@
 """The two-member allreduce over a lane: one full-duplex exchange, added as it arrives.
 
 Each member sends its whole buffer to the other, straight from the caller's array, and
-receives the other's straight into the output array; as whole elements land they are added in
-place, in spans of :data:`ADD_SPAN_BYTES` (still in cache from the receive), always the lower
-rank's values first. So both members hold the same bits, NaN payloads included, and a rerun
-gives the same bits. MEAN divides the sum by two once, on both members alike.
+receives the other's straight into the output array (the caller's ``out``, or a new array);
+as whole elements land they are added in place, in spans of :data:`ADD_SPAN_BYTES` (still in
+cache from the receive), always the lower rank's values first. So both members hold the same
+bits, NaN payloads included, and a rerun gives the same bits. MEAN halves each span's sum
+once, on both members alike: the same bits as dividing the whole sum by two afterwards.
+
+In place (``out`` the input itself, as a training step reduces its gradient buffer): the
+peer's values land in a ring of about :data:`RING_BYTES` kept across calls
+(:mod:`~ms_recover.comm.lanebuffers`; small enough to stay in cache), and a span is summed
+into the input only once this member has sent it (the kernel has copied it), so the peer
+always gets the input as it was. A full ring waits for this member's sends; spans not sent yet
+when everything has arrived are summed once the send is done. No deadlock: of two members,
+at most one can be a full ring ahead of its own sends (the other then reads).
 
 Below :data:`THREAD_MIN_BYTES` one thread does both directions with non-blocking sockets: it
 sends what the kernel takes, reads what has arrived, and polls only when neither made progress.
@@ -36,6 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ms_recover.comm.hostlane import Lanes, PeerGone
+from ms_recover.comm.lanebuffers import RecvBuffer
 from ms_recover.errors import CommError
 
 FRAME = struct.Struct("<4sHHQQQ")  # magic, group length, meta length, seq, offset, nbytes
@@ -45,6 +55,7 @@ ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is
 IOV_MAX = 64  # buffers handed to one sendmsg
 RECV_MAX = 1 << 20  # read at most this much at once, so it is still in cache when added
 THREAD_MIN_BYTES = 4 << 20  # from this size a helper thread sends while this one receives
+RING_BYTES = 4 << 20  # in place, the peer's values wait to be summed in a ring of about this
 SENDER_SLICE_MS = 50
 
 
@@ -56,13 +67,21 @@ def exchange(
     mean: bool,
     after_send: Callable[[], None] | None,
     deadline: float | None,
+    into: NDArray[Any] | None = None,
+    spare: RecvBuffer | None = None,
 ) -> NDArray[Any]:
     """The sum (or mean) of ``flat`` and ``peer``'s, identical on both; ``label`` is the
-    call's (group, seq, signature). Raises Interrupted on abort, CommError otherwise."""
+    call's (group, seq, signature). Raises Interrupted on abort, CommError otherwise.
+
+    ``into``: a writeable 1-D array of ``flat``'s dtype and size that receives the result and
+    is returned: memory that does not overlap ``flat``, or with ``spare`` (where the peer's
+    values land meanwhile) ``flat`` itself. None: a new array. A call that raises may have
+    written part of ``into`` (in place: of ``flat``): its contents are then undefined."""
     what = f"allreduce #{label[1]} on group {label[0]!r} with rank {peer}"
     try:
         sock = lanes.conn(peer, deadline)
-        run = _Exchange(lanes, sock, peer, label, flat, after_send)
+        run = _Exchange(lanes, sock, peer, label, flat, after_send, mean)
+        run.target(into, spare)
         out = run.loop(deadline, what)
     except PeerGone:
         lanes.drop(peer)
@@ -71,8 +90,6 @@ def exchange(
     except CommError:
         lanes.drop(peer)  # its stream is out of step now
         raise
-    if mean:
-        np.divide(out, 2, out=out)
     return out
 
 
@@ -87,16 +104,19 @@ class _Exchange:
         label: tuple[str, int, str],
         flat: NDArray[Any],
         after_send: Callable[[], None] | None,
+        mean: bool,
     ) -> None:
         self.lanes, self.sock, self.peer, self.after_send = lanes, sock, peer, after_send
         self.group, self.seq, self.meta = label
-        self.flat = flat
+        self.flat, self.mean = flat, mean
         self.low_first = peer < lanes.rank
-        self.out = np.empty_like(flat)
         self.total = flat.nbytes
         self.tail = self.group.encode() + self.meta.encode()
+        # What is still to send, each with the payload offset its last byte ends at (-1: a
+        # header); ``sent`` payload bytes have been taken by the kernel (the helper thread
+        # writes it, this one reads it: an int, so no lock is needed under the GIL).
         self.outbox = self._frames(flat.data.cast("B"))
-        self.dst = self.out.data.cast("B")
+        self.sent = 0
         self.head = bytearray(FRAME.size + len(self.tail))
         self.head_got = 0  # bytes of the current frame's header read so far (0: none yet)
         self.frame_end = 0  # end offset of the payload being read (0: reading a header)
@@ -104,15 +124,33 @@ class _Exchange:
         self.added = 0  # elements summed so far
         self.span = max(1, ADD_SPAN_BYTES // flat.itemsize)
         self.sending = False  # a helper thread owns the outbox (see _threaded)
+        self.progress = threading.Condition()  # notified as the helper sends (in place)
+        self.errors: list[BaseException] = []  # the helper's
 
-    def _frames(self, src: memoryview) -> list[memoryview]:
-        bufs: list[memoryview] = []
+    def target(self, into: NDArray[Any] | None, spare: RecvBuffer | None) -> None:
+        """Where the result goes (``out``) and where the peer's bytes land (``recv``)."""
+        self.out = np.empty_like(self.flat) if into is None else into
+        self.inplace = spare is not None
+        if spare is not None:
+            if into is None or not np.may_share_memory(into, self.flat):  # cheap; host checks
+                raise AssertionError("a lane exchange with a RecvBuffer is one into its input")
+            span_bytes = self.span * self.flat.itemsize  # the ring holds whole spans
+            self.recv = spare.like(self.flat, self.span * max(1, RING_BYTES // span_bytes))
+        else:
+            if into is not None and np.may_share_memory(into, self.flat):
+                raise AssertionError("a lane exchange into memory that overlaps its input")
+            self.recv = self.out
+        self.dst = self.recv.data.cast("B")
+        self.ring, self.ring_bytes = self.recv.size, self.recv.nbytes
+
+    def _frames(self, src: memoryview) -> list[tuple[memoryview, int]]:
+        bufs: list[tuple[memoryview, int]] = []
         for start in range(0, self.total, FRAME_MAX_BYTES):
             size = min(FRAME_MAX_BYTES, self.total - start)
             head = FRAME.pack(
                 FRAME_MAGIC, len(self.group.encode()), len(self.meta), self.seq, start, size
             )
-            bufs += [memoryview(head + self.tail), src[start : start + size]]
+            bufs += [(memoryview(head + self.tail), -1), (src[start : start + size], start + size)]
         return bufs
 
     def loop(self, deadline: float | None, what: str) -> NDArray[Any]:
@@ -122,9 +160,10 @@ class _Exchange:
             if self._send() | self._recv():
                 continue
             events = (select.POLLOUT if self.outbox else 0) | (
-                select.POLLIN if self.got < self.total else 0
+                select.POLLIN if self.got < self.total and self._room() else 0
             )
             self.lanes.wait(self.sock, events, deadline, what)
+        self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
     def _threaded(self, deadline: float | None, what: str) -> NDArray[Any]:
@@ -132,13 +171,16 @@ class _Exchange:
         while this thread receives and adds, as a threaded raw exchange would. The helper
         only sends; it stops at once on abort and is always joined before this returns."""
         self.sending = True
-        errors: list[BaseException] = []
-        helper = threading.Thread(target=self._send_all, args=(errors,), daemon=True)
+        helper = threading.Thread(target=self._send_all, daemon=True)
         helper.start()
         try:
             while self.got < self.total:
-                if not self._recv():
+                if self._recv():
+                    continue
+                if self._room():
                     self.lanes.wait(self.sock, select.POLLIN, deadline, what)
+                else:
+                    self._wait_sent(deadline, what)
             while helper.is_alive():
                 helper.join(SENDER_SLICE_MS / 1000)
                 self.lanes.check_now()
@@ -150,11 +192,29 @@ class _Exchange:
         finally:
             self.sending = False  # the helper sees it within SENDER_SLICE_MS
             helper.join()
-        if errors:
-            raise errors[0]
+        if self.errors:
+            raise self.errors[0]
+        self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
-    def _send_all(self, errors: list[BaseException]) -> None:
+    def _wait_sent(self, deadline: float | None, what: str) -> None:
+        """In place, the ring is full of values this rank has not sent yet: wait (at most a
+        slice, then check abort and deadline) for the helper to send more."""
+        seen = self.sent
+        with self.progress:
+            self.progress.wait_for(
+                lambda: self.sent != seen or bool(self.errors), SENDER_SLICE_MS / 1000
+            )
+        if self.errors:
+            raise self.errors[0]
+        self.lanes.check_now()
+        if deadline is not None and time.monotonic() > deadline:
+            raise CommError(
+                f"rank {self.lanes.rank}: rank {self.peer} took more "
+                f"than {self.lanes.timeout}s to take {what}"
+            )
+
+    def _send_all(self) -> None:
         try:
             while self.outbox and self.sending:
                 if not self._send():
@@ -164,24 +224,34 @@ class _Exchange:
                     poller.poll(SENDER_SLICE_MS)
                     self.lanes.check_now()
         except BaseException as exc:  # handed to the receiving thread
-            errors.append(exc)
+            self.errors.append(exc)
+        finally:
+            with self.progress:
+                self.progress.notify()
 
     def _send(self) -> bool:
         if not self.outbox:
             return False
         try:
-            sent = self.sock.sendmsg(self.outbox[:IOV_MAX])
+            sent = self.sock.sendmsg([buf for buf, _ in self.outbox[:IOV_MAX]])
         except BlockingIOError:
             return False
         except OSError as exc:
             raise PeerGone from exc
         while sent:
-            first = self.outbox[0]
+            first, end = self.outbox[0]
             if sent < len(first):
-                self.outbox[0] = first[sent:]
+                self.outbox[0] = (first[sent:], end)
+                if end >= 0:
+                    self.sent = end - (len(first) - sent)
                 break
             sent -= len(first)
             self.outbox.pop(0)
+            if end >= 0:
+                self.sent = end
+        if self.inplace and self.sending:
+            with self.progress:
+                self.progress.notify()
         if self.after_send is not None:
             self.after_send()
         return True
@@ -191,8 +261,12 @@ class _Exchange:
             return False
         if self.frame_end == 0:
             return self._recv_head()
+        room = self._space()
+        if not room:
+            return False
+        pos = self.got % self.ring_bytes
         try:
-            n = self.sock.recv_into(self.dst[self.got : min(self.frame_end, self.got + RECV_MAX)])
+            n = self.sock.recv_into(self.dst[pos : pos + min(self.frame_end - self.got, room)])
         except BlockingIOError:
             return False
         except OSError as exc:
@@ -209,10 +283,11 @@ class _Exchange:
         """Read a frame header; at its start, together with the payload it announces (one
         read for both, as both are usually here). A header of another call fails the call
         before any of its payload is used (what landed in ``out`` is then never returned)."""
-        first = min(FRAME_MAX_BYTES, self.total - self.got)
+        first = min(FRAME_MAX_BYTES, self.total - self.got, self._space())
         try:
             if self.head_got == 0:
-                payload = self.dst[self.got : self.got + first]
+                pos = self.got % self.ring_bytes
+                payload = self.dst[pos : pos + first]
                 n = self.sock.recvmsg_into([self.head, payload])[0]
             else:
                 n = self.sock.recv_into(memoryview(self.head)[self.head_got :])
@@ -239,6 +314,21 @@ class _Exchange:
             self._add(self.got // self.flat.itemsize)
         return True
 
+    def _room(self) -> int:
+        """Bytes the next read may write (at most RECV_MAX): up to the ring's end, and never
+        over values not summed yet."""
+        free = self.added * self.flat.itemsize + self.ring_bytes - self.got
+        return min(RECV_MAX, self.ring_bytes - self.got % self.ring_bytes, free)
+
+    def _space(self) -> int:
+        """:meth:`_room`, after summing what was sent since (in place, a full ring waits for
+        this rank's sends)."""
+        room = self._room()
+        if not room:
+            self._add(self.got // self.flat.itemsize)
+            room = self._room()
+        return room
+
     def _frame_end(self, size: int) -> int:
         """Check a complete frame header against this call; the end of its payload."""
         _, glen, _, seq, offset, nbytes = FRAME.unpack_from(self.head)
@@ -257,20 +347,36 @@ class _Exchange:
             )
         return int(offset + nbytes)
 
-    def _add(self, ready: int) -> None:
-        """Sum the elements that arrived since the last add, if enough or all are here, a
-        span at a time, topping up the socket's send buffer between spans: the peer is then
-        never left waiting for our bytes while we add."""
-        if ready - self.added < self.span and ready < self.flat.size:
-            return
+    def _add(self, arrived: int) -> None:
+        """Sum the elements that arrived since the last add (in place: and that were sent),
+        if enough or all are ready, a span at a time, topping up the socket's send buffer
+        between spans: the peer is then never left waiting for our bytes while we add."""
+        ready = min(arrived, self.got // self.flat.itemsize)
+        if self.inplace:
+            ready = min(ready, self.sent // self.flat.itemsize)
+        if ready < self.flat.size:  # whole spans only: no span then crosses the ring's end
+            ready = self.added + (ready - self.added) // self.span * self.span
         while self.added < ready:
             a = self.added
             b = min(ready, a + self.span)
-            mine, theirs = self.flat[a:b], self.out[a:b]
+            r = a % self.ring
+            mine, theirs, out = self.flat[a:b], self.recv[r : r + b - a], self.out[a:b]
             if self.low_first:  # the peer is the lower rank: its values go first
-                np.add(theirs, mine, out=theirs)
+                np.add(theirs, mine, out=out)
             else:
-                np.add(mine, theirs, out=theirs)
+                np.add(mine, theirs, out=out)
+            if self.mean:
+                _halve(out)
             self.added = b
             if self.outbox and b < ready and not self.sending:
                 self._send()
+
+
+def _halve(values: NDArray[Any]) -> None:
+    """``values /= 2`` in place, bit for bit. A real float times 0.5 is the same correctly
+    rounded value as divided by 2 (NaN payloads, infinities and subnormals included) and costs
+    about half as much; complex division is not a plain scaling in numpy, so it divides."""
+    if values.dtype.kind == "f":
+        np.multiply(values, 0.5, out=values)
+    else:
+        np.divide(values, 2, out=values)

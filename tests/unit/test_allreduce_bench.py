@@ -298,3 +298,43 @@ def test_gives_up_after_its_tries(monkeypatch: pytest.MonkeyPatch, tmp_path: pat
     monkeypatch.setattr(mscluster, "_attempt", lambda *a: (unformed, {}))
     out = mscluster.measure(PLAN, tmp_path, Limits(1.0, 1.0, tries=2))
     assert out.times is None and out.tries == ("try 1: no", "try 2: no")
+
+
+def test_the_calls_into_a_kept_buffer_have_the_same_targets() -> None:
+    big = rows(
+        allreduce.SizeResult(
+            64.0,
+            64 << 20,
+            0.2,
+            copy_s=0.1,
+            mindspore_s=None,
+            exchange_s=0.085,
+            out_s=0.1,
+            inplace_s=0.101,
+        )
+    )
+    out, inplace = (
+        big["host allreduce(out=buf) / raw exchange"],
+        big["host allreduce(mean, out=x) / raw exchange"],
+    )
+    assert (out.value, out.limit, out.verdict) == (pytest.approx(85.0), 85.0, "PASS")
+    assert (inplace.value, inplace.verdict) == (pytest.approx(8500 / 101), "MISS")
+    assert big["host allreduce / raw exchange"].verdict == "MISS", "the plain row is kept"
+    assert "host allreduce(out=buf) time / socket copy time" not in big
+    small = rows(
+        allreduce.SizeResult(
+            0.0353,
+            37_000,
+            40e-6,
+            copy_s=20e-6,
+            mindspore_s=None,
+            exchange_s=30e-6,
+            out_s=40e-6,
+            inplace_s=41e-6,
+        )
+    )
+    assert small["host allreduce(out=buf) time / socket copy time"].verdict == "PASS"
+    assert small["host allreduce(mean, out=x) time / socket copy time"].verdict == "MISS"
+    assert small["host allreduce(out=buf) / raw exchange"].verdict == "-", "only from 16 MiB"
+    unmeasured = rows(allreduce.SizeResult(16.0, GB, 0.5, copy_s=0.1, mindspore_s=None))
+    assert not [name for name in unmeasured if "out=" in name], "no time, no row"
