@@ -61,6 +61,9 @@ INSECURE_WARNING = (
 class ManagerServer:
     """Owns the job model. ``serve()`` runs until the job finishes or exits, or ``stop()``."""
 
+    #: Frames handled per wake-up before the next decision is due.
+    DRAIN_BUDGET = 20000
+
     def __init__(
         self,
         config: JobConfig,
@@ -150,6 +153,8 @@ class ManagerServer:
             while not self._stop.is_set():
                 if self._poller.poll(self.cadence.poll_ms()):
                     self._drain()
+                else:
+                    self.model.heard_at = self.clock()  # nothing unread: silence is silence
                 with self._lock:
                     self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
                     self.relay.flush()  # what handlers and decide sent to relayed ranks
@@ -209,13 +214,16 @@ class ManagerServer:
         with self._lock:
             return status_of(self.model, self.clock())
 
-    def _drain(self, budget: int = 20000) -> None:
-        """Handle every queued frame (up to ``budget``) before the next ``decide``: at scale,
-        deciding once per large batch instead of per thousand frames halves stop-all time."""
-        for _ in range(budget):
+    def _drain(self) -> None:
+        """Handle every queued frame (up to :attr:`DRAIN_BUDGET`) before the next ``decide``: at
+        scale, deciding once per large batch instead of per thousand frames halves stop-all
+        time. Only a drain that emptied the queue moves ``model.heard_at`` (see
+        :func:`~ms_recover.manager.decide.detect_silence`)."""
+        for _ in range(self.DRAIN_BUDGET):
             try:
                 frames = recv_frames(self._sock)
             except zmq.Again:
+                self.model.heard_at = self.clock()
                 return
             self.dispatch(frames)
 
