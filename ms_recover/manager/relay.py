@@ -5,7 +5,7 @@ Ranks launched by ``ms-recover agent`` reach the manager through their node's ag
 and job model exactly as they are for a directly connected rank:
 
 * **Up.** A :class:`~ms_recover.protocol.messages.RelayUp` batch from a registered agent is
-  unwrapped item by item; each item is checked again (:func:`~ms_recover.protocol.relay.up_items`)
+  unwrapped item by item; each item is checked again (:func:`~ms_recover.protocol.relay.check_item`)
   and handled by the server's ordinary path (replay check, handler) under the rank's **virtual
   identity**, which names the agent and the rank's identity at the agent. A bad item is dropped
   and logged; the others are still handled. A claimant agent (a new pod incarnation whose slot
@@ -38,10 +38,13 @@ from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.protocol.relay import (
     PREFIX,
+    UNEQUAL,
+    RawItem,
+    check_item,
     is_virtual,
     rank_of,
+    raw_items,
     split_identity,
-    up_items,
     virtual_identity,
 )
 from ms_recover.protocol.transport import SLACK, send_frames
@@ -49,6 +52,7 @@ from ms_recover.protocol.transport import SLACK, send_frames
 log = logging.getLogger("ms_recover.manager")
 
 Handle = Callable[[bytes, Envelope], None]
+Fast = Callable[[bytes, set[int], RawItem], bool]
 _Item = list[Any]  # [message, epoch, [local identities]]
 
 
@@ -78,13 +82,19 @@ class ManagerRelay:
 
     # ------------------------------------------------------------------ up
     def on_relay_up(
-        self, ident: bytes, msg: M.RelayUp, agent_ok: Callable[[], bool], handle: Handle
+        self,
+        ident: bytes,
+        msg: M.RelayUp,
+        agent_ok: Callable[[], bool],
+        handle: Handle,
+        fast: Fast | None = None,
     ) -> None:
         """Handle each item of a batch from the agent ``ident`` as its rank's own frame.
 
         ``agent_ok`` is the server's check that ``ident`` is the registered agent of the
         node (it asks an unknown one to register again); ``handle`` the server's per-frame
-        path (replay check, handler)."""
+        path (replay check, handler); ``fast`` may take an item whose outcome on that path
+        is known (:class:`~ms_recover.manager.acks.FastAcks`), in the same order."""
         node = msg.node_rank
         claimant = self.slots.claimant(node, ident) is not None
         if not claimant:
@@ -92,7 +102,16 @@ class ManagerRelay:
                 return
             self.model.agents[node].last_seen = self._clock()
         mine = set(self.model.config.ranks_of(node)) if node in self.model.agents else set()
-        for local, item in up_items(msg, self.codec.job_id):
+        raw = raw_items(msg)
+        if raw is None:
+            self.drops.drop(UNEQUAL, f"agent of node {node}")
+            return
+        prefix = PREFIX + bytes([len(ident)]) + ident
+        for one in raw:
+            if fast is not None and not claimant and fast(prefix, mine, one):
+                self.items_in += 1
+                continue
+            local, item = one[0], check_item(self.codec.job_id, one)
             if isinstance(item, str):
                 self.drops.drop(item, f"agent of node {node}")
             elif rank_of(item.msg) not in mine:

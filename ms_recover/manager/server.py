@@ -20,6 +20,7 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.manager import divergence
+from ms_recover.manager.acks import FastAcks
 from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.decide import decide
@@ -111,6 +112,7 @@ class ManagerServer:
         self.relay = ManagerRelay(
             self.model, self.slots, self.codec, self._sock, self._next_seq, clock
         )
+        self._acks = FastAcks(self.model, self.replay, self.drops, self.cadence, clock)
         # Frames received (dispatched) and sent (one per identity): plain counters, read by
         # ``bench controlplane`` for the manager's message rate.
         self.frames_in = 0
@@ -395,7 +397,7 @@ class ManagerServer:
 
     def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:
         self.relay.on_relay_up(
-            ident, msg, lambda: self._relay_ok(ident, msg.node_rank), self._handle
+            ident, msg, lambda: self._relay_ok(ident, msg.node_rank), self._handle, self._acks.take
         )
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:

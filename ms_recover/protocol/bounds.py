@@ -150,6 +150,8 @@ def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
     if hint is str:
         most = STR_LIMITS.get(name, MAX_STR)
         return lambda v: type(v) is str and len(v) <= most
+    if hint is bool or hint is bytes:  # as check_field, without walking the hint per value
+        return lambda v: isinstance(v, hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if args in ((int,), (int, int)):  # list[int], dict[int, int]: C-level passes, no per-item call
         ints = _ints_in(*INT_RANGES.get(name, INT64))
