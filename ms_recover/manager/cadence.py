@@ -17,11 +17,10 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
   :data:`REST_S` between reads, so 4,000 heartbeats a second are read in a few hundred batches
   instead of one wake-up each (a rank's death report waits at most that long).
 
-:class:`SharedBeat` answers an agent's heartbeat only when that agent was last answered at least
-``(liveness - 1) / 2`` heartbeats ago (every other heartbeat, about 1 s, at the defaults): an
-agent gives up on a silent manager only after ``lost_manager_grace_s``, which the config keeps
-above ``heartbeat_s * liveness``, so it still hears the manager at least twice within that
-grace, with half the frames. It encodes one
+:class:`SharedBeat` answers every other agent heartbeat (``JobConfig.agent_heartbeat_s``; about
+every 1.3 s at the defaults) when an agent still hears the manager at least twice within
+``lost_manager_grace_s`` that way, and every heartbeat otherwise (the config keeps the grace
+above ``heartbeat_s * liveness``, three agent heartbeats). It encodes one
 ManagerBeat and sends the same frames to every agent it answers until the manager sends
 anything else (a later seq) or the job's state or epoch changes; one seq per receiver is all
 the replay rule needs, and an agent answered twice meanwhile gets a fresh one.
@@ -118,9 +117,12 @@ class SharedBeat:
     ) -> None:
         self.model = model
         self.codec = codec
-        # Every other heartbeat at the default liveness of 4 (0.75 s < two beats), so timer
-        # jitter never stretches the gap to three; every beat at the minimum liveness of 2.
-        self.every_s = model.config.heartbeat_s * (model.config.liveness - 1) / 2
+        # Every other agent heartbeat (1.5 periods: timer jitter never stretches the gap to
+        # three) while an agent still hears the manager twice within its grace; else every
+        # heartbeat (a grace just above the silence window).
+        cfg = model.config
+        period = cfg.agent_heartbeat_s
+        self.every_s = 1.5 * period if 4 * period <= cfg.lost_manager_grace_s else period / 2
         self._clock = clock
         self._answered: dict[bytes, float] = {}  # agent identity -> when it was last answered
         self._seq, self._next_seq = seq, next_seq

@@ -100,7 +100,7 @@ class ManagerServer:
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
         self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)
-        self.slots = Slots(config.heartbeat_s, config.proc_per_node)
+        self.slots = Slots(config.agent_heartbeat_s, config.proc_per_node)
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
