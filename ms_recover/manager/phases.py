@@ -108,6 +108,18 @@ def _restoring(m: JobModel, now: float) -> Progress:
 
 def _stopping(m: JobModel, now: float) -> Progress:
     rnd = _round(m)
+    if now - rnd.started <= m.config.phase_timeout_s and _some_unstopped(m, rnd):
+        # Acknowledgements still arriving and none late: what the full pass below would
+        # decide, without listing every rank (decided several times per stop-all at scale).
+        missing = [r for r in rnd.replace_ranks if not m.ranks[r].alive]
+        late = _stop_late(m, rnd, now, [], missing)
+        if late is not None:
+            return late
+        return (
+            [ReplaceDone("replacements registered", now)]
+            if not (missing or rnd.replace_done)
+            else []
+        )
     survivors, unstopped, missing = _stop_state(m, rnd)
     actions: list[Action] = []
     if not unstopped and not rnd.stop_done:
@@ -142,6 +154,19 @@ def _stop_state(m: JobModel, rnd: Round) -> tuple[list[int], list[int], list[int
     unstopped = [r for r in survivors if not m.ranks[r].acked(Ack.STOP, m.epoch)]
     missing = [r for r in rnd.replace_ranks if not m.ranks[r].alive]
     return survivors, unstopped, missing
+
+
+def _some_unstopped(m: JobModel, rnd: Round) -> bool:
+    """Whether a survivor (as :func:`_stop_state` counts them) has not stopped yet; stops at
+    the first one found."""
+    out, epoch, active = rnd.replace_ranks | rnd.left_out, m.epoch, m.active
+    return any(
+        not i.acked(Ack.STOP, epoch)
+        and (r in active or i.alive)
+        and r not in out
+        and not (i.done and not i.alive)
+        for r, i in m.ranks.items()
+    )
 
 
 def _stop_late(

@@ -41,7 +41,6 @@ from ms_recover.protocol.relay import (
     UNEQUAL,
     RawItem,
     check_item,
-    is_virtual,
     rank_of,
     raw_items,
     split_identity,
@@ -76,6 +75,9 @@ class ManagerRelay:
         self._clock = clock
         self.drops = DropLog(log)
         self._out: dict[bytes, list[_Item]] = {}  # agent identity -> queued items, in order
+        # Virtual identity -> (agent, local), parsed once: a stop-all addresses every rank.
+        self._parts: dict[bytes, tuple[bytes, bytes] | None] = {}
+        self._pack = msgpack.Packer(use_bin_type=True)
         self.items_in = 0  # relayed rank messages handled (plus folded heartbeats)
         self.items_out = 0  # rank deliveries sent inside RelayDown frames
         self.frames_out = 0
@@ -143,8 +145,14 @@ class ManagerRelay:
         """Queue ``msg`` for every virtual identity; returns the direct ones (sent as before).
         Consecutive sends of one message object to one node share an item."""
         direct: list[bytes] = []
+        cache = self._parts
+        if len(cache) > 4 * len(self.model.ranks) + 1024:  # old incarnations' names pile up
+            cache.clear()
         for identity in identities:
-            parts = split_identity(identity) if is_virtual(identity) else None
+            try:
+                parts = cache[identity]
+            except KeyError:
+                parts = cache[identity] = split_identity(identity)
             if parts is None:
                 direct.append(identity)
                 continue
@@ -179,7 +187,7 @@ class ManagerRelay:
             self._send(agent, batch)
 
     def _send(self, agent: bytes, batch: list[tuple[_Item, bytes]]) -> None:
-        pack = msgpack.Packer(use_bin_type=True)
+        pack = self._pack  # autoreset: each call returns its own bytes
         items = [item for item, _ in batch]
         body = b"".join(
             (
