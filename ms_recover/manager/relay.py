@@ -129,16 +129,17 @@ class ManagerRelay:
         the rank was heard, and its committed step only grows. Entries for other ranks (a
         rank not, or no longer, registered through this agent) are ignored: it registers
         again when asked (the agent passes a ``Rejoin`` on to its ranks)."""
-        now, ranks = self._clock(), self.model.ranks
+        now, ranks, heard = self._clock(), self.model.ranks, 0
         prefix = PREFIX + bytes([len(ident)]) + ident
         for rank, step in steps.items():
             info = ranks.get(rank)
             if info is None or not info.alive or not info.identity.startswith(prefix):
                 continue
-            self.items_in += 1
+            heard += 1
             info.last_seen = now
             if step > info.committed_step:
                 info.committed_step, info.last_progress = step, now
+        self.items_in += heard
 
     # ------------------------------------------------------------------ down
     def take(self, identities: Sequence[bytes], msg: M.Message, epoch: int) -> list[bytes]:
