@@ -106,7 +106,7 @@ class FastAcks:
         if replayed:
             self.drops.drop(replayed, sender[:64])
             return True
-        self.cadence.heard(cls)
+        self.cadence.heard(cls, epoch)
         info.last_seen = self.clock()
         record(info, epoch, body)
         return True

@@ -51,6 +51,12 @@ QUIET: frozenset[type[M.Message]] = frozenset(
 #: Deciding takes at most 1/SHARE of the thread while frames stream in.
 SHARE = 4
 
+#: What a member answers to a broadcast that ends when everyone has answered: when the last
+#: answer owed is handled the manager stops reading and decides at once (:meth:`Cadence.owed`),
+#: instead of after a drain that heartbeats keep alive or a SHARE wait (at 16,384 ranks both
+#: held a finished stop-all back by up to 0.13 s).
+ANSWERS: dict[type[M.Message], type[M.Message]] = {M.Stop: M.Stopped, M.Rebuild: M.Rebuilt}
+
 #: Rest between reads while the job runs steadily and only heartbeats came (see above).
 REST_S = 0.005
 
@@ -66,11 +72,30 @@ class Cadence:
         self.quiet_s = model.config.heartbeat_s / 4
         self._clock = clock
         self._dirty, self._at, self._cost = True, -1e18, 0.0
+        # Answers owed to this epoch's broadcasts (see :meth:`owed`): answer kind -> count.
+        self._owed: dict[type[M.Message], int] = {}
+        self._owed_epoch = -1
+        #: The last answer owed came: decide now (see :meth:`run`), and stop reading first.
+        self.answered = False
 
-    def heard(self, kind: type[M.Message]) -> None:
-        """A frame of ``kind`` was handled."""
+    def owed(self, asked: type[M.Message], n: int) -> None:
+        """``n`` members were sent ``asked`` in this epoch: their answers end a phase."""
+        answer = ANSWERS.get(asked)
+        if answer is None:
+            return
+        if self._owed_epoch != self.model.epoch:
+            self._owed, self._owed_epoch = {}, self.model.epoch
+        self._owed[answer] = self._owed.get(answer, 0) + n
+
+    def heard(self, kind: type[M.Message], epoch: int = -1) -> None:
+        """A frame of ``kind`` (sent in ``epoch``) was handled."""
         if kind not in QUIET:
             self._dirty = True
+            left = self._owed.get(kind) if epoch == self._owed_epoch else None
+            if left is not None:  # a hint, not a count of valid answers: decide checks them
+                self._owed[kind] = left - 1
+                if left == 1:
+                    self.answered = True
 
     def _steady(self) -> bool:
         return self.model.state is JobState.RUNNING
@@ -82,12 +107,16 @@ class Cadence:
             return SHARE * self._cost - since
         return (self.quiet_s if self._steady() else self.tick_s) - since
 
+    def due(self) -> bool:
+        """Whether a decision is due now."""
+        return self.answered or self._wait_s(self._clock()) <= 0
+
     def run(self, decide: Callable[[], None]) -> bool:
         """Call ``decide`` if a decision is due (timing it); whether it was called."""
         now = self._clock()
-        if self._wait_s(now) > 0:
+        if self._wait_s(now) > 0 and not self.answered:
             return False
-        self._dirty, self._at = False, now
+        self._dirty, self._at, self.answered = False, now, False
         decide()
         self._cost = self._clock() - now
         return True

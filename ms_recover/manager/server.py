@@ -228,6 +228,10 @@ class ManagerServer:
                 self.model.heard_at = self.clock()
                 return
             self.dispatch(frames)
+            # A phase's last answer, or a fault once a decision is due: decide before reading
+            # on (heartbeats that keep coming would otherwise hold the decision back).
+            if self.cadence.answered or (self.model.pending and self.cadence.due()):
+                return
 
     def dispatch(self, frames: list[bytes]) -> None:
         """Decode, replay-check and handle one ROUTER message. Never raises: whatever a frame
@@ -255,7 +259,7 @@ class ManagerServer:
             self.drops.drop(replayed, env.sender[:64])
             return
         handler = self._handlers.get(type(env.msg))
-        self.cadence.heard(type(env.msg))
+        self.cadence.heard(type(env.msg), env.epoch)
         if handler is None:  # a manager -> member kind sent to the manager
             self.drops.drop(f"{env.msg.KIND.decode()} is not for the manager", env.sender)
             return
@@ -275,6 +279,7 @@ class ManagerServer:
     def send(self, identities: Sequence[bytes], msg: M.Message) -> None:
         """Encode once (one seq for the whole broadcast), send to every identity; relayed
         ranks' share goes out per node at the next :meth:`ManagerRelay.flush`."""
+        self.cadence.owed(type(msg), len(identities))
         identities = self.relay.take(identities, msg, self.model.epoch)
         if not identities:
             return

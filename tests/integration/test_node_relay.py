@@ -413,3 +413,36 @@ def test_relayed_acks_are_recorded_alike_without_a_dispatch_each(ctx, server, fa
     # The fast pass leaves only the stale item to the per-item dispatch (the malformed one
     # is dropped while unwrapping, before any dispatch).
     assert relayed == ([b"stopped"] if fast else [b"stopped"] * 3 + [b"rebuilt"])
+
+
+def test_the_drain_stops_at_a_stop_alls_last_answer(ctx, server, monkeypatch) -> None:
+    """The last STOPPED owed is decided on before the frames queued behind it are read."""
+    import ms_recover.manager.server as server_mod
+    from ms_recover.manager.model import JobState
+
+    agent = _register_node0(ctx, server)
+    agent.recv()  # the welcomes
+    server.model.state, server.model.epoch = JobState.STOPPING, 1
+    server.send([server.model.ranks[r].identity for r in (0, 1)], M.Stop("test"))
+    server.relay.flush()
+    codec = Codec(JOB, server.config.effective_secret())
+    up = _relay_up(
+        0,
+        [(b"L0", "rank:0", 2, M.Stopped(0, 5, "")), (b"L1", "rank:1", 2, M.Stopped(1, 5, ""))],
+        epochs=[1, 1],
+    )
+    queue = [
+        [b"a0.1", *codec.encode(up, 1, "agent:0", 1)],
+        [b"s", *codec.encode(M.StatusRequest(), 0, "status", 1)],
+    ]
+
+    def recv(sock: Any) -> list[bytes]:
+        if not queue:
+            raise zmq.Again()
+        return queue.pop(0)
+
+    monkeypatch.setattr(server_mod, "recv_frames", recv)
+    server._drain()
+    assert server.model.ranks[1].acked(Ack.STOP, 1) and server.cadence.answered
+    assert len(queue) == 1  # the status request waits for the next read
+    assert server.cadence.run(lambda: None) and not server.cadence.answered

@@ -148,3 +148,27 @@ def test_an_agent_hears_the_manager_twice_within_its_grace(
             answers.append(i)
     assert {b - a for a, b in zip(answers, answers[1:], strict=False)} == {answered_every}
     assert answered_every * period <= cfg.lost_manager_grace_s / 2
+
+
+def test_the_last_answer_owed_is_decided_on_at_once(running: JobModel) -> None:
+    """A stop-all's last STOPPED ends the manager's reading and is decided on at once, even
+    within the SHARE wait after an expensive decision; answers of another epoch do not count."""
+    clock = Clock()
+    cadence = Cadence(running, 0.02, clock)
+    running.state, running.epoch = JobState.STOPPING, 3
+    assert _decides(cadence, took=0.01, clock=clock)  # the broadcast's decision: 10 ms
+    cadence.owed(M.Stop, 2)
+    cadence.owed(M.Resume, 2)  # not a broadcast that ends on answers
+    cadence.heard(M.Stopped, 3)
+    cadence.heard(M.Stopped, 2)  # a late answer to the previous epoch's stop
+    assert not cadence.answered and not cadence.due() and not _decides(cadence)
+    cadence.heard(M.Stopped, 3)
+    assert cadence.answered and cadence.due()
+    assert _decides(cadence)  # 10 ms after a 10 ms decision: SHARE would wait 30 ms more
+    assert not cadence.answered
+    cadence.heard(M.Stopped, 3)  # more than owed (a rank that re-registered): no new trigger
+    assert not cadence.answered
+    running.epoch = 4  # a new epoch owes anew
+    cadence.owed(M.Rebuild, 1)
+    cadence.heard(M.Rebuilt, 4)
+    assert cadence.answered
