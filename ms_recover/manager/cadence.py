@@ -10,6 +10,8 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
   soon as it has, so deciding takes at most a quarter of the thread while acknowledgements
   stream in and the rest goes to reading them (a 4-rank job's decision takes ~50 us: no delay
   anyone can see; 16,384 ranks' ~3 ms delay a phase by at most ~10 ms);
+* when the last answer a STOP or REBUILD broadcast is owed in this epoch is handled, at once,
+  and the server stops reading first (:meth:`Cadence.owed`, :data:`ANSWERS`);
 * otherwise every ``tick_s`` (phase timeouts), and while the job runs steadily every quarter
   heartbeat: silence and hangs are judged in whole heartbeats, so a lost node is still seen
   within ``heartbeat_s * (liveness + 1/4)`` of its last heartbeat (2.125 s at the defaults);
