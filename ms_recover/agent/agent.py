@@ -152,7 +152,7 @@ class Agent:
                     steps = self.relay.take_steps() if self.relay is not None else {}
                     beat = M.AgentHeartbeat(cfg.node_rank, self.ranks.pids(), steps)
                     self.chan.send(beat, self._epoch)
-                    next_beat = time.monotonic() + cfg.heartbeat_s
+                    next_beat = time.monotonic() + cfg.agent_heartbeat_s
                 self._wait(self.poll_s)
                 if self.exit_code is None and self._all_done():
                     self.exit_code = exitcodes.OK

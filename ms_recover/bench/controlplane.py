@@ -229,6 +229,7 @@ class _Scale:
                 cfg.heartbeat_s,
                 cfg.max_frame_bytes,
                 self.relay,
+                cfg.agent_heartbeat_s,
             )
             parent, child = ctx.Pipe()
             proc = ctx.Process(
@@ -428,6 +429,11 @@ def _extrapolate(scales: list[dict[str, Any]]) -> float | None:
     return float(my + slope * (FULL_RANKS - mx))
 
 
+def _agent_beat(heartbeat_s: float) -> float:
+    """The agents' heartbeat period at this heartbeat and the default liveness."""
+    return JobConfig(heartbeat_s=heartbeat_s).agent_heartbeat_s
+
+
 def _frames_out(srv: ManagerServer) -> int:
     """Frames the manager sent: direct ones and the relay's per-node batches."""
     return srv.frames_out + srv.relay.frames_out
@@ -526,7 +532,11 @@ def _report(
     }
     rep.samples = {"scales": scales}
     rep.notes = [
-        f"Heartbeat {args.heartbeat:g} s: {default} ({DEFAULT_HEARTBEAT_S:g} s).",
+        f"Heartbeat {args.heartbeat:g} s: {default} ({DEFAULT_HEARTBEAT_S:g} s). Simulated "
+        f"agents beat every {_agent_beat(args.heartbeat):.3g} s, as real agents do "
+        "(JobConfig.agent_heartbeat_s: three beats per silence window of heartbeat x liveness; "
+        "a lost node is still declared one silence window after its last beat), ranks every "
+        "heartbeat (to their agent).",
         SHAPE_NOTE[bool(args.direct)],
         "Simulated agents and ranks run in a few local processes and answer at once; they share "
         "this host's cores with the manager, so the times are an upper bound for the manager.",

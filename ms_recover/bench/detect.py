@@ -175,8 +175,8 @@ def _report(
                 config.silence_s,
                 "s",
                 note="heartbeat_s * liveness; a loss is declared that long after the "
-                "node's last heartbeat, so between silence - heartbeat and silence after "
-                "the kill (plus a 20 ms tick)",
+                "node's last heartbeat, so between silence - the agent's heartbeat period "
+                f"({config.agent_heartbeat_s:.3g} s) and silence after the kill (plus a tick)",
             ),
         )
     rep.settings = {

@@ -58,6 +58,9 @@ class FakeSpec:
     #: Ranks behind their agent's relay (DESIGN.md §1c): only agents have sockets, and
     #: :class:`~ms_recover.bench.fakerelay.RelayCluster` speaks for their ranks.
     relay: bool = False
+    #: How often the simulated agents beat (``JobConfig.agent_heartbeat_s``, as real agents);
+    #: 0: ``heartbeat_s``. Directly connected ranks beat every ``heartbeat_s``.
+    agent_heartbeat_s: float = 0.0
 
 
 class _Member:
@@ -268,8 +271,12 @@ def fake_main(spec: FakeSpec, conn: Any) -> None:
     else:
         cluster = FakeCluster(spec)
     cluster.epoll.register(conn.fileno(), select.EPOLLIN)
-    members, period = cluster.members, spec.heartbeat_s
-    start, beats, ready_sent = time.monotonic(), 0, False
+    agent_s = spec.agent_heartbeat_s or spec.heartbeat_s
+    schedules = [
+        _Schedule([m for m in cluster.members if m.is_agent], agent_s),
+        _Schedule([m for m in cluster.members if not m.is_agent], spec.heartbeat_s),
+    ]
+    start, ready_sent = time.monotonic(), False
     try:
         while True:
             cluster.connect_some()
@@ -284,14 +291,26 @@ def fake_main(spec: FakeSpec, conn: Any) -> None:
             if cluster.all_welcomed and not ready_sent:
                 conn.send(("ready", os.getpid()))
                 ready_sent = True
-            # Heartbeats spread evenly: member i beats at start + (k + i/n) * period.
-            due = int((time.monotonic() - start) / period * len(members))
-            while beats < due:
-                cluster.beat(members[beats % len(members)])
-                beats += 1
+            elapsed = time.monotonic() - start
+            for schedule in schedules:
+                schedule.beat(cluster, elapsed)
     finally:
         cluster.close()
         conn.close()
+
+
+class _Schedule:
+    """Heartbeats spread evenly: member i of n beats at start + (k + i/n) * period."""
+
+    def __init__(self, members: list[_Member], period: float) -> None:
+        self.members, self.period, self.beats = members, period, 0
+
+    def beat(self, cluster: FakeCluster, elapsed: float) -> None:
+        n = len(self.members)
+        due = int(elapsed / self.period * n) if n else 0
+        while self.beats < due:
+            cluster.beat(self.members[self.beats % n])
+            self.beats += 1
 
 
 def _command(cluster: FakeCluster, conn: Any) -> bool:

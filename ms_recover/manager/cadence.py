@@ -10,6 +10,8 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
   soon as it has, so deciding takes at most a quarter of the thread while acknowledgements
   stream in and the rest goes to reading them (a 4-rank job's decision takes ~50 us: no delay
   anyone can see; 16,384 ranks' ~3 ms delay a phase by at most ~10 ms);
+* when the last answer a STOP or REBUILD broadcast is owed in this epoch is handled, at once,
+  and the server stops reading first (:meth:`Cadence.owed`, :data:`ANSWERS`);
 * otherwise every ``tick_s`` (phase timeouts), and while the job runs steadily every quarter
   heartbeat: silence and hangs are judged in whole heartbeats, so a lost node is still seen
   within ``heartbeat_s * (liveness + 1/4)`` of its last heartbeat (2.125 s at the defaults);
@@ -17,11 +19,10 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
   :data:`REST_S` between reads, so 4,000 heartbeats a second are read in a few hundred batches
   instead of one wake-up each (a rank's death report waits at most that long).
 
-:class:`SharedBeat` answers an agent's heartbeat only when that agent was last answered at least
-``(liveness - 1) / 2`` heartbeats ago (every other heartbeat, about 1 s, at the defaults): an
-agent gives up on a silent manager only after ``lost_manager_grace_s``, which the config keeps
-above ``heartbeat_s * liveness``, so it still hears the manager at least twice within that
-grace, with half the frames. It encodes one
+:class:`SharedBeat` answers every other agent heartbeat (``JobConfig.agent_heartbeat_s``; about
+every 1.3 s at the defaults) when an agent still hears the manager at least twice within
+``lost_manager_grace_s`` that way, and every heartbeat otherwise (the config keeps the grace
+above ``heartbeat_s * liveness``, three agent heartbeats). It encodes one
 ManagerBeat and sends the same frames to every agent it answers until the manager sends
 anything else (a later seq) or the job's state or epoch changes; one seq per receiver is all
 the replay rule needs, and an agent answered twice meanwhile gets a fresh one.
@@ -52,6 +53,12 @@ QUIET: frozenset[type[M.Message]] = frozenset(
 #: Deciding takes at most 1/SHARE of the thread while frames stream in.
 SHARE = 4
 
+#: What a member answers to a broadcast that ends when everyone has answered: when the last
+#: answer owed is handled the manager stops reading and decides at once (:meth:`Cadence.owed`),
+#: instead of after a drain that heartbeats keep alive or a SHARE wait (at 16,384 ranks both
+#: held a finished stop-all back by up to 0.13 s).
+ANSWERS: dict[type[M.Message], type[M.Message]] = {M.Stop: M.Stopped, M.Rebuild: M.Rebuilt}
+
 #: Rest between reads while the job runs steadily and only heartbeats came (see above).
 REST_S = 0.005
 
@@ -67,11 +74,30 @@ class Cadence:
         self.quiet_s = model.config.heartbeat_s / 4
         self._clock = clock
         self._dirty, self._at, self._cost = True, -1e18, 0.0
+        # Answers owed to this epoch's broadcasts (see :meth:`owed`): answer kind -> count.
+        self._owed: dict[type[M.Message], int] = {}
+        self._owed_epoch = -1
+        #: The last answer owed came: decide now (see :meth:`run`), and stop reading first.
+        self.answered = False
 
-    def heard(self, kind: type[M.Message]) -> None:
-        """A frame of ``kind`` was handled."""
+    def owed(self, asked: type[M.Message], n: int) -> None:
+        """``n`` members were sent ``asked`` in this epoch: their answers end a phase."""
+        answer = ANSWERS.get(asked)
+        if answer is None:
+            return
+        if self._owed_epoch != self.model.epoch:
+            self._owed, self._owed_epoch = {}, self.model.epoch
+        self._owed[answer] = self._owed.get(answer, 0) + n
+
+    def heard(self, kind: type[M.Message], epoch: int = -1) -> None:
+        """A frame of ``kind`` (sent in ``epoch``) was handled."""
         if kind not in QUIET:
             self._dirty = True
+            left = self._owed.get(kind) if epoch == self._owed_epoch else None
+            if left is not None:  # a hint, not a count of valid answers: decide checks them
+                self._owed[kind] = left - 1
+                if left == 1:
+                    self.answered = True
 
     def _steady(self) -> bool:
         return self.model.state is JobState.RUNNING
@@ -83,12 +109,16 @@ class Cadence:
             return SHARE * self._cost - since
         return (self.quiet_s if self._steady() else self.tick_s) - since
 
+    def due(self) -> bool:
+        """Whether a decision is due now."""
+        return self.answered or self._wait_s(self._clock()) <= 0
+
     def run(self, decide: Callable[[], None]) -> bool:
         """Call ``decide`` if a decision is due (timing it); whether it was called."""
         now = self._clock()
-        if self._wait_s(now) > 0:
+        if self._wait_s(now) > 0 and not self.answered:
             return False
-        self._dirty, self._at = False, now
+        self._dirty, self._at, self.answered = False, now, False
         decide()
         self._cost = self._clock() - now
         return True
@@ -118,9 +148,12 @@ class SharedBeat:
     ) -> None:
         self.model = model
         self.codec = codec
-        # Every other heartbeat at the default liveness of 4 (0.75 s < two beats), so timer
-        # jitter never stretches the gap to three; every beat at the minimum liveness of 2.
-        self.every_s = model.config.heartbeat_s * (model.config.liveness - 1) / 2
+        # Every other agent heartbeat (1.5 periods: timer jitter never stretches the gap to
+        # three) while an agent still hears the manager twice within its grace; else every
+        # heartbeat (a grace just above the silence window).
+        cfg = model.config
+        period = cfg.agent_heartbeat_s
+        self.every_s = 1.5 * period if 4 * period <= cfg.lost_manager_grace_s else period / 2
         self._clock = clock
         self._answered: dict[bytes, float] = {}  # agent identity -> when it was last answered
         self._seq, self._next_seq = seq, next_seq

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ms_recover.manager.actions import Action
 from ms_recover.manager.ending import after_end
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, RankInfo
 from ms_recover.manager.phases import PROGRESS
 from ms_recover.manager.rounds import Failure, escalate, on_faults
 
@@ -33,13 +33,16 @@ def decide(m: JobModel, now: float) -> list[Action]:
 
 # ----------------------------------------------------------------------------- detection
 def detect_silence(m: JobModel, now: float) -> list[Fault]:
-    """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock alone.
+    """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock.
 
-    Called on every tick, so the scan over every rank is one cheap comparison per rank; only
-    the (rare) silent ones are then sorted and described.
+    Silence is judged as of ``m.heard_at`` when that is earlier than ``now``: a member whose
+    frames wait unread in the manager's queue is not silent, however long the manager took
+    to read them. Called on every tick, so the scan over every rank is one cheap comparison
+    per rank; only the (rare) silent ones are then sorted and described.
     """
     cfg = m.config
-    agent_limit = now - cfg.silence_s
+    heard = min(now, m.heard_at)
+    agent_limit = heard - cfg.silence_s
     lost = sorted(
         node
         for node, a in m.agents.items()
@@ -56,7 +59,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
         )
         for node in lost
     ]
-    rank_limit = now - max(cfg.rank_silence_s, cfg.silence_s)
+    rank_limit = heard - max(cfg.rank_silence_s, cfg.silence_s)
     silent = [i for i in m.ranks.values() if i.last_seen < rank_limit and i.alive]
     lost_nodes = set(lost)
     for info in sorted(silent, key=lambda i: i.rank):
@@ -74,7 +77,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
             )
         )
     if m.state is JobState.RUNNING and not faults:
-        faults.extend(_detect_hang(m, now))
+        faults.extend(_detect_hang(m, now, heard))
     return faults
 
 
@@ -83,10 +86,15 @@ def _all_left(m: JobModel, node: int) -> bool:
     return all(m.ranks[r].done and not m.ranks[r].alive for r in m.config.ranks_of(node))
 
 
-def _detect_hang(m: JobModel, now: float) -> list[Fault]:
-    active = [i for i in m.ranks.values() if i.alive and not i.done and i.rank in m.active]
-    limit = now - m.config.hang_timeout_s
-    if not active or any(i.last_progress >= limit for i in active):
+def _detect_hang(m: JobModel, now: float, heard: float) -> list[Fault]:
+    limit = heard - m.config.hang_timeout_s
+    ranks, members = m.ranks.values(), m.active
+    # One rank that progressed lately settles it (the first, as a rule); the list is built
+    # only for a (rare) hang.
+    if any(i.last_progress >= limit and _busy(i, members) for i in ranks):
+        return []
+    active = [i for i in ranks if _busy(i, members)]
+    if not active:
         return []
     stalled = now - max(i.last_progress for i in active)
     # A stopped process (SIGSTOP) is also silent; the others wait in a collective for it.
@@ -101,3 +109,8 @@ def _detect_hang(m: JobModel, now: float) -> list[Fault]:
             stalled,
         )
     ]
+
+
+def _busy(info: RankInfo, members: frozenset[int]) -> bool:
+    """A live member still training."""
+    return info.alive and not info.done and info.rank in members

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
@@ -237,6 +238,10 @@ class JobModel:
     restore: Restore | None = None  # set while a restarted manager is still FORMING
     #: Ranks in the data plane. All of them, except while elastic training runs shrunk.
     active: frozenset[int] = frozenset()
+    #: When the server last found its inbound queue empty: silence is judged as of then, so
+    #: heartbeats still unread in the queue of a saturated or stalled manager are never taken
+    #: for silence (``inf``: no queue, the clock alone).
+    heard_at: float = math.inf
 
     def __post_init__(self) -> None:
         cfg = self.config

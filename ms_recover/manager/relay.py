@@ -5,7 +5,7 @@ Ranks launched by ``ms-recover agent`` reach the manager through their node's ag
 and job model exactly as they are for a directly connected rank:
 
 * **Up.** A :class:`~ms_recover.protocol.messages.RelayUp` batch from a registered agent is
-  unwrapped item by item; each item is checked again (:func:`~ms_recover.protocol.relay.up_items`)
+  unwrapped item by item; each item is checked again (:func:`~ms_recover.protocol.relay.check_item`)
   and handled by the server's ordinary path (replay check, handler) under the rank's **virtual
   identity**, which names the agent and the rank's identity at the agent. A bad item is dropped
   and logged; the others are still handled. A claimant agent (a new pod incarnation whose slot
@@ -38,10 +38,12 @@ from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.protocol.relay import (
     PREFIX,
-    is_virtual,
+    UNEQUAL,
+    RawItem,
+    check_item,
     rank_of,
+    raw_items,
     split_identity,
-    up_items,
     virtual_identity,
 )
 from ms_recover.protocol.transport import SLACK, send_frames
@@ -49,6 +51,7 @@ from ms_recover.protocol.transport import SLACK, send_frames
 log = logging.getLogger("ms_recover.manager")
 
 Handle = Callable[[bytes, Envelope], None]
+Fast = Callable[[bytes, set[int], RawItem], bool]
 _Item = list[Any]  # [message, epoch, [local identities]]
 
 
@@ -72,19 +75,28 @@ class ManagerRelay:
         self._clock = clock
         self.drops = DropLog(log)
         self._out: dict[bytes, list[_Item]] = {}  # agent identity -> queued items, in order
+        # Virtual identity -> (agent, local), parsed once: a stop-all addresses every rank.
+        self._parts: dict[bytes, tuple[bytes, bytes] | None] = {}
+        self._pack = msgpack.Packer(use_bin_type=True)
         self.items_in = 0  # relayed rank messages handled (plus folded heartbeats)
         self.items_out = 0  # rank deliveries sent inside RelayDown frames
         self.frames_out = 0
 
     # ------------------------------------------------------------------ up
     def on_relay_up(
-        self, ident: bytes, msg: M.RelayUp, agent_ok: Callable[[], bool], handle: Handle
+        self,
+        ident: bytes,
+        msg: M.RelayUp,
+        agent_ok: Callable[[], bool],
+        handle: Handle,
+        fast: Fast | None = None,
     ) -> None:
         """Handle each item of a batch from the agent ``ident`` as its rank's own frame.
 
         ``agent_ok`` is the server's check that ``ident`` is the registered agent of the
         node (it asks an unknown one to register again); ``handle`` the server's per-frame
-        path (replay check, handler)."""
+        path (replay check, handler); ``fast`` may take an item whose outcome on that path
+        is known (:class:`~ms_recover.manager.acks.FastAcks`), in the same order."""
         node = msg.node_rank
         claimant = self.slots.claimant(node, ident) is not None
         if not claimant:
@@ -92,7 +104,16 @@ class ManagerRelay:
                 return
             self.model.agents[node].last_seen = self._clock()
         mine = set(self.model.config.ranks_of(node)) if node in self.model.agents else set()
-        for local, item in up_items(msg, self.codec.job_id):
+        raw = raw_items(msg)
+        if raw is None:
+            self.drops.drop(UNEQUAL, f"agent of node {node}")
+            return
+        prefix = PREFIX + bytes([len(ident)]) + ident
+        for one in raw:
+            if fast is not None and not claimant and fast(prefix, mine, one):
+                self.items_in += 1
+                continue
+            local, item = one[0], check_item(self.codec.job_id, one)
             if isinstance(item, str):
                 self.drops.drop(item, f"agent of node {node}")
             elif rank_of(item.msg) not in mine:
@@ -108,24 +129,31 @@ class ManagerRelay:
         the rank was heard, and its committed step only grows. Entries for other ranks (a
         rank not, or no longer, registered through this agent) are ignored: it registers
         again when asked (the agent passes a ``Rejoin`` on to its ranks)."""
-        now, ranks = self._clock(), self.model.ranks
+        now, ranks, heard = self._clock(), self.model.ranks, 0
         prefix = PREFIX + bytes([len(ident)]) + ident
         for rank, step in steps.items():
             info = ranks.get(rank)
             if info is None or not info.alive or not info.identity.startswith(prefix):
                 continue
-            self.items_in += 1
+            heard += 1
             info.last_seen = now
             if step > info.committed_step:
                 info.committed_step, info.last_progress = step, now
+        self.items_in += heard
 
     # ------------------------------------------------------------------ down
     def take(self, identities: Sequence[bytes], msg: M.Message, epoch: int) -> list[bytes]:
         """Queue ``msg`` for every virtual identity; returns the direct ones (sent as before).
         Consecutive sends of one message object to one node share an item."""
         direct: list[bytes] = []
+        cache = self._parts
+        if len(cache) > 4 * len(self.model.ranks) + 1024:  # old incarnations' names pile up
+            cache.clear()
         for identity in identities:
-            parts = split_identity(identity) if is_virtual(identity) else None
+            try:
+                parts = cache[identity]
+            except KeyError:
+                parts = cache[identity] = split_identity(identity)
             if parts is None:
                 direct.append(identity)
                 continue
@@ -160,7 +188,7 @@ class ManagerRelay:
             self._send(agent, batch)
 
     def _send(self, agent: bytes, batch: list[tuple[_Item, bytes]]) -> None:
-        pack = msgpack.Packer(use_bin_type=True)
+        pack = self._pack  # autoreset: each call returns its own bytes
         items = [item for item, _ in batch]
         body = b"".join(
             (

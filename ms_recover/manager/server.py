@@ -20,6 +20,7 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ProtocolError
 from ms_recover.manager import divergence
+from ms_recover.manager.acks import FastAcks
 from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.decide import decide
@@ -61,6 +62,9 @@ INSECURE_WARNING = (
 class ManagerServer:
     """Owns the job model. ``serve()`` runs until the job finishes or exits, or ``stop()``."""
 
+    #: Frames handled per wake-up before the next decision is due.
+    DRAIN_BUDGET = 20000
+
     def __init__(
         self,
         config: JobConfig,
@@ -96,7 +100,7 @@ class ManagerServer:
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
         self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)
-        self.slots = Slots(config.heartbeat_s, config.proc_per_node)
+        self.slots = Slots(config.agent_heartbeat_s, config.proc_per_node)
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
@@ -108,6 +112,7 @@ class ManagerServer:
         self.relay = ManagerRelay(
             self.model, self.slots, self.codec, self._sock, self._next_seq, clock
         )
+        self._acks = FastAcks(self.model, self.replay, self.drops, self.cadence, clock)
         # Frames received (dispatched) and sent (one per identity): plain counters, read by
         # ``bench controlplane`` for the manager's message rate.
         self.frames_in = 0
@@ -150,6 +155,8 @@ class ManagerServer:
             while not self._stop.is_set():
                 if self._poller.poll(self.cadence.poll_ms()):
                     self._drain()
+                else:
+                    self.model.heard_at = self.clock()  # nothing unread: silence is silence
                 with self._lock:
                     self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
                     self.relay.flush()  # what handlers and decide sent to relayed ranks
@@ -209,15 +216,22 @@ class ManagerServer:
         with self._lock:
             return status_of(self.model, self.clock())
 
-    def _drain(self, budget: int = 20000) -> None:
-        """Handle every queued frame (up to ``budget``) before the next ``decide``: at scale,
-        deciding once per large batch instead of per thousand frames halves stop-all time."""
-        for _ in range(budget):
+    def _drain(self) -> None:
+        """Handle every queued frame (up to :attr:`DRAIN_BUDGET`) before the next ``decide``: at
+        scale, deciding once per large batch instead of per thousand frames halves stop-all
+        time. Only a drain that emptied the queue moves ``model.heard_at`` (see
+        :func:`~ms_recover.manager.decide.detect_silence`)."""
+        for _ in range(self.DRAIN_BUDGET):
             try:
                 frames = recv_frames(self._sock)
             except zmq.Again:
+                self.model.heard_at = self.clock()
                 return
             self.dispatch(frames)
+            # A phase's last answer, or a fault once a decision is due: decide before reading
+            # on (heartbeats that keep coming would otherwise hold the decision back).
+            if self.cadence.answered or (self.model.pending and self.cadence.due()):
+                return
 
     def dispatch(self, frames: list[bytes]) -> None:
         """Decode, replay-check and handle one ROUTER message. Never raises: whatever a frame
@@ -245,7 +259,7 @@ class ManagerServer:
             self.drops.drop(replayed, env.sender[:64])
             return
         handler = self._handlers.get(type(env.msg))
-        self.cadence.heard(type(env.msg))
+        self.cadence.heard(type(env.msg), env.epoch)
         if handler is None:  # a manager -> member kind sent to the manager
             self.drops.drop(f"{env.msg.KIND.decode()} is not for the manager", env.sender)
             return
@@ -265,6 +279,7 @@ class ManagerServer:
     def send(self, identities: Sequence[bytes], msg: M.Message) -> None:
         """Encode once (one seq for the whole broadcast), send to every identity; relayed
         ranks' share goes out per node at the next :meth:`ManagerRelay.flush`."""
+        self.cadence.owed(type(msg), len(identities))
         identities = self.relay.take(identities, msg, self.model.epoch)
         if not identities:
             return
@@ -387,7 +402,7 @@ class ManagerServer:
 
     def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:
         self.relay.on_relay_up(
-            ident, msg, lambda: self._relay_ok(ident, msg.node_rank), self._handle
+            ident, msg, lambda: self._relay_ok(ident, msg.node_rank), self._handle, self._acks.take
         )
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:

@@ -7,11 +7,12 @@ take the slot only on evidence that the old one is gone:
 
 * the old member is no longer alive: its agent reported its exit, it was declared lost after
   falling silent, or it was told to exit (the model marks each; the slot is then free);
-* for an agent still counted alive: it has been silent for :data:`TAKEOVER_BEATS` heartbeat
-  intervals while the claim waits (a pod recreated before its loss was noticed: its old agent
-  died with it). The claim is refused as soon as the old agent is heard again, which is what
-  a replayed or forged hello of a live agent meets. The hellos of the claimed node's ranks wait
-  with the claim and are handled after the decide that follows its acceptance;
+* for an agent still counted alive: it has been silent for :data:`TAKEOVER_BEATS` of its
+  heartbeat intervals (``JobConfig.agent_heartbeat_s``) while the claim waits (a pod
+  recreated before its loss was noticed: its old agent died with it). The claim is refused
+  as soon as the old agent is heard again, which is what a replayed or forged hello of a live
+  agent meets. The hellos of the claimed node's ranks wait with the claim and are handled
+  after the decide that follows its acceptance;
 * for a rank still counted alive: never (its agent or its silence will report it gone first).
 
 This class holds only the bookkeeping; :class:`~ms_recover.manager.server.ManagerServer`

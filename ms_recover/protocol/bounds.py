@@ -150,12 +150,14 @@ def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
     if hint is str:
         most = STR_LIMITS.get(name, MAX_STR)
         return lambda v: type(v) is str and len(v) <= most
+    if hint is bool or hint is bytes:  # as check_field, without walking the hint per value
+        return lambda v: isinstance(v, hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if args in ((int,), (int, int)):  # list[int], dict[int, int]: C-level passes, no per-item call
         ints = _ints_in(*INT_RANGES.get(name, INT64))
         if origin is list:
             return lambda v: type(v) is list and ints(v)
-        return lambda v: type(v) is dict and ints(v.keys()) and ints(v.values())
+        return _int_map(*INT_RANGES.get(name, INT64))
     if origin is list:
         item = compile_check(args[0], name)
         return lambda v: type(v) is list and all(map(item, v))
@@ -165,12 +167,37 @@ def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
     return lambda v: check_field(v, hint, name)
 
 
+_INT = frozenset({int})
+
+
 def _ints_in(lo: int, hi: int) -> Callable[[Any], bool]:
     """Whether every item of a list or dict view is an int (not a bool) within ``lo..hi``."""
 
     def check(items: Any) -> bool:
         return not items or (
-            set(map(type, items)) == {int} and lo <= min(items) and max(items) <= hi
+            set(map(type, items)) == _INT and lo <= min(items) and max(items) <= hi
+        )
+
+    return check
+
+
+def _int_map(lo: int, hi: int) -> Callable[[Any], bool]:
+    """Whether a value is a dict whose keys and values are ints (not bools) within ``lo..hi``:
+    ``_ints_in`` on both views, in one call (a node agent's heartbeat carries two)."""
+
+    def check(v: Any) -> bool:
+        if type(v) is not dict:
+            return False
+        if not v:
+            return True
+        values = v.values()
+        return (
+            set(map(type, v)) == _INT
+            and set(map(type, values)) == _INT
+            and lo <= min(v)
+            and max(v) <= hi
+            and lo <= min(values)
+            and max(values) <= hi
         )
 
     return check

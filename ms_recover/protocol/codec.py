@@ -14,7 +14,6 @@ use it with ``seq`` to drop replays (:class:`~ms_recover.protocol.replay.ReplayG
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import hmac
 import logging
 import re
@@ -31,6 +30,7 @@ from ms_recover.protocol.messages import KINDS, Message, RelayDown, RelayUp, fie
 
 MAGIC = b"msr1"
 HEADER_KEYS = ("job_id", "epoch", "sender", "seq", "nonce", "body")
+_HEADER_SET = frozenset(HEADER_KEYS)
 MAX_SENDER = 64  # characters of a sender name ("rank:65535", "agent:8191", "status")
 _TYPES = {kind: field_types(cls) for kind, cls in KINDS.items()}
 #: Kinds with untyped (``Any``) fields: only their bodies can nest deeply once the field checks
@@ -129,7 +129,7 @@ class Codec:
         """Validate and decode; raises ProtocolError naming what is wrong."""
         if len(frames) != 4:
             raise ProtocolError(f"expected 4 frames, got {len(frames)}")
-        magic, kind, payload, mac = (bytes(f) for f in frames)
+        magic, kind, payload, mac = map(bytes, frames)
         if magic != MAGIC:
             raise ProtocolError(f"bad magic/version {magic[:8]!r}, expected {MAGIC!r}")
         if len(payload) > self.max_bytes:
@@ -147,7 +147,7 @@ class Codec:
         return self._envelope(kind, data)
 
     def _envelope(self, kind: bytes, data: Any) -> Envelope:
-        if not isinstance(data, dict) or set(data) != set(HEADER_KEYS):
+        if not isinstance(data, dict) or data.keys() != _HEADER_SET:
             raise ProtocolError(f"envelope must be a map with keys {HEADER_KEYS}")
         if data["job_id"] != self.job_id:
             raise ProtocolError(
@@ -162,7 +162,8 @@ class Codec:
         return Envelope(self.job_id, data["epoch"], data["sender"], data["seq"], msg, data["nonce"])
 
     def _mac(self, kind: bytes, payload: bytes) -> bytes:
-        return hmac.digest(self._key, MAGIC + b"\0" + kind + b"\0" + payload, hashlib.sha256)
+        # The digest by name: OpenSSL looks it up without a Python constructor call.
+        return hmac.digest(self._key, MAGIC + b"\0" + kind + b"\0" + payload, "sha256")
 
 
 def _may_nest(kind: bytes, data: Any) -> bool:
@@ -171,6 +172,12 @@ def _may_nest(kind: bytes, data: Any) -> bool:
     if kind in _DEEP or not isinstance(data, dict):
         return True
     return any(isinstance(v, (list, dict)) for k, v in data.items() if k != "body")
+
+
+def field_checks(kind: bytes) -> dict[str, typing.Callable[[Any], bool]]:
+    """The compiled check of each field of a known ``kind``: what :func:`message_of` applies
+    to a body that has exactly these fields."""
+    return _CHECKS[kind]
 
 
 def message_of(kind: bytes, body: Any) -> Message:

@@ -11,14 +11,14 @@ Guarantees:
 
 * only worker -> manager kinds travel up (:data:`UP_KINDS`) and only manager -> worker kinds
   travel down (:data:`DOWN_KINDS`); anything else in a batch is dropped with a reason;
-* :func:`up_items` checks every item's envelope and message like :class:`Codec.decode
+* :func:`check_item` checks every item's envelope and message like :class:`Codec.decode
   <ms_recover.protocol.codec.Codec>` checks a frame, and yields a reason instead of raising
   for a bad one, so one bad item never costs the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import messages as M
@@ -73,15 +73,25 @@ def split_identity(identity: bytes) -> tuple[bytes, bytes] | None:
     return (agent, local) if len(agent) == n and local else None
 
 
-def up_items(msg: M.RelayUp, job_id: str) -> Iterator[tuple[bytes, Envelope | str]]:
-    """Each item of ``msg`` as ``(local identity, envelope)``, or ``(local identity, reason)``
-    for an item that must be dropped. Lists of unequal length drop the whole batch."""
+#: One relayed item as it travels: (local identity, sender, nonce, seq, epoch, kind, body).
+RawItem = tuple[bytes, str, int, int, int, str, Any]
+
+#: Why a whole batch is dropped.
+UNEQUAL = "relay batch with lists of unequal length"
+
+
+def raw_items(msg: M.RelayUp) -> list[RawItem] | None:
+    """The items of ``msg``, unchecked, or None if its lists differ in length."""
     lists = (msg.idents, msg.senders, msg.nonces, msg.seqs, msg.epochs, msg.kinds, msg.bodies)
     if len({len(x) for x in lists}) != 1:
-        yield b"", "relay batch with lists of unequal length"
-        return
-    for ident, sender, nonce, seq, epoch, kind, body in zip(*lists, strict=True):
-        yield ident, _item(job_id, ident, sender, nonce, seq, epoch, kind.encode(), body)
+        return None
+    return list(zip(*lists, strict=True))
+
+
+def check_item(job_id: str, raw: RawItem) -> Envelope | str:
+    """One raw item as the envelope of its rank's own frame, or the reason to drop it."""
+    ident, sender, nonce, seq, epoch, kind, body = raw
+    return _item(job_id, ident, sender, nonce, seq, epoch, kind.encode(), body)
 
 
 def _item(

@@ -88,10 +88,11 @@ def test_controlplane_small_scale_at_the_default_heartbeat(tmp_path: Path) -> No
     assert scale["final_round"]["ok"] is True
     assert len(scale["final_round"]["replaced"]) == 2
     idle = scale["idle"]
-    # 4 agents heartbeat every 0.5 s, their 32 ranks folded in: about 8 frames/s reach the
-    # manager (72/s when every rank had its own socket), carrying about 64 rank heartbeats.
-    assert 4 < idle["in_per_s"] < 20 and idle["out_per_s"] >= 0 and idle["state"] == "running"
-    assert 40 < idle["relayed_per_s"] < 100
+    # 4 agents heartbeat every agent_heartbeat_s (2/3 s), their 32 ranks folded in: about 6
+    # frames/s reach the manager (72/s when every rank had its own socket, each beating every
+    # 0.5 s), carrying about 48 rank heartbeats.
+    assert 3 < idle["in_per_s"] < 20 and idle["out_per_s"] >= 0 and idle["state"] == "running"
+    assert 30 < idle["relayed_per_s"] < 100
     assert 0 < idle["cpu_pct"] < 100
     assert report["settings"]["shape"] == "relay" and scale["relay"] is True
     m = _measures(report)

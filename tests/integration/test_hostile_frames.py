@@ -143,7 +143,7 @@ def test_a_pod_recreated_before_its_loss_is_noticed_takes_over(
         w.send(M.WorkerHello(r, 1, 700 + r, 1, f"tcp://127.0.0.1:{6000 + r}", -1, 0))
     assert server.model.agents[1].pid == 101  # not yet: the old one may still speak
     assert server.model.ranks[2].pid == 202  # its ranks' hellos wait with the claim
-    clock.t += TAKEOVER_BEATS * server.config.heartbeat_s
+    clock.t += TAKEOVER_BEATS * server.config.agent_heartbeat_s  # two agent heartbeats
     new.send(M.AgentHeartbeat(1, {2: 702, 3: 703}))  # silence is the evidence now
     assert server.model.agents[1].pid == 777
     assert [f.kind for f in server.model.pending] == ["node_restarted"]
@@ -318,7 +318,8 @@ def test_a_forged_hello_and_hostile_frames_do_not_disturb_a_live_job(tmp_path) -
     from .jobs import results, run_to_end, trainer_job
 
     out = str(tmp_path)
-    with trainer_job(out, steps=120, extra=("--step-time", "0.01")) as job:
+    # 3 s of training: the live agent beats (every agent_heartbeat_s) well before the end.
+    with trainer_job(out, steps=300, extra=("--step-time", "0.01")) as job:
         wait_for(lambda: all(r["step"] >= 1 for r in job.status()["ranks"]), 30, "training")
         server = job.server
         forged = Codec("itest", job.config.effective_secret())  # derivable from the job id
@@ -336,6 +337,8 @@ def test_a_forged_hello_and_hostile_frames_do_not_disturb_a_live_job(tmp_path) -
             for f in frames:
                 sock.send_multipart(f)
             wait_for(lambda: server.drops.total >= before + len(frames), 10, "three drops")
+            # The impostor is refused once the live agent speaks (its next heartbeat).
+            wait_for(lambda: job.find("reject", node_rank=1), 10, "the impostor's refusal")
         finally:
             sock.close(0)
             ctx.term()
@@ -343,7 +346,7 @@ def test_a_forged_hello_and_hostile_frames_do_not_disturb_a_live_job(tmp_path) -
     assert job.exit_code == 0
     assert not job.find("fault")
     assert job.find("reject", node_rank=1)  # the impostor was refused once the agent spoke
-    assert {r["committed"] for r in results(out)} == {119}
+    assert {r["committed"] for r in results(out)} == {299}
     assert server.errors.total == 0
 
 

@@ -18,6 +18,7 @@ import zmq
 from ms_recover.agent.relay import LocalRelay
 from ms_recover.config import JobConfig
 from ms_recover.events import EventLog
+from ms_recover.manager.model import Ack
 from ms_recover.manager.server import ManagerServer
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import MAGIC, Codec, Envelope
@@ -373,3 +374,75 @@ def test_a_real_job_runs_through_its_agents_and_recovers_a_kill(tmp_path) -> Non
         assert ranks[3]["pid"] != pid and all(r["relayed"] for r in ranks)
         run_to_end(job)
     assert job.exit_code == 0
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "general"])
+def test_relayed_acks_are_recorded_alike_without_a_dispatch_each(ctx, server, fast) -> None:
+    """A node's STOPPED and REBUILT are recorded in one pass (manager.acks) exactly as their
+    own frames would be; whatever is not plainly valid and current takes the general path."""
+    agent = _register_node0(ctx, server)
+    agent.recv()  # the welcomes
+    if not fast:
+        server._acks.take = lambda *_: False
+    server.model.epoch = 1
+    handled: list[bytes] = []
+    general = server._handle
+
+    def counted(ident: bytes, env: Envelope) -> None:
+        handled.append(env.msg.KIND)
+        general(ident, env)
+
+    server._handle = counted
+    drops = server.drops.total + server.relay.drops.total
+    items = [
+        (b"L0", "rank:0", 2, M.Stopped(0, 7, "ab")),  # recorded
+        (b"L1", "rank:1", 2, M.Stopped(1, 8, "cd")),  # of epoch 0: stale, dropped
+        (b"L0", "rank:0", 2, M.Stopped(0, 9, "zz")),  # seq 2 again: a replay, dropped
+        (b"L1", "rank:1", 3, M.Rebuilt(1)),  # recorded
+        (b"L0", "rank:0", 3, M.Stopped(0, 9, "")),  # rank True below: dropped as malformed
+    ]
+    bodies = [msg.to_wire() for *_, msg in items]
+    bodies[4]["rank"] = True
+    agent.send(_relay_up(0, items, epochs=[1, 0, 1, 1, 1], bodies=bodies))
+    _pump(server, 1)
+    r0, r1 = server.model.ranks[0], server.model.ranks[1]
+    assert server.drops.total + server.relay.drops.total == drops + 3
+    assert r0.acked(Ack.STOP, 1) and (r0.committed_step, r0.stop_digest) == (7, "ab")
+    assert not r1.acked(Ack.STOP, 1) and not r1.acked(Ack.STOP, 0) and r1.acked(Ack.REBUILD, 1)
+    relayed = [k for k in handled if k != M.RelayUp.KIND]
+    # The fast pass leaves only the stale item to the per-item dispatch (the malformed one
+    # is dropped while unwrapping, before any dispatch).
+    assert relayed == ([b"stopped"] if fast else [b"stopped"] * 3 + [b"rebuilt"])
+
+
+def test_the_drain_stops_at_a_stop_alls_last_answer(ctx, server, monkeypatch) -> None:
+    """The last STOPPED owed is decided on before the frames queued behind it are read."""
+    import ms_recover.manager.server as server_mod
+    from ms_recover.manager.model import JobState
+
+    agent = _register_node0(ctx, server)
+    agent.recv()  # the welcomes
+    server.model.state, server.model.epoch = JobState.STOPPING, 1
+    server.send([server.model.ranks[r].identity for r in (0, 1)], M.Stop("test"))
+    server.relay.flush()
+    codec = Codec(JOB, server.config.effective_secret())
+    up = _relay_up(
+        0,
+        [(b"L0", "rank:0", 2, M.Stopped(0, 5, "")), (b"L1", "rank:1", 2, M.Stopped(1, 5, ""))],
+        epochs=[1, 1],
+    )
+    queue = [
+        [b"a0.1", *codec.encode(up, 1, "agent:0", 1)],
+        [b"s", *codec.encode(M.StatusRequest(), 0, "status", 1)],
+    ]
+
+    def recv(sock: Any) -> list[bytes]:
+        if not queue:
+            raise zmq.Again()
+        return queue.pop(0)
+
+    monkeypatch.setattr(server_mod, "recv_frames", recv)
+    server._drain()
+    assert server.model.ranks[1].acked(Ack.STOP, 1) and server.cadence.answered
+    assert len(queue) == 1  # the status request waits for the next read
+    assert server.cadence.run(lambda: None) and not server.cadence.answered

@@ -92,7 +92,7 @@ class Sock:
         self.sent.append(frame)
 
 
-def test_one_beat_is_shared_and_each_agent_answered_once_a_second(
+def test_one_beat_is_shared_and_every_other_agent_beat_answered(
     running: JobModel, monkeypatch
 ) -> None:
     from ms_recover.manager import cadence as cadence_mod
@@ -107,7 +107,9 @@ def test_one_beat_is_shared_and_each_agent_answered_once_a_second(
 
     codec, clock = Codec("c", b"k"), Clock()
     beat = SharedBeat(running, codec, lambda: seq["n"], next_seq, clock)
-    assert beat.every_s == 0.75  # every other 0.5 s beat: twice within the shortest grace (2 s)
+    # Agents beat every silence_s / 3 = 2/3 s; every other one is answered (grace 60 s).
+    assert running.config.agent_heartbeat_s == pytest.approx(2 / 3)
+    assert beat.every_s == pytest.approx(1.0)
     assert [beat.send(None, ident) for ident in (b"a0", b"a1")] == [True, True]  # type: ignore[arg-type]
     assert sent[0][1:] == sent[1][1:] and seq["n"] == 1  # encoded once
     clock.t += 0.5
@@ -123,3 +125,50 @@ def test_one_beat_is_shared_and_each_agent_answered_once_a_second(
     clock.t += 1.0
     beat.send(None, b"a1")  # type: ignore[arg-type]
     assert codec.decode(sent[-1][1:]).msg == M.ManagerBeat("stopping")
+
+
+@pytest.mark.parametrize(
+    ("grace_s", "answered_every"), [(0.0, 2), (2.5, 1)], ids=["default grace", "short grace"]
+)
+def test_an_agent_hears_the_manager_twice_within_its_grace(
+    grace_s: float, answered_every: int, monkeypatch
+) -> None:
+    """Agents beat every agent_heartbeat_s; the manager answers every other beat only if that
+    gap is at most half the agent's grace, else every beat."""
+    from ms_recover.manager import cadence as cadence_mod
+
+    monkeypatch.setattr(cadence_mod, "send_frames", lambda sock, frames: None)
+    cfg = JobConfig(job_id="c", node_nums=2, proc_per_node=2, manager_grace_s=grace_s)
+    clock = Clock()
+    beat = SharedBeat(JobModel(cfg), Codec("c", b"k"), lambda: 0, lambda: 1, clock)
+    period, start, answers = cfg.agent_heartbeat_s, clock.t, []
+    for i in range(12):
+        clock.t = start + i * period
+        if beat.send(None, b"a0"):  # type: ignore[arg-type]
+            answers.append(i)
+    assert {b - a for a, b in zip(answers, answers[1:], strict=False)} == {answered_every}
+    assert answered_every * period <= cfg.lost_manager_grace_s / 2
+
+
+def test_the_last_answer_owed_is_decided_on_at_once(running: JobModel) -> None:
+    """A stop-all's last STOPPED ends the manager's reading and is decided on at once, even
+    within the SHARE wait after an expensive decision; answers of another epoch do not count."""
+    clock = Clock()
+    cadence = Cadence(running, 0.02, clock)
+    running.state, running.epoch = JobState.STOPPING, 3
+    assert _decides(cadence, took=0.01, clock=clock)  # the broadcast's decision: 10 ms
+    cadence.owed(M.Stop, 2)
+    cadence.owed(M.Resume, 2)  # not a broadcast that ends on answers
+    cadence.heard(M.Stopped, 3)
+    cadence.heard(M.Stopped, 2)  # a late answer to the previous epoch's stop
+    assert not cadence.answered and not cadence.due() and not _decides(cadence)
+    cadence.heard(M.Stopped, 3)
+    assert cadence.answered and cadence.due()
+    assert _decides(cadence)  # 10 ms after a 10 ms decision: SHARE would wait 30 ms more
+    assert not cadence.answered
+    cadence.heard(M.Stopped, 3)  # more than owed (a rank that re-registered): no new trigger
+    assert not cadence.answered
+    running.epoch = 4  # a new epoch owes anew
+    cadence.owed(M.Rebuild, 1)
+    cadence.heard(M.Rebuilt, 4)
+    assert cadence.answered

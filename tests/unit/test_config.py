@@ -328,3 +328,12 @@ def test_a_relay_endpoint_must_be_a_local_tcp_port(value: str) -> None:
         JobConfig.from_env({"MS_RECOVER_RELAY_ENDPOINT": value})
     ok = JobConfig.from_env({"MS_RECOVER_RELAY_ENDPOINT": "tcp://127.0.0.1:40123"})
     assert ok.relay_endpoint == "tcp://127.0.0.1:40123"
+
+
+@pytest.mark.parametrize(("liveness", "period"), [(2, 0.5), (3, 0.5), (4, 2 / 3), (6, 1.0)])
+def test_agents_beat_three_times_per_silence_window_never_faster_than_ranks(
+    liveness: int, period: float
+) -> None:
+    cfg = JobConfig(heartbeat_s=0.5, liveness=liveness)
+    assert cfg.agent_heartbeat_s == pytest.approx(period)
+    assert cfg.silence_s / cfg.agent_heartbeat_s >= min(3, liveness) - 1e-9

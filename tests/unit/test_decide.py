@@ -366,6 +366,20 @@ def test_node_lost_is_detected_from_agent_silence(make_job: Callable[..., Job]) 
     assert m.round is not None and m.round.replace_ranks == {2, 3}
 
 
+def test_silence_is_judged_as_of_the_last_empty_queue(make_job: Callable[..., Job]) -> None:
+    """A manager that has not read its queue since ``heard_at`` judges silence as of then:
+    what waits unread may be the heartbeat it would miss; once read up, the clock rules."""
+    job = make_job()
+    job.running()
+    job.model.heard_at = job.now + 1.0  # the queue was last found empty here
+    job.advance(3.0, silent=("a1", "r2", "r3"))  # 3 s of clock, 1 s of reading
+    assert job.tick() == []
+    assert job.model.agents[1].alive
+    job.model.heard_at = job.now  # read up: nothing from node 1 came
+    job.tick()
+    assert [(f["kind"], f["node_rank"]) for f in job.events("fault")] == [("node_lost", 1)]
+
+
 def test_node_lost_with_only_in_place_exits(make_job: Callable[..., Job]) -> None:
     job = make_job("recover-in-place,exit")
     job.running()

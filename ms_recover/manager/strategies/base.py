@@ -189,12 +189,12 @@ def orphan_shard(m: JobModel, unusable: set[int]) -> str | None:
     """A reason if some shard has no usable replica left (only once training has begun)."""
     if all(i.committed_step < 0 for i in m.ranks.values()):
         return None
-    shards: dict[int, list[int]] = {}
-    for rank, info in m.ranks.items():
-        shards.setdefault(info.shard, []).append(rank)
-    for shard, members in sorted(shards.items()):
-        if set(members) <= unusable:
-            return f"no healthy replica left for shard {shard} (ranks {members})"
+    # Only a shard with an unusable rank can be orphaned; the lowest such shard is reported.
+    hit = {m.ranks[r].shard for r in unusable if r in m.ranks}
+    healthy = {i.shard for r, i in m.ranks.items() if i.shard in hit and r not in unusable}
+    for shard in sorted(hit - healthy):
+        members = [r for r, i in m.ranks.items() if i.shard == shard]
+        return f"no healthy replica left for shard {shard} (ranks {members})"
     return None
 
 

@@ -1,0 +1,96 @@
+"""A manager that falls behind its queue must not take unread heartbeats for silence.
+
+A real :class:`ManagerServer` thread on 127.0.0.1 with two real agent DEALERs. The test holds
+the manager's lock (the thread stalls inside ``dispatch``, as a saturated or descheduled
+manager does) while one agent keeps heartbeating for longer than the silence timeout; with a
+drain budget of one frame the manager then decides between frames, with that agent's
+heartbeats still queued. Nothing is lost; an agent that really goes quiet still is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from ms_recover.config import JobConfig
+from ms_recover.events import EventLog
+from ms_recover.manager.server import ManagerServer
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec
+from ms_recover.testing.wait import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+JOB = "saturated"
+
+
+class Agent:
+    """A real agent DEALER: registers, then heartbeats on demand."""
+
+    def __init__(self, ctx: zmq.Context, srv: ManagerServer, node: int) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://127.0.0.1:{srv.port}")
+        self.codec = Codec(JOB, srv.config.effective_secret())
+        self.node, self.seq = node, 0
+
+    def send(self, msg: M.Message) -> None:
+        self.seq += 1
+        self.sock.send_multipart(self.codec.encode(msg, 0, f"agent:{self.node}", self.seq))
+
+    def hello(self) -> None:
+        self.send(M.AgentHello(self.node, "127.0.0.1", [self.node], 100 + self.node, False))
+
+    def beat(self) -> None:
+        self.send(M.AgentHeartbeat(self.node, {}, {}))
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[ManagerServer, zmq.Context]]:
+    cfg = JobConfig(
+        job_id=JOB, node_nums=2, proc_per_node=1, manager_port=0, heartbeat_s=0.1, liveness=2
+    )
+    srv = ManagerServer(cfg, events=EventLog(), bind="127.0.0.1")
+    srv.DRAIN_BUDGET = 1  # decide between any two frames, as a saturated manager does
+    thread = srv.start_thread()
+    ctx = zmq.Context()
+    yield srv, ctx
+    srv.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    ctx.destroy(linger=0)
+
+
+def _lost(srv: ManagerServer) -> list[int]:
+    return [e["node_rank"] for e in srv.events.recent("fault") if e["kind"] == "node_lost"]
+
+
+def test_heartbeats_queued_behind_a_stalled_manager_are_not_silence(running) -> None:
+    srv, ctx = running
+    a0, a1 = Agent(ctx, srv, 0), Agent(ctx, srv, 1)
+    a0.hello()
+    a1.hello()
+    wait_for(lambda: all(a.registered for a in srv.model.agents.values()), 10, "both agents")
+    stall_s = 4 * srv.config.silence_s
+    with srv._lock:  # the manager thread stalls in dispatch of agent 1's next frame
+        seen = srv.frames_in
+        a1.beat()
+        wait_for(lambda: srv.frames_in > seen, 10, "the manager to block on agent 1's beat")
+        end = time.monotonic() + stall_s
+        while time.monotonic() < end:  # agent 0 keeps its heartbeat while nobody reads it
+            a0.beat()
+            time.sleep(srv.config.heartbeat_s)  # the agent's heartbeat period, not a wait
+        queued = a0.seq - 1
+    wait_for(lambda: srv.frames_in >= seen + 1 + queued, 10, "the queued heartbeats to be read")
+    with srv._lock:
+        assert _lost(srv) == []
+        assert srv.model.agents[0].alive and srv.model.agents[1].alive
+    # Silence is still silence: agent 1 stops beating while agent 0 goes on.
+    deadline = time.monotonic() + 10
+    while not _lost(srv) and time.monotonic() < deadline:
+        a0.beat()
+        time.sleep(srv.config.heartbeat_s)  # the heartbeat period, not a wait
+    assert _lost(srv) == [1]
