@@ -18,19 +18,18 @@ from typing import Any
 import zmq
 
 from ms_recover.config import JobConfig
-from ms_recover.errors import CommError, ProtocolError
-from ms_recover.manager import divergence
+from ms_recover.errors import ProtocolError
 from ms_recover.manager.acks import FastAcks
 from ms_recover.manager.cadence import Cadence, SharedBeat
-from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
-from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, Restore
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.manager.strategies.registry import config_problems
+from ms_recover.manager.workers import Handler, WorkerHandlers
 from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
@@ -45,12 +44,6 @@ from ms_recover.protocol.transport import (
 )
 
 log = logging.getLogger("ms_recover.manager")
-
-#: WorkerFault kinds after which the rank's state cannot be trusted (repaired under retry).
-CORRUPTING = frozenset({"corrupt", "device_memory"})
-#: WorkerFault kinds after which the rank cannot redo its step (MindSpore's RS_UNKNOWN):
-#: the rank stays reachable, but ``retry`` no longer applies.
-FATAL = frozenset({"fatal"})
 
 INSECURE_WARNING = (
     "INSECURE: no job secret, so anyone who can reach port %d can drive this job (frames are "
@@ -102,7 +95,6 @@ class ManagerServer:
         self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)
         self.slots = Slots(config.agent_heartbeat_s, config.proc_per_node)
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
-        self._rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
         self._seq = 0
         self.cadence = Cadence(self.model, tick_s)
         self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
@@ -118,22 +110,15 @@ class ManagerServer:
         self.frames_in = 0
         self.frames_out = 0
         self._lock = threading.Lock()
-        self._handlers: dict[type[M.Message], Callable[[bytes, Envelope, Any], None]] = {
+        self.workers = WorkerHandlers(
+            config, self.model, self.slots, self.events, self.drops, clock, self._send
+        )
+        self._handlers: dict[type[M.Message], Handler] = {
             M.AgentHello: self._on_agent_hello,
             M.AgentHeartbeat: self._on_agent_heartbeat,
             M.RankExited: self._on_rank_exited,
             M.RelayUp: self._on_relay_up,
-            M.WorkerHello: self._on_worker_hello,
-            M.WorkerHeartbeat: self._on_worker_heartbeat,
-            M.GroupCreated: self._on_group,
-            M.Stopped: self._on_stopped,
-            M.StateDigest: self._on_state_digest,
-            M.Rebuilt: self._on_rebuilt,
-            M.Repaired: self._on_repaired,
-            M.WorkerFault: self._on_worker_fault,
-            M.WorkerDone: self._on_worker_done,
-            M.Dumped: self._on_dumped,
-            M.StatusRequest: self._on_status,
+            **self.workers.handlers(),
         }
         self.events.write(
             "manager_start",
@@ -179,7 +164,7 @@ class ManagerServer:
         try:
             self.executor.execute(decide(self.model, self.clock()))
             for ident, env in self.slots.take_released():
-                self._on_worker_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
+                self.workers.on_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
             self._failing_since = None
         except Exception as exc:
             self.errors.drop(f"decide/execute failed: {type(exc).__name__}: {exc}", "-", exc)
@@ -336,9 +321,9 @@ class ManagerServer:
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
         self.slots.agent_registered(msg.node_rank, env.nonce)  # its held ranks: after decide
-        rejoin = self._rejoin_asked.pop(ident, None) is not None or env.epoch > 0
+        rejoin = self.workers.rejoin_asked.pop(ident, None) is not None or env.epoch > 0
         if rejoin:
-            self._note_rejoin(env.epoch, None)
+            self.workers.note_rejoin(env.epoch, None)
         self._send(ident, M.AgentWelcome(True, ""))
         self.events.write(
             "member",
@@ -368,7 +353,7 @@ class ManagerServer:
             log.debug("ignoring agent of node %d: it was told to exit or declared lost", node_rank)
             return False
         if agent is not None and node_rank not in self._agent_ids:
-            self._ask_to_rejoin(ident, f"agent of node {node_rank}")
+            self.workers.ask_to_rejoin(ident, f"agent of node {node_rank}")
             return False
         if agent is None or not agent.alive or self._agent_ids.get(node_rank) != ident:
             self.drops.drop(f"message from unregistered agent of node {node_rank}", repr(ident))
@@ -465,186 +450,3 @@ class ManagerServer:
             signal=msg.signal,
             expected=True,
         )
-
-    # ------------------------------------------------------------------ worker handlers
-    def _on_worker_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
-        m, now = self.model, self.clock()
-        if self.slots.hold_worker(msg.node_rank, (ident, env)):  # decided with its agent's claim
-            return
-        reason = self._reject_worker(msg, env.nonce)
-        if reason:
-            self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
-            log.warning("rejected worker: %s", reason)
-            self.events.write("reject", epoch=m.epoch, rank=msg.rank, reason=reason)
-            return
-        info = m.ranks[msg.rank]
-        if env.epoch > 0:
-            self._note_rejoin(env.epoch, msg.rank)
-        self._rejoin_asked.pop(ident, None)
-        info.registered = info.alive = True
-        info.identity, info.pid, info.incarnation = ident, msg.pid, msg.incarnation
-        info.endpoint, info.shard, info.committed_step = (
-            msg.data_endpoint,
-            msg.shard,
-            msg.committed_step,
-        )
-        info.endpoint_epoch = m.epoch
-        self.slots.rank_nonce[msg.rank] = env.nonce
-        info.last_seen = info.last_progress = now
-        info.acks, info.repair_failure, info.done, info.exit_code = {}, None, False, None
-        info.waits = info.released = False
-        info.digests = {}  # the old incarnation's digests say nothing about this process
-        reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
-        self._send(
-            ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire())
-        )
-        if m.state is JobState.STOPPING and not reboot:
-            self._send(ident, M.Stop("joining during recovery"))
-        self.events.write(
-            "member",
-            epoch=m.epoch,
-            role="worker",
-            rank=msg.rank,
-            pid=msg.pid,
-            incarnation=msg.incarnation,
-            reboot=reboot,
-            rejoin=env.epoch > 0,
-        )
-
-    def _reject_worker(self, msg: M.WorkerHello, nonce: int) -> str:
-        """Why a registration is refused, or "" (the slot rule: see :mod:`.slots`)."""
-        world = self.config.world_size
-        if not 0 <= msg.rank < world:
-            return f"rank {msg.rank} is outside the world 0..{world - 1}"
-        expected = self.config.node_of(msg.rank)
-        if msg.node_rank != expected:
-            return f"rank {msg.rank} belongs to node {expected}, not node {msg.node_rank}"
-        info = self.model.ranks[msg.rank]
-        if self.slots.rank_taken(msg.rank, info.alive, info.pid, msg.pid, nonce):
-            return f"rank {msg.rank} is already registered by pid {info.pid}"
-        return ""
-
-    def _note_rejoin(self, epoch: int, rank: int | None) -> None:
-        """A member of a running job registered again (at ``epoch`` > 0): this manager was
-        restarted. While still FORMING, adopt the job's epoch and rebuild the view from the
-        members (:func:`~ms_recover.manager.phases._restoring` decides when it is complete)."""
-        m = self.model
-        if m.state is not JobState.FORMING or m.round is not None:
-            return
-        if m.restore is None:
-            m.restore = Restore(self.clock())
-            log.warning("members of a running job re-register: this manager was restarted")
-            self.events.write("manager_restore", epoch=epoch)
-        m.epoch = max(m.epoch, epoch)
-        if rank is not None:
-            m.restore.epochs[rank] = epoch
-
-    def _ask_to_rejoin(self, ident: bytes, who: str) -> None:
-        """A signed frame from a member this manager never registered (it was restarted):
-        ask it to register again, at most once per heartbeat interval per identity."""
-        now = self.clock()
-        if now - self._rejoin_asked.get(ident, -1e18) < self.config.heartbeat_s:
-            return
-        self._rejoin_asked[ident] = now
-        log.info("asking the %s to register again", who)
-        self._send(ident, M.Rejoin(f"manager restarted: {who} must register again"))
-
-    def _worker(self, ident: bytes, rank: int) -> Any:
-        info = self.model.ranks.get(rank)
-        if info is not None and not info.registered:
-            self._ask_to_rejoin(ident, f"rank {rank}")
-            return None
-        if info is None or not info.alive or info.identity != ident:
-            self.drops.drop(f"message from unregistered rank {rank}", repr(ident))
-            return None
-        info.last_seen = self.clock()
-        return info
-
-    def _current(self, env: Envelope, what: str) -> bool:
-        if env.epoch != self.model.epoch:
-            self.drops.drop(
-                f"stale {what} of epoch {env.epoch} (now {self.model.epoch})", env.sender
-            )
-            return False
-        return True
-
-    def _on_worker_heartbeat(self, ident: bytes, env: Envelope, msg: M.WorkerHeartbeat) -> None:
-        info = self._worker(ident, msg.rank)
-        if info is not None and msg.committed_step > info.committed_step:
-            info.committed_step, info.last_progress = msg.committed_step, self.clock()
-
-    def _on_group(self, ident: bytes, env: Envelope, msg: M.GroupCreated) -> None:
-        if self._worker(ident, msg.rank) is None:
-            return
-        try:
-            if self.model.group_log.add(msg.name, msg.ranks):
-                self.events.write("group", epoch=self.model.epoch, name=msg.name, ranks=msg.ranks)
-        except CommError as exc:
-            log.warning("rank %d: %s", msg.rank, exc)
-            return
-        reply = peers_of_group(self.model, msg.rank, msg.name, msg.ranks)
-        if reply is not None:  # the rank waits for it before its first call on the group
-            self._send(ident, reply)
-
-    def _on_stopped(self, ident: bytes, env: Envelope, msg: M.Stopped) -> None:
-        info = self._worker(ident, msg.rank)
-        if info is not None and self._current(env, "stopped"):
-            info.ack(Ack.STOP, env.epoch)
-            info.committed_step = msg.committed_step
-            info.stop_digest = msg.digest
-
-    def _on_state_digest(self, ident: bytes, env: Envelope, msg: M.StateDigest) -> None:
-        """Steady-state replica check (see :func:`~ms_recover.manager.divergence.on_digest`):
-        a minority that differs becomes a ``diverged`` fault, decided on at the next tick."""
-        if self._worker(ident, msg.rank) is None:
-            return
-        m = self.model
-        for verdict in divergence.on_digest(m, msg.rank, msg.step, msg.digest, self.clock()):
-            log.warning("epoch=%d %s", m.epoch, verdict.reason)
-            self.events.write(
-                verdict.record().EVENT, epoch=m.epoch, state=m.state.value, **verdict.fields()
-            )
-
-    def _on_rebuilt(self, ident: bytes, env: Envelope, msg: M.Rebuilt) -> None:
-        info = self._worker(ident, msg.rank)
-        if info is not None and self._current(env, "rebuilt"):
-            info.ack(Ack.REBUILD, env.epoch)
-
-    def _on_repaired(self, ident: bytes, env: Envelope, msg: M.Repaired) -> None:
-        info = self._worker(ident, msg.rank)
-        if info is None or not self._current(env, "repaired"):
-            return
-        if msg.ok:
-            info.ack(Ack.REPAIR, env.epoch, msg.attempt)
-            info.committed_step = msg.committed_step
-        else:
-            info.repair_failure = (msg.attempt, msg.failed_peer, msg.reason)
-
-    def _on_worker_fault(self, ident: bytes, env: Envelope, msg: M.WorkerFault) -> None:
-        info = self._worker(ident, msg.rank)
-        if info is not None:
-            self.model.pending.append(
-                Fault(
-                    FaultKind.WORKER_FATAL if msg.kind in FATAL else FaultKind.WORKER_ERROR,
-                    info.node_rank,
-                    msg.rank,
-                    f"rank {msg.rank} {msg.kind}: {msg.message}",
-                    self.clock(),
-                    0.0,
-                    corrupt=msg.kind in CORRUPTING | FATAL,
-                )
-            )
-
-    def _on_dumped(self, ident: bytes, env: Envelope, msg: M.Dumped) -> None:
-        info = self._worker(ident, msg.rank)
-        if info is not None and self._current(env, "dumped"):
-            info.dump = msg.to_wire()
-
-    def _on_worker_done(self, ident: bytes, env: Envelope, msg: M.WorkerDone) -> None:
-        info = self._worker(ident, msg.rank)
-        if info is not None:
-            info.done, info.committed_step = True, max(info.committed_step, msg.committed_step)
-            info.waits = msg.waits  # it stays a member (a repair source) until the end
-
-    def _on_status(self, ident: bytes, env: Envelope, msg: M.StatusRequest) -> None:
-        self._send(ident, M.StatusReply(status_of(self.model, self.clock())))

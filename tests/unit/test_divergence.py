@@ -241,7 +241,7 @@ def test_agreeing_stopped_replicas_go_straight_on(make_job: MakeJob) -> None:
 def _digest(job: ServerJob, rank: int, step: int, digest: str) -> None:
     msg = M.StateDigest(rank, step, digest)
     env = Envelope("unit", job.model.epoch, f"rank:{rank}", 0, msg)
-    job.server._on_state_digest(f"r{rank}".encode(), env, msg)
+    job.server.workers.on_state_digest(f"r{rank}".encode(), env, msg)
 
 
 def test_a_steady_state_minority_becomes_a_diverged_fault_repaired_by_retry(
@@ -317,7 +317,7 @@ def test_a_restarted_rank_starts_with_no_digests(make_job: MakeJob) -> None:
     _digest(job, 3, 99, B)
     job.model.ranks[3].alive = False  # its process died; a new one registers
     hello = M.WorkerHello(3, 1, 4242, 1, "tcp://h3:9", -1, 0)
-    job.server._on_worker_hello(b"r3-new", Envelope("unit", 1, "rank:3", 0, hello), hello)
+    job.server.workers.on_hello(b"r3-new", Envelope("unit", 1, "rank:3", 0, hello), hello)
     assert job.model.ranks[3].alive and job.model.ranks[3].digests == {}
 
 
