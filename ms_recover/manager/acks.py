@@ -13,14 +13,13 @@ so an item that fails it is dropped with the general path's reason and nothing e
 
 Whatever else an item holds (a stale epoch, an unregistered rank, a bad body) is left to the
 general path, untouched: its drops, logs and answers (a ``Rejoin``) stay exactly those of the
-item's own frame. What is recorded is what ``ManagerServer._on_stopped`` / ``_on_rebuilt``
+item's own frame. What is recorded is what ``WorkerHandlers.on_stopped`` / ``on_rebuilt``
 record, with the same ``last_seen`` refresh, and the cadence hears the kind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import call
 from typing import Any
 
 from ms_recover.manager.cadence import Cadence
@@ -28,6 +27,10 @@ from ms_recover.manager.model import Ack, JobModel, RankInfo
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import MAX_SENDER, DropLog, field_checks
 from ms_recover.protocol.replay import ReplayGuard
+
+
+def _call(test: Callable[[Any], bool], value: Any) -> bool:
+    return test(value)  # operator.call, which Python 3.10 (still supported) lacks
 
 
 def _stopped(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
@@ -90,7 +93,7 @@ class FastAcks:
             return False
         cls, names, order, tests, record = checks
         # Every field's compiled check, in one C-level pass: all(test(body[name]) ...).
-        if body.keys() != names or not all(map(call, tests, map(body.__getitem__, order))):
+        if body.keys() != names or not all(map(_call, tests, map(body.__getitem__, order))):
             return False
         rank = body["rank"]
         info = self.model.ranks.get(rank)
