@@ -127,7 +127,8 @@ class Job:
             self.model.ranks[rank].ack(phase, self.model.epoch, attempt)
 
     def stopped(self, ranks: Any, step: int) -> None:
-        """Survivors answer Stop with their committed step (what ``WorkerHandlers.on_stopped`` records)."""
+        """Survivors answer Stop with their committed step (what
+        ``WorkerHandlers.on_stopped`` records)."""
         for rank in ranks:
             info = self.model.ranks[rank]
             info.ack(Ack.STOP, self.model.epoch)
