@@ -265,38 +265,47 @@ class _Exchange:
         if not room:
             return False
         pos = self.got % self.ring_bytes
-        try:
-            n = self.sock.recv_into(self.dst[pos : pos + min(self.frame_end - self.got, room)])
-        except BlockingIOError:
+        n = self._read(
+            self.sock.recv_into, self.dst[pos : pos + min(self.frame_end - self.got, room)]
+        )
+        if n is None:
             return False
+        self._landed(n)
+        return True
+
+    def _read(self, recv: Callable[[Any], int], into: Any) -> int | None:
+        """``recv(into)``: None if nothing has arrived; a closed or failed socket is the peer
+        gone."""
+        try:
+            n = recv(into)
+        except BlockingIOError:
+            return None
         except OSError as exc:
             raise PeerGone from exc
         if n == 0:
             raise PeerGone
+        return n
+
+    def _landed(self, n: int) -> None:
+        """``n`` more payload bytes are in; sum what is whole (ends the frame at its end)."""
         self.got += n
         if self.got == self.frame_end:
             self.frame_end = 0
         self._add(self.got // self.flat.itemsize)
-        return True
 
     def _recv_head(self) -> bool:
         """Read a frame header; at its start, together with the payload it announces (one
         read for both, as both are usually here). A header of another call fails the call
         before any of its payload is used (what landed in ``out`` is then never returned)."""
         first = min(FRAME_MAX_BYTES, self.total - self.got, self._space())
-        try:
-            if self.head_got == 0:
-                pos = self.got % self.ring_bytes
-                payload = self.dst[pos : pos + first]
-                n = self.sock.recvmsg_into([self.head, payload])[0]
-            else:
-                n = self.sock.recv_into(memoryview(self.head)[self.head_got :])
-        except BlockingIOError:
+        if self.head_got == 0:
+            pos = self.got % self.ring_bytes
+            buffers = [self.head, self.dst[pos : pos + first]]
+            n = self._read(lambda b: self.sock.recvmsg_into(b)[0], buffers)
+        else:
+            n = self._read(self.sock.recv_into, memoryview(self.head)[self.head_got :])
+        if n is None:
             return False
-        except OSError as exc:
-            raise PeerGone from exc
-        if n == 0:
-            raise PeerGone
         extra = max(0, self.head_got + n - len(self.head))  # payload bytes read with it
         self.head_got += n - extra
         if self.head_got < FRAME.size:
@@ -308,10 +317,7 @@ class _Exchange:
         if size != len(self.head) or self.head_got == size:
             self.frame_end = self._frame_end(size)  # raises unless a frame of this call
             self.head_got = 0
-            self.got += extra
-            if self.got == self.frame_end:
-                self.frame_end = 0
-            self._add(self.got // self.flat.itemsize)
+            self._landed(extra)
         return True
 
     def _room(self) -> int:
