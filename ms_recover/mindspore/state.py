@@ -49,6 +49,7 @@ from numpy.typing import NDArray
 
 from ms_recover.errors import RepairError
 from ms_recover.mindspore.checkpoint import write_ckpt
+from ms_recover.worker import repair
 from ms_recover.worker.state import StateProvider
 
 RNG_KEY = "__rng__/default"
@@ -135,11 +136,20 @@ class MindSporeState:
 
     def state_dict(self) -> dict[str, NDArray[Any]]:
         """Every entry as a C-contiguous numpy copy, in a stable order."""
+        return self._arrays(copy=True)
+
+    def digest(self) -> str:
+        """:func:`repair.digest <ms_recover.worker.repair.digest>` of :meth:`state_dict`, the
+        same string, without copying the state first: ``asnumpy`` hands out the Parameters'
+        own buffers on CPU, read at once (a wide MLP's 13.5 MB digest: 6.1 -> 3.3 ms)."""
+        return repair.digest(self._arrays(copy=False))
+
+    def _arrays(self, copy: bool) -> dict[str, NDArray[Any]]:
         out = {
-            name: np.array(p.asnumpy(), order="C", copy=True) for name, p in self._params.items()
+            name: np.array(p.asnumpy(), order="C", copy=copy) for name, p in self._params.items()
         }
         if self._include_rng:
-            out[RNG_KEY] = np.array(mindspore.get_rng_state().asnumpy(), order="C", copy=True)
+            out[RNG_KEY] = np.array(mindspore.get_rng_state().asnumpy(), order="C", copy=copy)
         if self._extra is not None:
             for name, arr in self._extra.state_dict().items():
                 out[EXTRA_PREFIX + name] = np.asarray(arr, order="C")

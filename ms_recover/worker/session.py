@@ -44,7 +44,7 @@ from ms_recover.worker import repair
 from ms_recover.worker.dump import write_rank_dump
 from ms_recover.worker.link import ManagerLink
 from ms_recover.worker.phase import COMMANDS, Phase, check
-from ms_recover.worker.state import StateProvider
+from ms_recover.worker.state import StateProvider, state_digest
 
 log = logging.getLogger("ms_recover.worker")
 
@@ -459,7 +459,7 @@ class Session:
         return self.state
 
     def _digest(self) -> str:
-        return repair.digest(self.state.state_dict()) if self.state is not None else ""
+        return state_digest(self.state) if self.state is not None else ""
 
     def _exit(self, msg: M.Exit) -> None:
         log.warning("rank %d: manager says exit %d: %s", self.rank, msg.code, msg.reason)

@@ -22,8 +22,9 @@ from ms_recover.errors import CommError, Interrupted, RepairError  # noqa: E402
 from ms_recover.mindspore.state import MindSporeState  # noqa: E402
 from ms_recover.mindspore.step import DataParallelStep  # noqa: E402
 from ms_recover.testing.floats import bit_diff, special_values  # noqa: E402
-from ms_recover.worker.repair import pack, unpack  # noqa: E402
+from ms_recover.worker.repair import digest, pack, unpack  # noqa: E402
 from ms_recover.worker.sampler import make_dataset, shard_indices  # noqa: E402
+from ms_recover.worker.state import state_digest  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -240,6 +241,27 @@ def test_extra_provider_entries_are_namespaced_and_loaded_all_or_nothing() -> No
     with pytest.raises(RepairError, match="needs exactly 'step'"):
         state.load_state_dict(missing_extra)
     assert_same(state.state_dict(), changed)
+
+
+def test_digest_without_copies_is_the_digest_of_the_state_dict_and_follows_each_step() -> None:
+    # The replica check compares these strings across ranks: the no-copy digest must be the
+    # very string repair.digest gives the copied state, RNG and extra entries included.
+    net, opt = build()
+    state = MindSporeState(net, opt, include_rng=True, extra=Position())
+    step = DataParallelStep(net, LOSS, opt, jit=True)
+    seen = set()
+    for s in range(3):
+        assert state.digest() == digest(state.state_dict()) == state_digest(state)
+        seen.add(state.digest())
+        step(*batch(s))
+    assert len(seen) == 3  # every step changed it
+
+
+def test_state_digest_of_a_provider_without_its_own_digest() -> None:
+    extra = Position()
+    assert state_digest(extra) == digest({"step": np.array([5], np.int64)})
+    extra.step[0] = 6
+    assert state_digest(extra) == digest({"step": np.array([6], np.int64)})
 
 
 def test_identity_reduce_matches_plain_mindspore_train_steps_bit_for_bit() -> None:
