@@ -6,7 +6,7 @@ import argparse
 import subprocess
 import sys
 
-from ms_recover.bench import recovery, sparecost
+from ms_recover.bench import recoveryreport, sparecost
 from ms_recover.manager.records import PHASES
 from ms_recover.testing.wait import wait_for
 
@@ -70,7 +70,7 @@ def _sample(mttr: float) -> dict:
 
 
 def _restart() -> dict:
-    parts = {name: 1.0 for name, *_ in recovery.RESTART_PARTS}
+    parts = {name: 1.0 for name, *_ in recoveryreport.RESTART_PARTS}
     return {"restart_s": 10.0, "parts_median_over_ranks": parts}
 
 
@@ -86,7 +86,7 @@ def test_the_spare_row_carries_its_target_verdict_phases_and_cost():
     for mttrs, verdict in (([0.07, 0.11, 0.3], "PASS"), ([0.1, 0.2, 0.3], "MISS")):
         spare = {"step_s": 0.02, "samples": [_sample(m) for m in mttrs], "footprint": fp}
         base = {"step_s": 0.02, "samples": [_restart()] * 3}
-        rep = recovery._report(args, inplace, spare, base, "/tmp/x")
+        rep = recoveryreport.report(args, inplace, spare, base, "/tmp/x")
         rows = {m.name.strip(): m for m in rep.measures}
         row = rows["MTTR with 1 pre-warmed spare(s)/node, median of 3"]
         assert (row.target, row.verdict) == ("<= 0.15 s", verdict)
