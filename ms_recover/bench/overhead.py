@@ -240,10 +240,12 @@ def _interleaved(inter: dict[str, Any]) -> dict[str, Any]:
         diffs = [y - x for x, y in zip(cell_times, then, strict=True)]
         return float((statistics.median(diffs) + extra_s) / cell * 100)
 
-    # The resolution: the same statistic for (a) against (a), one ABBA pair apart.
-    evens, odds = a[0::2], a[1::2]
-    null = statistics.median(y - x for x, y in zip(evens[: len(odds)], odds, strict=True))
-    null = null / plain * 100
+    # The resolution: the same statistic for (a) against (a) two rounds apart. Rounds alternate
+    # the arms' order, so only every other round puts (a) at the same place in it: comparing
+    # adjacent rounds would measure the place (what the arm before it left running), not noise.
+    halves = (a[0::2], a[1::2])
+    same_place = [y - x for h in halves for x, y in zip(h[:-1], h[1:], strict=True)]
+    null = statistics.median(same_place) / plain * 100
     return {
         "steps": len(b),
         "cell_step_s": cell,
