@@ -61,8 +61,8 @@ ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is
 IOV_MAX = 64  # buffers handed to one sendmsg
 RECV_MAX = 256 << 10  # read at most this much at once, so it is still in cache when added
 SEND_AHEAD_BYTES = 512 << 10  # one thread sends at most this (at least 2 spans) past its adds
-# From this size a helper thread sends while this one receives. Off: the one thread in
-# lockstep with its adds was measured faster at every size on two cores.
+# From this size a helper thread sends while this one receives. Off: on a quiet two-core host
+# the one thread in lockstep with its adds was measured faster at every size.
 THREAD_MIN_BYTES = 1 << 62
 RING_BYTES = 1 << 20  # larger calls and in place: the peer's values wait in a ring of about this
 SENDER_SLICE_MS = 50
@@ -141,11 +141,7 @@ class _Exchange:
         """Where the result goes (``out``) and where the peer's bytes land (``recv``)."""
         self.out = np.empty_like(self.flat) if into is None else into
         self.inplace = into is not None and np.may_share_memory(into, self.flat)  # cheap
-        if (
-            into is not None
-            and self.inplace
-            and (spare is None or not _same_start(into, self.flat))
-        ):
+        if self.inplace and (spare is None or self.out.ctypes.data != self.flat.ctypes.data):
             raise AssertionError("a lane exchange into memory that overlaps its input elsewhere")
         span_bytes = self.span * self.flat.itemsize  # the ring holds whole spans
         ring = self.span * max(1, RING_BYTES // span_bytes)
@@ -425,10 +421,6 @@ class _Exchange:
             self.added = b
             if self.outbox and b < ready and not self.sending:
                 self._send()
-
-
-def _same_start(a: NDArray[Any], b: NDArray[Any]) -> bool:
-    return bool(a.ctypes.data == b.ctypes.data)
 
 
 def _halve(values: NDArray[Any]) -> None:

@@ -1,10 +1,11 @@
 """The two-rank lane writing the result where the caller wants it (``allreduce(out=)``).
 
-Into another buffer the peer's values are received straight into ``out``; in place (``out`` the
-input, as GraphStep reduces a bucket) they land in the lane's kept receive buffer and a span is
-summed into the input only once this rank has sent it. Every way gives the plain allreduce's
-bits on both ranks, NaN payloads included, across frames, spans and reads cut small, on the
-one-thread and the sender-thread path.
+Into another buffer the peer's values are received straight into ``out`` up to the ring's size
+and into the lane's kept ring above it; in place (``out`` the input, as GraphStep reduces a
+bucket) they land in the ring at any size, and a span is summed into the input only once this
+rank has sent it. The one thread sends at most its lead past its adds. Every way gives the plain
+allreduce's bits on both ranks, NaN payloads included, across frames, spans and reads cut
+small, on the one-thread and the sender-thread path.
 """
 
 from __future__ import annotations
