@@ -131,7 +131,7 @@ class HostBackend(CommBackend):
         self._seq: dict[str, int] = {}
         self._blind: dict[str, list[int]] = {}  # group -> peers it sends to with no endpoint
         self._built = False
-        self._lane_spare = RecvBuffer()  # the lane's in-place receive buffer
+        self._lane_spare = RecvBuffer()  # the lane's receive ring (in place, large calls)
         self._lane_results = Results()  # the lane's results of calls without out=
 
     def _after_send(self) -> None:
@@ -297,7 +297,7 @@ class HostBackend(CommBackend):
         if call.n == 2 and self._lanes is not None and self._lanes.has(call.peer(1)):
             deadline = None if self._link.timeout is None else time.monotonic() + self._link.timeout
             label = (call.group, call.seq, call.meta)
-            into, inplace = lane_target(flat, out, array)
+            into = lane_target(flat, out, array)
             fresh = self._lane_results.new_like(flat) if out is None else None
             result = laneexchange.exchange(
                 self._lanes,
@@ -308,7 +308,7 @@ class HostBackend(CommBackend):
                 self._after_send,
                 deadline,
                 fresh if into is None else into,
-                self._lane_spare if inplace else None,
+                self._lane_spare,
             )
             if out is not None and into is not None:
                 return out  # the lane wrote the result into it

@@ -5,8 +5,9 @@ glibc hands a block of 32 MiB or more straight from the kernel and gives it back
 new 64 MiB array is new pages every time, each faulted in and zeroed (about as much CPU as the
 allreduce's add). Two buffers are therefore kept per backend, training thread only:
 
-* :class:`RecvBuffer`: where the peer's values land in an in-place call (``out`` the input):
-  a ring of up to ``laneexchange.RING_BYTES``, kept and reused;
+* :class:`RecvBuffer`: where the peer's values land in an in-place call (``out`` the input)
+  and in any call larger than ``laneexchange.RING_BYTES``: a ring of up to that, kept and
+  reused;
 * :class:`Results`: the result array of the last call without ``out`` from
   :data:`POOL_MIN_BYTES`, handed out again once nothing but the pool refers to it: the caller
   dropped the array and every view of it (a view, a memoryview, an array made from its buffer
@@ -27,8 +28,8 @@ POOL_MIN_BYTES = 4 << 20  # smaller results come from malloc's own free lists, w
 
 
 class RecvBuffer:
-    """A receive buffer kept across in-place calls: grown to the largest size asked and then
-    reused, so an in-place call allocates nothing and touches no fresh page."""
+    """A receive buffer kept across calls: grown to the largest size asked and then reused,
+    so a call that receives into it allocates nothing and touches no fresh page."""
 
     def __init__(self) -> None:
         self._buf: NDArray[np.uint8] = np.empty(0, np.uint8)
@@ -71,20 +72,17 @@ class Results:
         self._owner = None
 
 
-def lane_target(
-    flat: NDArray[Any], out: NDArray[Any] | None, array: object
-) -> tuple[NDArray[Any] | None, bool]:
-    """Where the lane writes the result, and whether that is the input itself: ``out``
-    (flattened) when it is the input or does not overlap it; None (a new array, copied into
-    ``out`` afterwards) when it overlaps the input elsewhere (adding into it would change
-    what is still to be sent)."""
+def lane_target(flat: NDArray[Any], out: NDArray[Any] | None, array: object) -> NDArray[Any] | None:
+    """Where the lane writes the result: ``out`` (flattened) when it is the input (in place)
+    or does not overlap it; None (a new array, copied into ``out`` afterwards) when it
+    overlaps the input elsewhere (adding into it would change what is still to be sent)."""
     if out is None:
-        return None, False
+        return None
     if out is array:  # the common in-place call (GraphStep's): flat is out's own memory
-        return flat, True
+        return flat
     target = out.reshape(-1)  # a view: out is C-contiguous, of flat's dtype and size
     if not np.may_share_memory(target, flat):  # cheap: compares bounds only
-        return target, False
+        return target
     if target.ctypes.data == flat.ctypes.data:  # same start, dtype, size, both contiguous
-        return target, True
-    return None, False
+        return target
+    return None

@@ -1,29 +1,35 @@
 """The two-member allreduce over a lane: one full-duplex exchange, added as it arrives.
 
-Each member sends its whole buffer to the other, straight from the caller's array, and
-receives the other's straight into the output array (the caller's ``out``, or a new array);
-as whole elements land they are added in place, in spans of :data:`ADD_SPAN_BYTES` (still in
-cache from the receive), always the lower rank's values first. So both members hold the same
-bits, NaN payloads included, and a rerun gives the same bits. MEAN halves each span's sum
-once, on both members alike: the same bits as dividing the whole sum by two afterwards.
+Each member sends its whole buffer to the other, straight from the caller's array, and adds
+the other's as it arrives, in spans of :data:`ADD_SPAN_BYTES`, always the lower rank's values
+first. So both members hold the same bits, NaN payloads included, and a rerun gives the same
+bits. MEAN halves each span's sum once, on both members alike: the same bits as dividing the
+whole sum by two afterwards.
 
-In place (``out`` the input itself, as a training step reduces its gradient buffer): the
-peer's values land in a ring of about :data:`RING_BYTES` kept across calls
-(:mod:`~ms_recover.comm.lanebuffers`; small enough to stay in cache), and a span is summed
-into the input only once this member has sent it (the kernel has copied it), so the peer
-always gets the input as it was. A full ring waits for this member's sends; spans not sent yet
-when everything has arrived are summed once the send is done. No deadlock: of two members,
-at most one can be a full ring ahead of its own sends (the other then reads).
+Where the peer's values land: a call of at most :data:`RING_BYTES` receives them straight into
+the output (the caller's ``out``, or a new array) and adds in place there. A larger one
+receives them into a ring of about :data:`RING_BYTES` kept across calls
+(:mod:`~ms_recover.comm.lanebuffers`; small enough to stay in cache) and adds ring and input
+into the output: the kernel's copy then writes warm memory, and the output is written once.
+In place (``out`` the input itself, as a training step reduces its gradient buffer) the ring
+is used at any size, and a span is summed into the input only once this member has sent it
+(the kernel has copied it), so the peer always gets the input as it was.
 
-Below :data:`THREAD_MIN_BYTES` one thread does both directions with non-blocking sockets: it
-sends what the kernel takes, reads what has arrived, and polls only when neither made progress.
-From that size a helper thread sends while the caller's thread receives and adds (the kernel
-copies run without the GIL), as a threaded raw exchange does; the helper is joined before the
-call returns, and stops within :data:`SENDER_SLICE_MS` of an abort. A buffer small enough for
-the kernel's socket buffers (the 37 KB of a demo gradient) costs one send, one poll and one
-read. Nothing blocks on a full socket while the peer waits for us, so there is no deadlock at
-any size, and the bytes that cross each way are exactly the buffer's (plus a header of about
-40 bytes per :data:`FRAME_MAX_BYTES`).
+One thread does both directions with non-blocking sockets, in lockstep with its adds: it
+sends at most :data:`SEND_AHEAD_BYTES` (and at least two spans) past what it has summed, reads
+what has arrived, adds what is whole, and polls only when none of that made progress. The
+bytes it sends were just read (or are about to be added) and the bytes it adds just arrived,
+so both are still in cache: on two cores the exchange is CPU-bound, and that is what brings it
+near a raw socket exchange. No deadlock: a member held back by its lead waits for the peer's
+bytes, and the peer, whose lead is at least a span, always has a span to send (see
+:meth:`_Exchange.loop`). A buffer small enough for the kernel's socket buffers (the 37 KB of a
+demo gradient) costs one send, one poll and one read.
+
+From :data:`THREAD_MIN_BYTES` (off: no size reaches it; the code is kept and tested) a helper
+thread sends the whole buffer while the caller's thread receives and adds; the helper is joined
+before the call returns and stops within :data:`SENDER_SLICE_MS` of an abort. In place, a full
+ring then waits for the helper's sends. The bytes that cross each way are exactly the buffer's
+(plus a header of about 40 bytes per :data:`FRAME_MAX_BYTES`).
 
 On the wire a message is frames ``[FRAME header, group, meta, payload]``; the header carries
 the group's op sequence number and the payload's offset and size. Epoch and sender are the
@@ -53,9 +59,12 @@ FRAME_MAGIC = b"msrD"
 FRAME_MAX_BYTES = 64 << 20  # a message is cut into frames of at most this many bytes
 ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is left at the end)
 IOV_MAX = 64  # buffers handed to one sendmsg
-RECV_MAX = 1 << 20  # read at most this much at once, so it is still in cache when added
-THREAD_MIN_BYTES = 4 << 20  # from this size a helper thread sends while this one receives
-RING_BYTES = 4 << 20  # in place, the peer's values wait to be summed in a ring of about this
+RECV_MAX = 256 << 10  # read at most this much at once, so it is still in cache when added
+SEND_AHEAD_BYTES = 512 << 10  # one thread sends at most this (at least 2 spans) past its adds
+# From this size a helper thread sends while this one receives. Off: on a quiet two-core host
+# the one thread in lockstep with its adds was measured faster at every size.
+THREAD_MIN_BYTES = 1 << 62
+RING_BYTES = 1 << 20  # larger calls and in place: the peer's values wait in a ring of about this
 SENDER_SLICE_MS = 50
 
 
@@ -74,8 +83,9 @@ def exchange(
     call's (group, seq, signature). Raises Interrupted on abort, CommError otherwise.
 
     ``into``: a writeable 1-D array of ``flat``'s dtype and size that receives the result and
-    is returned: memory that does not overlap ``flat``, or with ``spare`` (where the peer's
-    values land meanwhile) ``flat`` itself. None: a new array. A call that raises may have
+    is returned: memory that does not overlap ``flat``, or (with ``spare``) ``flat``'s own.
+    None: a new array. ``spare``: the ring the peer's values land in, in place or above
+    :data:`RING_BYTES` (without it they land in the result). A call that raises may have
     written part of ``into`` (in place: of ``flat``): its contents are then undefined."""
     what = f"allreduce #{label[1]} on group {label[0]!r} with rank {peer}"
     try:
@@ -130,16 +140,15 @@ class _Exchange:
     def target(self, into: NDArray[Any] | None, spare: RecvBuffer | None) -> None:
         """Where the result goes (``out``) and where the peer's bytes land (``recv``)."""
         self.out = np.empty_like(self.flat) if into is None else into
-        self.inplace = spare is not None
-        if spare is not None:
-            if into is None or not np.may_share_memory(into, self.flat):  # cheap; host checks
-                raise AssertionError("a lane exchange with a RecvBuffer is one into its input")
-            span_bytes = self.span * self.flat.itemsize  # the ring holds whole spans
-            self.recv = spare.like(self.flat, self.span * max(1, RING_BYTES // span_bytes))
+        self.inplace = into is not None and np.may_share_memory(into, self.flat)  # cheap
+        if self.inplace and (spare is None or self.out.ctypes.data != self.flat.ctypes.data):
+            raise AssertionError("a lane exchange into memory that overlaps its input elsewhere")
+        span_bytes = self.span * self.flat.itemsize  # the ring holds whole spans
+        ring = self.span * max(1, RING_BYTES // span_bytes)
+        if spare is not None and (self.inplace or self.flat.size > ring):
+            self.recv = spare.like(self.flat, ring)
         else:
-            if into is not None and np.may_share_memory(into, self.flat):
-                raise AssertionError("a lane exchange into memory that overlaps its input")
-            self.recv = self.out
+            self.recv = self.out  # the peer's values land in the result, added there
         self.dst = self.recv.data.cast("B")
         self.ring, self.ring_bytes = self.recv.size, self.recv.nbytes
 
@@ -154,12 +163,21 @@ class _Exchange:
         return bufs
 
     def loop(self, deadline: float | None, what: str) -> NDArray[Any]:
+        """Send, receive and add until all is summed. A send held back by the lead waits for
+        an add, an add for bytes to arrive; it never waits for nothing: if this member cannot
+        add, it has less than a span it has not summed, so the peer has sent less than a span
+        past this member's adds, less than its lead past its own: it can send, and does."""
         if self.total >= THREAD_MIN_BYTES:
             return self._threaded(deadline, what)
         while self.outbox or self.got < self.total:
             if self._send() | self._recv():
                 continue
-            events = (select.POLLOUT if self.outbox else 0) | (
+            if self._ahead():  # everything arrived may be summed: the lead moves on
+                added = self.added
+                self._add(self.got // self.flat.itemsize)
+                if self.added != added:
+                    continue
+            events = (select.POLLOUT if self.outbox and not self._ahead() else 0) | (
                 select.POLLIN if self.got < self.total and self._room() else 0
             )
             self.lanes.wait(self.sock, events, deadline, what)
@@ -229,11 +247,38 @@ class _Exchange:
             with self.progress:
                 self.progress.notify()
 
+    def _ahead(self) -> bool:
+        """Whether the one thread has sent as far past its adds as it may."""
+        return not self.sending and self.sent >= self._send_limit()
+
+    def _send_limit(self) -> int:
+        """The payload offset the one thread may send up to: its lead past what it summed."""
+        lead = max(SEND_AHEAD_BYTES, 2 * self.span * self.flat.itemsize)
+        return min(self.total, self.added * self.flat.itemsize + lead)
+
+    def _sendable(self) -> list[memoryview]:
+        """The outbox's next buffers for one sendmsg: the helper's all; the one thread's up
+        to its send limit (a header goes with the payload after it)."""
+        if self.sending:
+            return [buf for buf, _ in self.outbox[:IOV_MAX]]
+        limit, bufs = self._send_limit(), []
+        for buf, end in self.outbox[:IOV_MAX]:
+            if end < 0:
+                bufs.append(buf)
+                continue
+            start = end - len(buf)
+            if start >= limit:
+                break
+            bufs.append(buf[: limit - start])
+            if end > limit:
+                break
+        return bufs
+
     def _send(self) -> bool:
-        if not self.outbox:
+        if not self.outbox or self._ahead():
             return False
         try:
-            sent = self.sock.sendmsg([buf for buf, _ in self.outbox[:IOV_MAX]])
+            sent = self.sock.sendmsg(self._sendable())
         except BlockingIOError:
             return False
         except OSError as exc:

@@ -1,10 +1,11 @@
 """The two-rank lane writing the result where the caller wants it (``allreduce(out=)``).
 
-Into another buffer the peer's values are received straight into ``out``; in place (``out`` the
-input, as GraphStep reduces a bucket) they land in the lane's kept receive buffer and a span is
-summed into the input only once this rank has sent it. Every way gives the plain allreduce's
-bits on both ranks, NaN payloads included, across frames, spans and reads cut small, on the
-one-thread and the sender-thread path.
+Into another buffer the peer's values are received straight into ``out`` up to the ring's size
+and into the lane's kept ring above it; in place (``out`` the input, as GraphStep reduces a
+bucket) they land in the ring at any size, and a span is summed into the input only once this
+rank has sent it. The one thread sends at most its lead past its adds. Every way gives the plain
+allreduce's bits on both ranks, NaN payloads included, across frames, spans and reads cut
+small, on the one-thread and the sender-thread path.
 """
 
 from __future__ import annotations
@@ -303,3 +304,60 @@ def test_in_place_through_another_view_of_the_input_is_in_place_too(make: Any) -
     assert [g is v for g, v in zip(got, views, strict=True)] == [True, True]
     assert {bits(v.reshape(-1)) for v in views} == {bits(plain[0])}
     assert [b._lane_spare._buf.nbytes for b in backends] == [168, 168], "the ring was used"
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_a_large_call_into_other_memory_lands_in_the_ring_a_small_one_in_the_result(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ring is 3 spans of 7 doubles (168 bytes): 21 doubles fit, 1001 do not.
+    landed: list[bool] = []  # per call: the peer's values landed in the result itself
+    real_target = laneexchange._Exchange.target
+
+    def target(self: laneexchange._Exchange, into: Any, spare: Any) -> None:
+        real_target(self, into, spare)
+        landed.append(np.shares_memory(self.recv, self.out))
+
+    monkeypatch.setattr(laneexchange._Exchange, "target", target)
+    backends = make(2)
+    for size, straight in ((21, True), (1001, False)):
+        xs = _nan_payloads(inputs(2, size, np.float64, seed=size))
+        for op in ("sum", "mean"):
+            landed.clear()
+            plain = run_all(backends, lambda b, op=op, xs=xs: b.allreduce(xs[b.rank], op))
+            outs = [np.full_like(x, 7.0) for x in xs]
+            _each_into(backends, xs, outs, op)
+            assert landed == [straight] * 4, (size, op)
+            assert {bits(a) for a in [*plain, *outs]} == {bits(plain[0])}
+            want = xs[0] + xs[1] if op == "sum" else (xs[0] + xs[1]) / 2
+            assert plain[0][2:].tobytes() == want[2:].tobytes()
+        ring = [b._lane_spare._buf.nbytes for b in backends]
+        assert ring == ([0, 0] if straight else [168, 168]), "the ring only from above its size"
+
+
+@pytest.mark.usefixtures("small_pieces")
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("into", ["out", "in place"])
+def test_one_thread_never_sends_more_than_its_lead_past_its_adds(
+    make: Any, monkeypatch: pytest.MonkeyPatch, op: str, into: str
+) -> None:
+    _path(monkeypatch, threaded=False)
+    monkeypatch.setattr(laneexchange, "SEND_AHEAD_BYTES", 0)  # the lead is its floor: 2 spans
+    leads: list[int] = []
+    real_send = laneexchange._Exchange._send
+
+    def send(self: laneexchange._Exchange) -> bool:
+        moved = real_send(self)
+        leads.append(self.sent - self.added * self.flat.itemsize)
+        return moved
+
+    monkeypatch.setattr(laneexchange._Exchange, "_send", send)
+    backends = make(2)
+    xs = _nan_payloads(inputs(2, 1001, np.float64, seed=8))
+    plain = run_all(backends, lambda b: b.allreduce(xs[b.rank], op))
+    leads.clear()
+    bufs = [x.copy() for x in xs]
+    outs = bufs if into == "in place" else [np.empty_like(x) for x in xs]
+    _each_into(backends, bufs, outs, op)
+    assert 0 < max(leads) <= 2 * 56, "at most 2 spans of 56 bytes past the adds"
+    assert {bits(o) for o in outs} == {bits(plain[0])}
