@@ -66,7 +66,7 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
         (M.WorkerHeartbeat.KIND, {"rank": 2**40, "committed_step": 1}, "rank"),
         (M.Resume.KIND, {"step": B.STEP_MAX + 1}, "step"),
         (M.KillRanks.KIND, {"ranks": [0, 2**33], "reason": ""}, "ranks"),
-        (M.AgentHeartbeat.KIND, {"node_rank": 0, "pids": {0: 2**40}, "steps": {}}, "pids"),
+        (M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": {0: B.STEP_MAX + 1}}, "steps"),
         (M.Exit.KIND, {"code": 2**40, "reason": ""}, "code"),
         (M.Exit.KIND, {"code": 1, "reason": "x" * (B.MAX_STR + 1)}, "reason"),
         (M.StateDigest.KIND, {"rank": 0, "step": B.STEP_MAX + 1, "digest": "ab"}, "step"),
