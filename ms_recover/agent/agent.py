@@ -150,7 +150,7 @@ class Agent:
                     break
                 if time.monotonic() >= next_beat:
                     steps = self.relay.take_steps() if self.relay is not None else {}
-                    beat = M.AgentHeartbeat(cfg.node_rank, self.ranks.pids(), steps)
+                    beat = M.AgentHeartbeat(cfg.node_rank, steps)
                     self.chan.send(beat, self._epoch)
                     next_beat = time.monotonic() + cfg.agent_heartbeat_s
                 self._wait(self.poll_s)

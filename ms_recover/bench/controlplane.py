@@ -64,6 +64,10 @@ TARGET_CPU_PCT = 10.0
 DEFAULT_HEARTBEAT_S = float(
     next(f.default for f in dataclasses.fields(JobConfig) if f.name == "heartbeat_s")  # type: ignore[arg-type]
 )
+#: How long agents wait for a silent manager (``JobConfig.lost_manager_grace_s``) at the job's
+#: defaults: the manager answers their heartbeats once per quarter of it, so the bench keeps it
+#: at the default while its long phase timeout (large scales form slowly here) would not.
+DEFAULT_GRACE_S = JobConfig().lost_manager_grace_s
 FULL_RANKS = 16384
 SIMULATED_RANKS = 65536  # beyond the targets: how the relay shape grows (DESIGN.md §1c)
 FDS_PER_SOCKET = 2  # the TCP connection and the socket's mailbox
@@ -138,7 +142,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     limit = _raise_fd_limit()
     default = "the job default" if args.heartbeat == DEFAULT_HEARTBEAT_S else "NOT the job default"
-    print(f"controlplane: heartbeat {args.heartbeat:g} s ({default}, {DEFAULT_HEARTBEAT_S:g} s)")
+    print(
+        f"controlplane: heartbeat {args.heartbeat:g} s ({default}, {DEFAULT_HEARTBEAT_S:g} s); "
+        f"agents' manager-silence grace {DEFAULT_GRACE_S:g} s (the job default, not the "
+        "bench's 900 s phase timeout)"
+    )
     scales, skipped = [], []
     for n in sorted(set(args.ranks)):
         sockets = n // args.ranks_per_agent + (n if args.direct else 0)
@@ -190,6 +198,7 @@ class _Scale:
             heartbeat_s=args.heartbeat,
             hang_timeout_s=3600.0,
             phase_timeout_s=900.0,
+            manager_grace_s=DEFAULT_GRACE_S,
             wait_reschedule_timeout_s=900.0,
             max_tries=1_000_000,
             manager_port=0,
@@ -519,6 +528,7 @@ def _report(
         "repeats": args.repeats,
         "heartbeat_s": args.heartbeat,
         "heartbeat_is_job_default": args.heartbeat == DEFAULT_HEARTBEAT_S,
+        "manager_grace_s": DEFAULT_GRACE_S,
         "form_timeout_s": args.form_timeout,
         "idle_window_s": args.idle,
         "fd_limit": fd_limit,
@@ -537,6 +547,10 @@ def _report(
         "(JobConfig.agent_heartbeat_s: three beats per silence window of heartbeat x liveness; "
         "a lost node is still declared one silence window after its last beat), ranks every "
         "heartbeat (to their agent).",
+        f"Agents' manager-silence grace {DEFAULT_GRACE_S:g} s, the job default "
+        "(JobConfig.lost_manager_grace_s; the bench's phase timeout is 900 s, which would "
+        "otherwise be the grace): the manager answers an agent's heartbeat once per quarter "
+        f"of it, about every {DEFAULT_GRACE_S / 4:g} s.",
         SHAPE_NOTE[bool(args.direct)],
         "Simulated agents and ranks run in a few local processes and answer at once; they share "
         "this host's cores with the manager, so the times are an upper bound for the manager.",

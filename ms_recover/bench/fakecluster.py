@@ -167,8 +167,7 @@ class FakeCluster:
         if not (m.alive and m.welcomed):
             return
         if m.is_agent:
-            pids = {r: x.pid for r, x in self.ranks.items() if x.node == m.node and x.alive}
-            self.send(m, M.AgentHeartbeat(m.node, pids))
+            self.send(m, M.AgentHeartbeat(m.node))
         else:
             self.send(m, M.WorkerHeartbeat(m.rank, m.committed))
 

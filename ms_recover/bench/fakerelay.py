@@ -113,7 +113,7 @@ class RelayCluster(FakeCluster):
             return
         ranks = [r for r in self.of_node[m.node] if r.alive]
         steps = {r.rank: r.committed for r in ranks if r.welcomed}
-        self.send(m, M.AgentHeartbeat(m.node, {r.rank: r.pid for r in ranks}, steps))
+        self.send(m, M.AgentHeartbeat(m.node, steps))
 
     # ------------------------------------------------------------------ down
     def peek(self, kind: bytes, payload: bytes) -> tuple[int, Any]:

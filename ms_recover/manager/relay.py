@@ -129,16 +129,18 @@ class ManagerRelay:
         the rank was heard, and its committed step only grows. Entries for other ranks (a
         rank not, or no longer, registered through this agent) are ignored: it registers
         again when asked (the agent passes a ``Rejoin`` on to its ranks)."""
-        now, ranks, heard = self._clock(), self.model.ranks, 0
+        if not steps:
+            return
+        now, get, heard = self._clock(), self.model.ranks.get, 0
         prefix = PREFIX + bytes([len(ident)]) + ident
         for rank, step in steps.items():
-            info = ranks.get(rank)
-            if info is None or not info.alive or not info.identity.startswith(prefix):
-                continue
-            heard += 1
-            info.last_seen = now
-            if step > info.committed_step:
-                info.committed_step, info.last_progress = step, now
+            info = get(rank)
+            if info is not None and info.alive and info.identity.startswith(prefix):
+                heard += 1
+                info.last_seen = now
+                if step > info.committed_step:
+                    info.committed_step = step
+                    info.last_progress = now
         self.items_in += heard
 
     # ------------------------------------------------------------------ down

@@ -349,6 +349,8 @@ class ManagerServer:
 
     def _agent_ok(self, ident: bytes, node_rank: int) -> bool:
         agent = self.model.agents.get(node_rank)
+        if agent is not None and agent.alive and self._agent_ids.get(node_rank) == ident:
+            return True  # the registered agent (the common case, checked first)
         if agent is not None and not agent.alive and self._agent_ids.get(node_rank) == ident:
             log.debug("ignoring agent of node %d: it was told to exit or declared lost", node_rank)
             return False
@@ -374,13 +376,15 @@ class ManagerServer:
         return self._agent_ok(ident, node_rank)
 
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
-        claim = self.slots.claimant(msg.node_rank, ident)
+        claims = self.slots.claims  # almost always empty: no slot-claim checks then
+        claim = self.slots.claimant(msg.node_rank, ident) if claims else None
         if claim is not None:  # the claimant: is the old one gone now?
             self._on_agent_hello(ident, claim[1], typing.cast(M.AgentHello, claim[1].msg))
             return
         if not self._agent_ok(ident, msg.node_rank):
             return
-        self._refuse_claims(msg.node_rank)
+        if claims:
+            self._refuse_claims(msg.node_rank)
         self.model.agents[msg.node_rank].last_seen = self.clock()
         self.relay.fold(ident, msg.steps)
         self.frames_out += self._beat.send(self._sock, ident)

@@ -33,11 +33,11 @@ class AgentHello(Message):
 
 @dataclasses.dataclass(frozen=True)
 class AgentHeartbeat(Message):
-    """agent -> manager: liveness, with the pid of every local rank still running (-1: none)."""
+    """agent -> manager: liveness. (It used to list every local rank's pid as well, which the
+    manager never read; a heartbeat in that layout is dropped as malformed and logged.)"""
 
     KIND: ClassVar[bytes] = b"agent_hb"
     node_rank: int
-    pids: dict[int, int]
     #: The committed step of each local rank heard since the agent's last heartbeat: the
     #: ranks' own heartbeats, folded in by the agent's relay (DESIGN.md §1c).
     steps: dict[int, int] = dataclasses.field(default_factory=dict)

@@ -39,12 +39,16 @@ class ReplayGuard:
                 self._seen.popitem(last=False)
         else:
             self._seen.move_to_end(sender)
-        last = nonces.get(nonce)
-        if last is not None and seq <= last:
-            self.replays += 1
-            return f"replayed or reordered frame: seq {seq} <= {last} for this incarnation"
+            last = nonces.get(nonce)
+            if last is not None:  # a known incarnation: the common case, one comparison
+                if seq <= last:
+                    self.replays += 1
+                    return f"replayed or reordered frame: seq {seq} <= {last} for this incarnation"
+                nonces[nonce] = seq
+                if len(nonces) > 1:  # keep the least recently used nonce first out
+                    nonces.move_to_end(nonce)
+                return ""
         nonces[nonce] = seq
-        nonces.move_to_end(nonce)
         if len(nonces) > self.max_nonces:
             nonces.popitem(last=False)
         return ""

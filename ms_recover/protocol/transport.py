@@ -44,8 +44,6 @@ _LAST = int(zmq.NOBLOCK)
 # backend's directly halves the cost of a frame, which a manager pays thousands of times a second.
 _send = zmq.backend.Socket.send
 _recv = zmq.backend.Socket.recv
-_get = zmq.backend.Socket.get
-_RCVMORE = int(zmq.RCVMORE)
 
 
 def send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
@@ -60,10 +58,15 @@ def send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
 
 def recv_frames(sock: zmq.Socket[bytes]) -> list[bytes]:
     """``sock.recv_multipart(zmq.NOBLOCK)``, the same way round: raises ``zmq.Again`` when
-    nothing is queued; a multipart message is delivered whole or not at all."""
-    frames = [_recv(sock, _LAST)]
-    while _get(sock, _RCVMORE):
-        frames.append(_recv(sock, _LAST))
+    nothing is queued; a multipart message is delivered whole or not at all. Each part's
+    "more" flag is read from the part itself (a ``zmq.Frame``), not by a ``getsockopt`` per
+    part, whose option argument pyzmq converts to an enum on every call: a two-part message
+    costs ~5 us instead of ~11."""
+    frame = _recv(sock, _LAST, False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, _LAST, False)
+        frames.append(frame.bytes)
     return frames
 
 

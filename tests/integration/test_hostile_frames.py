@@ -88,7 +88,7 @@ def _dropped(server: ManagerServer, frames: list[bytes]) -> bool:
 # ----------------------------------------------------------------------------- replays (#7)
 def test_a_replayed_agent_hello_is_dropped_and_takes_no_slot(server: ManagerServer) -> None:
     agents, ranks = _register(server)
-    agents[1].send(M.AgentHeartbeat(1, {2: 202, 3: 203}))
+    agents[1].send(M.AgentHeartbeat(1))
     replays = [agents[1].sent[0], agents[1].sent[-1], ranks[3].sent[0], agents[0].sent[0]]
     accepted = [f for f in replays if not _dropped(server, f)]
     assert accepted == []
@@ -123,10 +123,10 @@ def test_a_new_incarnation_is_refused_while_the_old_agent_speaks(
     impostor.send(M.AgentHello(1, "10.9.9.9", [2, 3], 666, False))
     assert server.model.agents[1].pid == 101 and not server.model.pending
     clock.t += server.config.heartbeat_s
-    agents[1].send(M.AgentHeartbeat(1, {2: 202, 3: 203}))  # the live agent is heard: refused
-    impostor.send(M.AgentHeartbeat(1, {}))
+    agents[1].send(M.AgentHeartbeat(1))  # the live agent is heard: refused
+    impostor.send(M.AgentHeartbeat(1))
     clock.t += 10 * server.config.heartbeat_s
-    impostor.send(M.AgentHeartbeat(1, {}))  # a refused claim is gone: silence proves nothing
+    impostor.send(M.AgentHeartbeat(1))  # a refused claim is gone: silence proves nothing
     assert server.model.agents[1].pid == 101 and not server.model.pending
     assert server.events.recent("reject")[-1]["node_rank"] == 1
 
@@ -144,7 +144,7 @@ def test_a_pod_recreated_before_its_loss_is_noticed_takes_over(
     assert server.model.agents[1].pid == 101  # not yet: the old one may still speak
     assert server.model.ranks[2].pid == 202  # its ranks' hellos wait with the claim
     clock.t += TAKEOVER_BEATS * server.config.agent_heartbeat_s  # two agent heartbeats
-    new.send(M.AgentHeartbeat(1, {2: 702, 3: 703}))  # silence is the evidence now
+    new.send(M.AgentHeartbeat(1))  # silence is the evidence now
     assert server.model.agents[1].pid == 777
     assert [f.kind for f in server.model.pending] == ["node_restarted"]
     server._decide_and_execute()  # the round that replaces ranks 2, 3 starts, then they join
@@ -204,6 +204,24 @@ def test_the_frames_that_ended_the_manager_are_dropped(server: ManagerServer) ->
     assert server.errors.total == 0
 
 
+def test_an_agent_heartbeat_in_the_old_layout_is_dropped_and_logged(
+    server: ManagerServer, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Heartbeats no longer list the node's pids (the manager never read them): one that
+    still does is malformed, dropped and logged, and does not count as the agent heard."""
+    _register(server)
+    heard = server.model.agents[1].last_seen
+    clock.t += 1.0
+    old = {"node_rank": 1, "pids": {2: 202, 3: 203}, "steps": {2: 4}}
+    frames = _signed(server, AGENT[1], b"agent_hb", _envelope(server, old, 7, sender="agent:1"))
+    with caplog.at_level("WARNING", logger="ms_recover.manager"):
+        assert _dropped(server, frames)
+    assert "agent_hb body must have exactly the fields ['node_rank', 'steps']" in caplog.text
+    assert server.model.agents[1].last_seen == heard
+    assert server.model.ranks[2].committed_step == -1
+    assert server.errors.total == 0
+
+
 _leaf = (
     st.none()
     | st.booleans()
@@ -220,7 +238,7 @@ _values = st.recursive(
 )
 _SAMPLES = {
     M.AgentHello.KIND: M.AgentHello(0, "127.0.0.1", [0, 1], 100, True),
-    M.AgentHeartbeat.KIND: M.AgentHeartbeat(0, {0: 200, 1: 201}, {0: 4, 1: 5}),
+    M.AgentHeartbeat.KIND: M.AgentHeartbeat(0, {0: 4, 1: 5}),
     M.RelayUp.KIND: M.RelayUp(
         0, [b"L1"], ["rank:1"], [5], [1], [0], ["worker_hb"], [{"rank": 1, "committed_step": 5}]
     ),

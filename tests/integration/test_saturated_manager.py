@@ -45,7 +45,7 @@ class Agent:
         self.send(M.AgentHello(self.node, "127.0.0.1", [self.node], 100 + self.node, False))
 
     def beat(self) -> None:
-        self.send(M.AgentHeartbeat(self.node, {}, {}))
+        self.send(M.AgentHeartbeat(self.node, {}))
 
 
 @pytest.fixture

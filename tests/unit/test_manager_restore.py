@@ -72,7 +72,7 @@ def job() -> Iterator[Restarted]:
 
 def test_unknown_members_are_asked_to_register_again(job: Restarted) -> None:
     job.feed(b"r2", M.WorkerHeartbeat(2, 40))
-    job.feed(b"a1", M.AgentHeartbeat(1, {2: 602, 3: 603}))
+    job.feed(b"a1", M.AgentHeartbeat(1))
     job.feed(b"r2", M.WorkerHeartbeat(2, 40))  # within one heartbeat interval: not again
     assert [(i, type(m)) for i, m in job.sent] == [(b"r2", M.Rejoin), (b"a1", M.Rejoin)]
 
@@ -165,7 +165,7 @@ def test_manager_grace_is_validated() -> None:
 def test_a_fault_waits_until_the_job_epoch_is_known(job: Restarted) -> None:
     """The agent (still at epoch 0: it had no beat since the job started) answers Rejoin and
     re-sends an exit before any rank is back: the round must not start at a stale epoch."""
-    job.feed(b"a0", M.AgentHeartbeat(0, {0: 600}))  # -> Rejoin
+    job.feed(b"a0", M.AgentHeartbeat(0))  # -> Rejoin
     job.agent(0, epoch=0)
     job.feed(b"a0", M.RankExited(0, 1, 601, 137, 9, job.t - 1))
     job.tick()

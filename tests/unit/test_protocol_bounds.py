@@ -42,12 +42,18 @@ def codec() -> Codec:
 def test_deep_nesting_is_a_protocol_error_not_a_recursion_error(codec: Codec, depth: int) -> None:
     # 1000 levels pass msgpack's own stack limit and made the error path's repr() recurse.
     welcome = {"ok": True, "reason": "", "reboot": False, "world_size": 2}
-    for frames in (
-        _signed(codec, M.Welcome.KIND, {**welcome, "group_log": [_nested(depth)]}),
-        _signed(codec, M.Resume.KIND, {"step": 1}, job_id=_nested(depth)),
-        _signed(codec, M.StatusReply.KIND, {"status": {"x": _nested(depth)}}),
+    for frames, why in (
+        (_signed(codec, M.Welcome.KIND, {**welcome, "group_log": [_nested(depth)]}), "nests"),
+        # A kind without untyped fields is not walked: a list where a str belongs is refused.
+        (_signed(codec, M.Resume.KIND, {"step": 1}, job_id=_nested(depth)), "job_id a list"),
+        (
+            _signed(codec, M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": {0: _nested(depth)}}),
+            "steps",
+        ),
+        (_signed(codec, M.Resume.KIND, {"step": 1}, seq=_nested(depth)), "'seq' must be int"),
+        (_signed(codec, M.StatusReply.KIND, {"status": {"x": _nested(depth)}}), "nests"),
     ):
-        with pytest.raises(ProtocolError, match="nests deeper than 8"):
+        with pytest.raises(ProtocolError, match=why):
             codec.decode(frames)
 
 
@@ -66,7 +72,7 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
         (M.WorkerHeartbeat.KIND, {"rank": 2**40, "committed_step": 1}, "rank"),
         (M.Resume.KIND, {"step": B.STEP_MAX + 1}, "step"),
         (M.KillRanks.KIND, {"ranks": [0, 2**33], "reason": ""}, "ranks"),
-        (M.AgentHeartbeat.KIND, {"node_rank": 0, "pids": {0: 2**40}, "steps": {}}, "pids"),
+        (M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": {0: B.STEP_MAX + 1}}, "steps"),
         (M.Exit.KIND, {"code": 2**40, "reason": ""}, "code"),
         (M.Exit.KIND, {"code": 1, "reason": "x" * (B.MAX_STR + 1)}, "reason"),
         (M.StateDigest.KIND, {"rank": 0, "step": B.STEP_MAX + 1, "digest": "ab"}, "step"),
