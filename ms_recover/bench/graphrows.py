@@ -1,9 +1,11 @@
 """``bench overhead``'s GRAPH_MODE rows: GraphStep's arms against a plain ``TrainOneStepCell``.
 
-The arms (:mod:`~ms_recover.mindspore.programs.overhead_train` ``--graph-mode``) run
-interleaved step by step in one process; each row is the median of the differences of
-adjacent steps, relative to the cell's median step. The (g) and (gb) rows carry DESIGN §8's
-targets: <= +10 % at the demo's ~1 ms step, <= +2 % at the wide MLP's ~10 ms one.
+The arms (:mod:`~ms_recover.mindspore.programs.overhead_graph`) run interleaved step by step
+in one process, each on its own model copy, in a fresh random order each round; each row is
+the median of the differences of the same round's steps, relative to the cell's median step.
+The null row (a second TrainOneStepCell) is the method's own noise. The (g) and (gb) rows
+carry DESIGN §8's targets: <= +10 % at the demo's ~1 ms step, <= +2 % at the wide MLP's
+~10 ms one.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         "gsession_pct": vs_cell("gsession") + digest_pct,
         "digest_pct": digest_pct,
         "gsession_halves_pct": [vs_cell("gsession", 0, half), vs_cell("gsession", half)],
+        "null_pct": vs_cell("null") if "null_times" in inter else None,
         "plain_pct": vs_cell("plain") if "plain_times" in inter else None,
         "floor_pct": vs_cell("floor") if "floor_times" in inter else None,
         "gcomm_pct": vs_cell("gcomm") if "gcomm_times" in inter else None,
@@ -65,6 +68,13 @@ def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measu
                 g["cell_step_s"] * 1e3,
                 "ms",
                 note=f"{g['elements']} gradient values",
+            ),
+            Measure(
+                f"{what}: null, a second TrainOneStepCell vs the first",
+                g["null_pct"],
+                "%",
+                note="the same step on another model copy: should read about 0; the "
+                "resolution of every row below",
             ),
             Measure(
                 f"{what}: (g) GraphStep, identity reduce, vs TrainOneStepCell",

@@ -39,11 +39,14 @@ AllReduce in the graph (:mod:`ms_recover.bench.vsmsrun`); DESIGN §8 wants ours 
 
 A second interleaved job runs in GRAPH_MODE (the baseline DESIGN §8 names: a GRAPH_MODE
 ``TrainOneStepCell``) against :class:`~ms_recover.mindspore.graphstep.GraphStep` (the whole step
-one compiled graph, the reduction a custom op inside it, on its own copy of the model): (g) with
-the identity reduce, (gb) under the session with ``session.allreduce``: the op path of a
-many-rank job, never skipped at one rank. ``--wide H`` runs a third one on a wider MLP
-(64-H-H-8, a step of about 10 ms here): DESIGN §8 wants <= +2 % there. In these GRAPH_MODE
-jobs every arm returns once its step has finished (the loss is read). Why not PyNative: there,
+one compiled graph, the reduction a custom op inside it): (g) with the identity reduce, (gb)
+under the session with ``session.allreduce``: the op path of a many-rank job, never skipped at
+one rank. ``--wide H`` runs a third one on a wider MLP (64-H-H-8, a step of about 10 ms here):
+DESIGN §8 wants <= +2 % there. In these GRAPH_MODE jobs every arm has its own model copy, the
+arms run in a fresh random order each round, two steps each, the second timed
+(:mod:`~ms_recover.mindspore.programs.overhead_graph`), a second plain TrainOneStepCell is the
+null row (the method's resolution), and every arm returns once its step has finished (the
+loss is read). Why not PyNative: there,
 waiting for a jit graph's scalar output costs 10-40 ms whenever another Python thread wakes up
 (the session's heartbeat thread does), for a plain TrainOneStepCell as much as for GraphStep
 (measured on MindSpore 2.10 CPU); GRAPH_MODE does not have that stall.

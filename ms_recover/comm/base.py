@@ -54,6 +54,8 @@ def check_out(array: NDArray[Any], out: object) -> NDArray[Any]:
 
 def same_buffer(a: NDArray[Any], b: NDArray[Any]) -> bool:
     """Whether ``a`` and ``b`` are the very same memory (start, shape, dtype and strides)."""
+    if a is b:  # the common case (out= the input): no attribute read at all
+        return True
     return bool(
         a.ctypes.data == b.ctypes.data
         and a.shape == b.shape

@@ -7,8 +7,9 @@ written library. The op hands the addresses of the gradient buffers the backward
 a :class:`ReduceSlot` through a ctypes callback; the slot reduces them in place, bucket by
 bucket (:func:`plan_buckets`), and the optimizer reads the reduced values from the same
 buffers. A gradient of at least ``inplace_bytes`` is reduced where it lies, with no copy at
-all when the reduction works in place; the smaller ones are gathered into staging buckets,
-reduced, and scattered back.
+all when the reduction works in place; the smaller ones are gathered into staging buckets by
+the op itself (a ``memcpy`` before the callback), reduced, and scattered back by the op once
+the callback has succeeded on every bucket.
 
 Why not ``func_type="pyfunc"``: its per-call cost was about 0.16 ms on this host (a demo step
 is about 0.5 ms); the ctypes callback costs a few tens of microseconds, mostly the GIL hand-over
@@ -51,7 +52,10 @@ _CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_int64,
     ctypes.POINTER(ctypes.c_void_p),
     ctypes.POINTER(ctypes.c_int64),
+    ctypes.c_int64,
 )
+SAME = 1  # the callback's flags: the same buffers as on the slot's previous call
+STAGED = 2  # the op gathered the small gradients into the slot's staging buffers
 # A gradient this large is reduced where it lies, in its own bucket. Gathering one into a
 # staging bucket and back is slow inside the graph (the buffers are cold there): on the
 # 64-1024-1024-8 MLP, staging its 256 KB first layer cost about 2 % of a 8.5 ms step. Each
@@ -122,6 +126,13 @@ def load_library() -> ctypes.CDLL:
             lib = ctypes.CDLL(str(build_library()))
             lib.msr_register.argtypes = [ctypes.c_int64, _CALLBACK, ctypes.c_int64, ctypes.c_int64]
             lib.msr_register.restype = ctypes.c_int
+            lib.msr_plan.argtypes = [
+                ctypes.c_int64,
+                ctypes.c_int64,
+                ctypes.POINTER(ctypes.c_int64),
+                ctypes.POINTER(ctypes.c_void_p),
+            ]
+            lib.msr_plan.restype = ctypes.c_int
             lib.msr_slots.restype = ctypes.c_int
             _lib = lib
         return _lib
@@ -174,7 +185,9 @@ class ReduceSlot:
     buffer. It returns an array of the same shape and dtype: ``buf`` itself, reduced in
     place, or a new array, which is then copied into the gradients. Results are written back
     only once every bucket has been reduced. It runs on a MindSpore kernel thread while the
-    caller's thread waits in the graph, with the caller's floating-point environment.
+    caller's thread waits in the graph, with the caller's floating-point environment. The
+    staging buffers are the slot's own, the same every step; the op fills them before the call
+    and scatters them back after it (:meth:`reduce_views` does both itself).
 
     If two gradients share memory (the backward pass may hand out one tensor twice), every
     bucket of that call is staged, so nothing is reduced twice; the calls of the reduction
@@ -196,6 +209,7 @@ class ReduceSlot:
         ]
         self._error: BaseException | None = None
         self._views: tuple[tuple[int, ...], list[FlatGrads], bool] = ((), [], False)
+        self._bufs: list[FlatGrads] | None = None  # each bucket's buffer, the op staging
         self._callback = _CALLBACK(self._call)  # kept alive as long as the slot
         with _lock:
             free = next((i for i in range(lib.msr_slots()) if i not in _slots), None)
@@ -204,6 +218,24 @@ class ReduceSlot:
             _slots[free] = self
         self.index = free
         lib.msr_register(free, self._callback, len(self.sizes), sum(self.sizes))
+        self._plan(lib)
+
+    def _plan(self, lib: ctypes.CDLL) -> None:
+        """Tell the op where it stages each small gradient (a place in its bucket's buffer)."""
+        k = len(self.sizes)
+        where = (ctypes.c_void_p * k)()
+        for bucket, stage in zip(self.buckets, self._stages, strict=True):
+            if stage is None:
+                continue  # reduced where it lies
+            off = 0
+            for i in bucket.members:
+                where[i] = stage.ctypes.data + 4 * off
+                off += self.sizes[i]
+        sizes = (ctypes.c_int64 * k)(*self.sizes)
+        if lib.msr_plan(self.index, k, sizes, where) != 0:
+            raise MsRecoverError(
+                f"the in-graph reduction refused the staging plan of slot {self.index}"
+            )
 
     @property
     def func(self) -> str:
@@ -215,19 +247,48 @@ class ReduceSlot:
         """The same op, but a reduction that raises sets its token to 1 instead of failing."""
         return f"{library_path()}:{FLAG_FUNC}"
 
-    def _call(self, _slot: int, k: int, ptrs: Any, sizes: Any) -> int:
+    def _call(self, _slot: int, k: int, ptrs: Any, sizes: Any, flags: int) -> int:
         # Never let an exception escape into ctypes: it would be printed and turned into 0.
         try:
-            self.reduce_views(*self._grads(k, ptrs, sizes))
+            if not flags & SAME:  # new buffers: every view of the old ones is stale
+                self._views, self._bufs = ((), [], False), None
+            if not flags & STAGED:  # two gradients overlap: stage every bucket here
+                self.reduce_views(*self._grads(k, ptrs, sizes))
+                return 0
+            bufs = self._bufs
+            if bufs is None:
+                bufs = self._bind(self._grads(k, ptrs, sizes)[0])
+            self._reduce_buffers(bufs)
             return 0
         except BaseException as exc:  # noqa: BLE001 - latched and re-raised by the caller
             self._error = exc
             return 1
 
+    def _bind(self, grads: Sequence[FlatGrads]) -> list[FlatGrads]:
+        """Each bucket's buffer when the op stages: its gradient's own, or its staging one."""
+        self._bufs = [
+            grads[b.members[0]] if stage is None else stage
+            for b, stage in zip(self.buckets, self._stages, strict=True)
+        ]
+        return self._bufs
+
+    def _reduce_buffers(self, bufs: Sequence[FlatGrads]) -> None:
+        """Reduce each bucket's buffer in place (the op stages and scatters the small ones);
+        a result returned as a new array is written only once every bucket has succeeded."""
+        fn = self.reduce_fn
+        late = []
+        for buf in bufs:
+            out = fn(buf)
+            if out is not buf:
+                _check(out, buf)
+                late.append((buf, out))
+        for buf, out in late:
+            np.copyto(buf, out)
+
     def _grads(self, k: int, ptrs: Any, sizes: Any) -> tuple[list[FlatGrads], bool]:
-        addrs = tuple(int(ptrs[i] or 0) for i in range(k))
-        if addrs == self._views[0]:
+        if self._views[0]:
             return self._views[1], self._views[2]  # a graph keeps its buffers between steps
+        addrs = tuple(int(ptrs[i] or 0) for i in range(k))
         got = [int(sizes[i]) for i in range(k)]
         if got != self.sizes or 0 in addrs:
             raise CommError(f"the op was given gradients of sizes {got}, not {self.sizes}")
@@ -273,6 +334,7 @@ class ReduceSlot:
                 lib.msr_register(self.index, _CALLBACK(), 0, 0)
                 del _slots[self.index]
         self._views = ((), [], False)
+        self._bufs = None
 
     def take_error(self) -> BaseException | None:
         """The exception the last failed reduction raised (cleared by this call), if any."""

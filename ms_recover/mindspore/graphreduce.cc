@@ -7,6 +7,13 @@
 // only output is a token the optimizer is made to depend on. No copy of the gradients into a
 // flat buffer and back, no output buffers to allocate: a gradient as large as a bucket is
 // reduced where the backward pass left it.
+// Small gradients are gathered into the slot's staging buffers (msr_plan: where each one goes)
+// here, before the callback, and scattered back only if the callback succeeded on every bucket:
+// a memcpy here costs far less than numpy slicing in the callback, and a failed reduction
+// leaves those gradients as the backward pass wrote them. The callback is told whether it got
+// the same buffers as on the previous call (a graph keeps its buffers between steps), so it
+// can reuse its views of them, and whether the op staged the small gradients itself (not when
+// two inputs overlap: the callback then stages every bucket, so nothing is reduced twice).
 // A nonzero return makes MindSpore abort the graph before anything after this op ran (the
 // optimizer consumes the gradients through the token); the Python side then rebuilds the
 // graph (MindSpore latches the failure in the old one).
@@ -14,20 +21,33 @@
 // The callback runs with the floating-point environment (MXCSR) of the thread that
 // registered the slot: MindSpore's kernel threads may have flush-to-zero set, and the
 // reduction must give the same bits as when Python calls it on its own thread.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 #include <xmmintrin.h>
 
 extern "C" {
 
-typedef int (*msr_callback)(int64_t slot, int64_t k, void *const *ptrs, const int64_t *sizes);
+// flags: bit 0, the same buffers (addresses and sizes) as on the slot's previous call;
+// bit 1, the op gathered the small gradients into the staging buffers of msr_plan.
+typedef int (*msr_callback)(int64_t slot, int64_t k, void *const *ptrs, const int64_t *sizes,
+                            int64_t flags);
+
+static const int64_t kMsrSame = 1;
+static const int64_t kMsrStaged = 2;
 
 struct MsrSlot {
   msr_callback cb;
   int64_t k;  // gradients the op must be given
   int64_t n;  // their total element count
   unsigned int mxcsr;
+  std::vector<int64_t> plan_sizes;  // msr_plan: each gradient's element count
+  std::vector<float *> stage;       // msr_plan: where each one is staged (null: in place)
+  std::vector<void *> last_ptrs;    // the previous call's buffers
+  std::vector<int64_t> last_sizes;
+  bool overlap;  // whether two of last_ptrs' buffers overlap
 };
 
 static const int64_t kMsrSlots = 256;
@@ -38,10 +58,27 @@ int msr_slots() { return static_cast<int>(kMsrSlots); }
 
 int msr_register(int64_t slot, msr_callback cb, int64_t k, int64_t n) {
   if (slot < 0 || slot >= kMsrSlots || k < 0 || k > kMsrMaxInputs) return 1;
-  g_msr_slots[slot].cb = cb;
-  g_msr_slots[slot].k = k;
-  g_msr_slots[slot].n = n;
-  g_msr_slots[slot].mxcsr = _mm_getcsr();
+  MsrSlot &s = g_msr_slots[slot];
+  s.cb = cb;
+  s.k = k;
+  s.n = n;
+  s.mxcsr = _mm_getcsr();
+  s.plan_sizes.clear();
+  s.stage.clear();
+  s.last_ptrs.clear();
+  s.last_sizes.clear();
+  s.overlap = false;
+  return 0;
+}
+
+// Where the op stages each of the slot's k gradients: stage[i] is a buffer of sizes[i] floats
+// (owned by the caller, alive until the slot is registered again), or null for a gradient
+// the callback reduces where it lies. Without a plan the op stages nothing.
+int msr_plan(int64_t slot, int64_t k, const int64_t *sizes, float *const *stage) {
+  if (slot < 0 || slot >= kMsrSlots || k != g_msr_slots[slot].k) return 1;
+  MsrSlot &s = g_msr_slots[slot];
+  s.plan_sizes.assign(sizes, sizes + k);
+  s.stage.assign(stage, stage + k);
   return 0;
 }
 
@@ -51,15 +88,29 @@ static int64_t msr_numel(int nd, const int64_t *shape) {
   return n;
 }
 
+static bool msr_overlap(const std::vector<void *> &ptrs, const std::vector<int64_t> &sizes) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (sizes[i] == 0) continue;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(ptrs[i]);
+    spans.emplace_back(lo, lo + static_cast<uintptr_t>(sizes[i]) * sizeof(float));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) return true;
+  }
+  return false;
+}
+
 // Return codes: 0 ok; 2 unknown slot; 3 the inputs are not the registered gradients (count or
-// total size); 4 not float32; 5 the callback failed (the Python side holds the exception).
+// sizes); 4 not float32; 5 the callback failed (the Python side holds the exception).
 static int msr_reduce(int nparam, void **params, int *ndims, int64_t **shapes,
                       const char **dtypes) {
   const int k = nparam - 2;  // params: slot, g_1 .. g_k, token
   if (k < 1 || k > kMsrMaxInputs) return 3;
   const int64_t slot = *static_cast<const int64_t *>(params[0]);
   if (slot < 0 || slot >= kMsrSlots || g_msr_slots[slot].cb == nullptr) return 2;
-  const MsrSlot &s = g_msr_slots[slot];
+  MsrSlot &s = g_msr_slots[slot];
   if (k != s.k) return 3;
   for (int i = 1; i < nparam; ++i) {
     if (std::strcmp(dtypes[i], "float32") != 0) return 4;
@@ -73,11 +124,34 @@ static int msr_reduce(int nparam, void **params, int *ndims, int64_t **shapes,
     total += sizes[i];
   }
   if (total != s.n) return 3;
+  const bool planned = !s.stage.empty();
+  if (planned && sizes != s.plan_sizes) return 3;  // a staging buffer would overflow
+  int64_t flags = 0;
+  if (ptrs == s.last_ptrs && sizes == s.last_sizes) {
+    flags |= kMsrSame;
+  } else {
+    s.overlap = msr_overlap(ptrs, sizes);
+    s.last_ptrs = ptrs;
+    s.last_sizes = sizes;
+  }
+  const bool staged = planned && !s.overlap;
+  if (staged) {
+    flags |= kMsrStaged;
+    for (int i = 0; i < k; ++i) {
+      if (s.stage[i] != nullptr) std::memcpy(s.stage[i], ptrs[i], sizes[i] * sizeof(float));
+    }
+  }
   const unsigned int saved = _mm_getcsr();
   _mm_setcsr(s.mxcsr);
-  const int rc = s.cb(slot, k, ptrs.data(), sizes.data());
+  const int rc = s.cb(slot, k, ptrs.data(), sizes.data(), flags);
   _mm_setcsr(saved);
-  return rc == 0 ? 0 : 5;
+  if (rc != 0) return 5;  // the staged gradients stay as the backward pass wrote them
+  if (staged) {
+    for (int i = 0; i < k; ++i) {
+      if (s.stage[i] != nullptr) std::memcpy(ptrs[i], s.stage[i], sizes[i] * sizeof(float));
+    }
+  }
+  return 0;
 }
 
 // Token 0; a failure of any kind fails the op, and MindSpore aborts the graph.

@@ -181,17 +181,30 @@ class GraphStep:
         self.net = net
         self.loss_fn = loss_fn
         self.optimizer = optimizer
-        self.reduce_fn: ReduceFn = reduce_fn or _identity
+        self._reduce_fn: ReduceFn = reduce_fn or _identity
         self.param_names = [p.name for p in params]
         self.layout = _Layout(params)
         self._warming = False
+        # The op calls reduce_fn itself (no wrapper: a Python frame per bucket costs several
+        # times more inside the graph than outside); warm-up swaps in the identity.
         self._slot = ReduceSlot(
             [int(np.prod(s, dtype=np.int64)) for s in self.layout.shapes],
-            self._reduce,
+            self._reduce_fn,
             inplace_bytes,
         )
         self._cell: Any = None
         self._warmed: set[tuple[tuple[tuple[int, ...], Any], ...]] = set()
+
+    @property
+    def reduce_fn(self) -> ReduceFn:
+        """Called on each bucket, every step; may be replaced between steps."""
+        return self._reduce_fn
+
+    @reduce_fn.setter
+    def reduce_fn(self, fn: ReduceFn) -> None:
+        self._reduce_fn = fn
+        if not self._warming:
+            self._slot.reduce_fn = fn
 
     @property
     def jit_enabled(self) -> bool:
@@ -236,9 +249,6 @@ class GraphStep:
         """Release the op's slot; the step must not be called afterwards."""
         self._slot.close()
 
-    def _reduce(self, flat: FlatGrads) -> FlatGrads:
-        return flat if self._warming else self.reduce_fn(flat)
-
     def _build(self) -> Any:
         loss_cell = _LossCell(self.net, self.loss_fn)
         cell: Any
@@ -276,9 +286,9 @@ class GraphStep:
         """Execute the graph once with the identity reduction, then restore the state exactly."""
         state = MindSporeState(self.net, self.optimizer, include_rng=True)
         saved = state.state_dict()
-        self._warming = True
+        self._warming, self._slot.reduce_fn = True, _identity
         try:
             self._run(cell, tensors)
         finally:
-            self._warming = False
+            self._warming, self._slot.reduce_fn = False, self._reduce_fn
         state.load_state_dict(saved)

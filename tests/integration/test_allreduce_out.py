@@ -46,6 +46,14 @@ def test_one_rank_in_place_copies_nothing_but_still_enters_the_call(
         got = b.allreduce(x, op, out=x)
         assert got is x and got.tobytes() == want
     assert copies == [] and b._seq["world"] == seq + 2  # numbered like any other call
+    read_only = x.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(CommError, match="got a read-only float32 array"):
+        b.allreduce(read_only, "mean", out=read_only)  # in place, still checked
+    ints = np.arange(6)
+    with pytest.raises(CommError, match="allreduce mean of dtype int64 is not supported"):
+        b.allreduce(ints, "mean", out=ints)
+    assert b._seq["world"] == seq + 2  # refused before it was numbered
     b.abort()
     with pytest.raises(Interrupted):  # the entry still runs: an aborted comm refuses it
         b.allreduce(x, "mean", out=x)

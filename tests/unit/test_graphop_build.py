@@ -73,6 +73,9 @@ def test_gradients_sharing_memory_are_reduced_once_and_written_only_after_every_
         small = np.zeros(4, np.float32)
         slot.reduce_views([mem, mem, small])  # the backward pass handed out one tensor twice
         assert mem.tolist() == [1.0] * 300 and small.tolist() == [1.0] * 4
+        assert _run_op(slot, [mem, mem, small]) == 0  # the op sees the overlap: Python stages
+        assert mem.tolist() == [2.0] * 300 and small.tolist() == [2.0] * 4
+        mem[:], small[:] = 1, 1
         other = np.zeros(300, np.float32)
 
         def fail_last(flat: np.ndarray) -> np.ndarray:
@@ -84,5 +87,63 @@ def test_gradients_sharing_memory_are_reduced_once_and_written_only_after_every_
         with pytest.raises(CommError):
             slot.reduce_views([mem, other, small])
         assert mem.tolist() == [1.0] * 300 and other.tolist() == [0.0] * 300
+    finally:
+        slot.close()
+
+
+def _run_op(slot: graphop.ReduceSlot, grads: list[np.ndarray]) -> int:
+    """Call the compiled op as MindSpore does: (slot, g_1 .. g_k) -> token."""
+    lib = graphop.load_library()
+    index = np.array(slot.index, np.int64)
+    token = np.zeros(1, np.float32)
+    arrays = [index, *grads, token]
+    n = len(arrays)
+    params = (ctypes.c_void_p * n)(*(a.ctypes.data for a in arrays))
+    ndims = (ctypes.c_int * n)(*(1 for _ in arrays))
+    dims = [(ctypes.c_int64 * 1)(a.size) for a in arrays]
+    shapes = (ctypes.POINTER(ctypes.c_int64) * n)(
+        *(ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)) for d in dims)
+    )
+    names = [b"int64", *(b"float32" for _ in grads), b"float32"]
+    dtypes = (ctypes.c_char_p * n)(*names)
+    fn = lib.MsrReduce
+    fn.restype = ctypes.c_int
+    return int(fn(n, params, ndims, shapes, dtypes, None, None))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this host")
+def test_the_op_stages_small_gradients_and_writes_them_back_only_if_every_bucket_succeeded() -> (
+    None
+):
+    seen: list[np.ndarray] = []
+    values: list[list[float]] = []
+
+    def double(flat: np.ndarray) -> np.ndarray:
+        seen.append(flat)
+        values.append(flat.tolist())
+        return flat * np.float32(2)  # a new array: written back once all buckets succeeded
+
+    slot = graphop.ReduceSlot([2, 300, 3], double, inplace_bytes=1200)
+    try:
+        assert [b.members for b in slot.buckets] == [(0, 2), (1,)]
+        small, big, tail = (np.arange(n, dtype=np.float32) + 1 for n in (2, 300, 3))
+        assert _run_op(slot, [small, big, tail]) == 0
+        assert values[0] == [1.0, 2.0, 1.0, 2.0, 3.0]  # gathered by the op, in order
+        assert small.tolist() == [2.0, 4.0] and tail.tolist() == [2.0, 4.0, 6.0]
+        assert big.tolist() == (np.arange(300, dtype=np.float32) * 2 + 2).tolist()
+        first = list(seen)
+
+        def fail_last(flat: np.ndarray) -> np.ndarray:
+            seen.append(flat)
+            if flat.size == 300:
+                raise CommError("peer gone")
+            flat *= np.float32(10)  # in place, in the staging buffer
+            return flat
+
+        slot.reduce_fn = fail_last
+        assert _run_op(slot, [small, big, tail]) == 5
+        assert isinstance(slot.take_error(), CommError)
+        assert small.tolist() == [2.0, 4.0] and tail.tolist() == [2.0, 4.0, 6.0]  # untouched
+        assert seen[2] is first[0] and seen[3] is first[1]  # the same buffers: views reused
     finally:
         slot.close()

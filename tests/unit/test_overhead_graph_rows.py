@@ -14,6 +14,7 @@ def _inter(hidden: int) -> dict[str, object]:
         "hidden": hidden,
         "graph_elements": 1124360,
         "cell_times": cell,
+        "null_times": [t + 0.00001 for t in cell],
         "floor_times": [t + 0.00005 for t in cell],
         "graph_times": [t + 0.0001 for t in cell],
         "gcomm_times": [t + 0.00015 for t in cell],
@@ -40,3 +41,5 @@ def test_the_gb_row_includes_the_digest_check_and_the_floor_row_has_no_target() 
     assert gc.value == pytest.approx(0.00015 / cell * 100) and gc.verdict == "-"
     floor = rows["demo MLP, GRAPH_MODE: floor, the op with an empty body, vs TrainOneStepCell"]
     assert floor.value == pytest.approx(0.00005 / cell * 100) and floor.verdict == "-"
+    null = rows["demo MLP, GRAPH_MODE: null, a second TrainOneStepCell vs the first"]
+    assert null.value == pytest.approx(0.00001 / cell * 100) and null.verdict == "-"

@@ -15,19 +15,14 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   (``ms-recover-link-R``) over the session steps. A fourth arm is what a user would run
   without ms_recover: MindSpore's own ``nn.TrainOneStepCell`` on a second copy of the model
   (same seed, same batches), its ``construct`` compiled whole with ``mindspore.jit`` (one
-  graph, as GRAPH_MODE compiles it). Two more arms run :class:`GraphStep` (the step as one
-  compiled graph, the reduction an op inside it) on a third copy of the model: ``graph`` with
-  the identity reduce, ``gsession`` under ``session.steps()`` / ``guard()`` with
-  ``session.allreduce(flat, "mean", out=flat)`` as the reduce (the op calls it; one rank:
-  nothing copied).
+  graph, as GRAPH_MODE compiles it).
   ``--graph-mode`` runs the process in GRAPH_MODE (the baseline the design names: a GRAPH_MODE
-  ``TrainOneStepCell``) with only the TrainOneStepCell and GraphStep arms, and ``floor``: a
-  TrainOneStepCell whose grad_reducer is GraphStep's op with an empty body (the fixed cost of
-  any in-graph op, :func:`~ms_recover.mindspore.graphstep.floor_cell`), and ``gcomm``:
-  GraphStep reducing with the backend's allreduce directly (the data plane, no session);
-  ``gskip``: GraphStep with ``on_failure="skip"`` (the graph branches around the optimizer),
-  identity reduce, on a fourth copy of the model. ``--hidden H`` swaps the demo MLP for a
-  wider one (64-H-H-8).
+  ``TrainOneStepCell``) with the arms of :mod:`~ms_recover.mindspore.programs.overhead_graph`
+  instead: TrainOneStepCell, a second one (the null arm), the op with an empty body, and
+  :class:`GraphStep` with the identity reduce, ``on_failure="skip"``, the backend's allreduce
+  and under the session, each its own graph on the session's model, in a random order each
+  round.
+  ``--hidden H`` swaps the demo MLP for a wider one (64-H-H-8).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
 
@@ -49,7 +44,8 @@ import numpy as np
 from mindspore import nn
 from numpy.typing import NDArray
 
-from ms_recover.mindspore.graphstep import GraphStep, floor_cell
+from ms_recover.mindspore.graphstep import GraphStep
+from ms_recover.mindspore.programs import overhead_graph
 from ms_recover.mindspore.programs.demo_train import (
     CLASSES,
     GLOBAL_BATCH,
@@ -58,7 +54,7 @@ from ms_recover.mindspore.programs.demo_train import (
     SEED,
 )
 from ms_recover.mindspore.programs.demo_train import build as build_demo
-from ms_recover.mindspore.state import MindSporeState, device_sync
+from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.worker.sampler import make_dataset, shard_indices
 
@@ -203,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             result["elements"] = step.num_elements
         else:
             assert isinstance(step, DataParallelStep)  # --graph-step is session mode only
-            result.update(_interleave(session, step, data, args))
+            result.update(_interleave(session, step, data, args, (net, loss_fn, optimizer)))
         _write(args.out, result)  # before finish(): the job ends, and its agent kills its ranks
         session.finish()
         return 0
@@ -218,10 +214,47 @@ def _write(out: str, result: dict[str, Any]) -> None:
 
 
 def _interleave(
-    session: Any, step: DataParallelStep, data: Data, args: argparse.Namespace
+    session: Any,
+    step: DataParallelStep,
+    data: Data,
+    args: argparse.Namespace,
+    model: tuple[Any, Any, Any],
 ) -> dict[str, Any]:
-    """Alternate single steps of (a), (a') and (b) on one DataParallelStep (one set of graphs),
-    in the order a, a', b and then b, a', a, so that each pair is compared both ways round.
+    """The interleaved job: the GRAPH_MODE arms (:mod:`.overhead_graph`) or the PyNative ones,
+    then the direct cost of ms_recover's per-step calls, timed alone."""
+    link_cpu = _link_cpu(session.rank)
+    steps = session.steps(1 << 62)
+    if args.graph_mode:
+        got = overhead_graph.interleave(session, steps, step, data, args, model, link_cpu)
+    else:
+        got = _interleave_pynative(session, steps, step, data, args, link_cpu)
+    # The direct cost of ms_recover's per-step calls, isolated from the step: one empty
+    # iteration of steps()/guard() (commit and safe point included) and one allreduce call on
+    # a buffer of the gradient's size. These commit empty steps, so they come last.
+    flat = np.ones(step.num_elements, np.float32)
+    got["calls"] = {
+        "allreduce_s": _median_call(lambda: session.allreduce(flat, "mean")),
+        "loop_s": _median_call(lambda: _empty_iteration(session, steps)),
+        # The replica check: a commit every digest_every_steps also digests the whole state
+        # (the median above hides it: it is one commit in that many).
+        "digest_s": _median_call(session._digest, 200),
+        "digest_every_steps": session.config.digest_every_steps,
+    }
+    steps.close()
+    return {**got, "hidden": args.hidden, "graph_mode": args.graph_mode}
+
+
+def _interleave_pynative(
+    session: Any,
+    steps: Any,
+    step: DataParallelStep,
+    data: Data,
+    args: argparse.Namespace,
+    link_cpu: Callable[[], float],
+) -> dict[str, Any]:
+    """Alternate single steps of the cell, (a), (a') and (b) on one DataParallelStep (one set
+    of graphs), in the order cell, a, a', b and then b, a', a, cell, so that each pair is
+    compared both ways round.
 
     (a) is the step with the identity reduce, called directly; (a') the same with the
     backend's allreduce (``session.comm.allreduce``: the data plane without the session);
@@ -229,56 +262,19 @@ def _interleave(
     passes the safe point) with ``guard()`` and ``session.allreduce`` as the reduce.
     """
     session_reduce = step.reduce_fn
-
-    # GraphStep's arms write the result into the bucket the op hands over (out=): at one rank
-    # the allreduce then copies nothing, and the op writes nothing back.
-    def graph_session_reduce(flat: NDArray[np.float32]) -> NDArray[np.float32]:
-        return session.allreduce(flat, "mean", out=flat)  # type: ignore[no-any-return]
-
-    def graph_comm_reduce(flat: NDArray[np.float32]) -> NDArray[np.float32]:
-        return session.comm.allreduce(flat, "mean", out=flat)  # type: ignore[no-any-return]
-
-    link_cpu = _link_cpu(session.rank)
-    steps = session.steps(1 << 62)
     cell = _train_one_step_cell()
-    graph = GraphStep(*build())
-    skip = GraphStep(*build(), on_failure="skip") if args.graph_mode else None
-    floor: Any = floor_cell(*build()) if args.graph_mode else None
-    order: tuple[str, ...] = ("cell", "plain", "backend", "session")
-    if args.graph_mode:  # DataParallelStep too at the demo's size, for the comparison
-        order = ("cell", "floor", "graph", "gskip", "gcomm", "gsession")
-        if not args.hidden:
-            order = ("cell", "plain", "floor", "graph", "gskip", "gcomm", "gsession")
+    order = ("cell", "plain", "backend", "session")
     times: dict[str, list[float]] = {kind: [] for kind in order}
     link_s = 0.0
     for i in range(args.warmup + args.steps):
         for kind in order if i % 2 == 0 else order[::-1]:
             cpu0 = link_cpu()
             t = time.perf_counter()
-            if kind in ("cell", "floor"):
+            if kind == "cell":
                 x, y = data.batch(i)
-                run = cell if kind == "cell" else floor
-                loss = run(mindspore.Tensor(x), mindspore.Tensor(y))
-                if args.graph_mode:
-                    # Wait for the step's end and read the loss, as GraphStep does. Not in
-                    # PyNative: there a jit graph's loss read stalls 10-40 ms while the
-                    # heartbeat thread runs, which would flatter every arm compared with it.
-                    device_sync()
-                    float(loss.asnumpy())
-            elif kind == "graph":
-                graph.reduce_fn = _identity
-                graph(*data.batch(i))
-            elif kind == "gskip":
-                assert skip is not None
-                skip(*data.batch(i))
-            elif kind == "gcomm":
-                graph.reduce_fn = graph_comm_reduce
-                graph(*data.batch(i))
-            elif kind == "gsession":
-                graph.reduce_fn = graph_session_reduce
-                s = next(steps)
-                with session.guard():
-                    graph(*data.batch(s))
+                # The loss is not read: in PyNative a jit graph's loss read stalls 10-40 ms
+                # while the heartbeat thread runs, which would flatter every arm against it.
+                cell(mindspore.Tensor(x), mindspore.Tensor(y))
             elif kind == "plain":
                 step.reduce_fn = _identity
                 step(*data.batch(i))
@@ -293,31 +289,12 @@ def _interleave(
             dt = time.perf_counter() - t
             if i >= args.warmup:
                 times[kind].append(dt)
-                if kind == ("gsession" if args.graph_mode else "session"):
+                if kind == "session":
                     link_s += link_cpu() - cpu0
-    # The direct cost of ms_recover's per-step calls, isolated from the step: one empty
-    # iteration of steps()/guard() (commit and safe point included) and one allreduce call on
-    # a buffer of the gradient's size. These commit empty steps, so they come last.
-    flat = np.ones(step.num_elements, np.float32)
-    calls = {
-        "allreduce_s": _median_call(lambda: session.allreduce(flat, "mean")),
-        "loop_s": _median_call(lambda: _empty_iteration(session, steps)),
-        # The replica check: a commit every digest_every_steps also digests the whole state
-        # (the median above hides it: it is one commit in that many).
-        "digest_s": _median_call(session._digest, 200),
-        "digest_every_steps": session.config.digest_every_steps,
-    }
-    steps.close()
-    graph.close()
-    if skip is not None:
-        skip.close()
     return {
         **{f"{kind}_times": t for kind, t in times.items()},
-        "hidden": args.hidden,
-        "graph_mode": args.graph_mode,
-        "graph_elements": graph.num_elements,
+        "graph_elements": step.num_elements,
         "link_cpu_s": link_s,
-        "calls": calls,
     }
 
 
