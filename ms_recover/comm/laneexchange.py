@@ -133,6 +133,9 @@ class _Exchange:
         self.got = 0  # payload bytes received
         self.added = 0  # elements summed so far
         self.span = max(1, ADD_SPAN_BYTES // flat.itemsize)
+        # The one thread's lead past its adds; a buffer within it goes out whole at once.
+        self.lead = max(SEND_AHEAD_BYTES, 2 * self.span * flat.itemsize)
+        self.paced = self.total > self.lead
         self.sending = False  # a helper thread owns the outbox (see _threaded)
         self.progress = threading.Condition()  # notified as the helper sends (in place)
         self.errors: list[BaseException] = []  # the helper's
@@ -140,9 +143,16 @@ class _Exchange:
     def target(self, into: NDArray[Any] | None, spare: RecvBuffer | None) -> None:
         """Where the result goes (``out``) and where the peer's bytes land (``recv``)."""
         self.out = np.empty_like(self.flat) if into is None else into
-        self.inplace = into is not None and np.may_share_memory(into, self.flat)  # cheap
-        if self.inplace and (spare is None or self.out.ctypes.data != self.flat.ctypes.data):
-            raise AssertionError("a lane exchange into memory that overlaps its input elsewhere")
+        self.inplace = into is self.flat or (
+            into is not None and np.may_share_memory(into, self.flat)  # cheap: bounds only
+        )
+        if self.inplace and into is not self.flat:  # another view: it must start where flat does
+            if self.out.ctypes.data != self.flat.ctypes.data:
+                raise AssertionError(
+                    "a lane exchange into memory that overlaps its input elsewhere"
+                )
+        if self.inplace and spare is None:
+            raise AssertionError("an in-place lane exchange needs a RecvBuffer")
         span_bytes = self.span * self.flat.itemsize  # the ring holds whole spans
         ring = self.span * max(1, RING_BYTES // span_bytes)
         if spare is not None and (self.inplace or self.flat.size > ring):
@@ -249,17 +259,16 @@ class _Exchange:
 
     def _ahead(self) -> bool:
         """Whether the one thread has sent as far past its adds as it may."""
-        return not self.sending and self.sent >= self._send_limit()
+        return self.paced and not self.sending and self.sent >= self._send_limit()
 
     def _send_limit(self) -> int:
         """The payload offset the one thread may send up to: its lead past what it summed."""
-        lead = max(SEND_AHEAD_BYTES, 2 * self.span * self.flat.itemsize)
-        return min(self.total, self.added * self.flat.itemsize + lead)
+        return min(self.total, self.added * self.flat.itemsize + self.lead)
 
     def _sendable(self) -> list[memoryview]:
         """The outbox's next buffers for one sendmsg: the helper's all; the one thread's up
         to its send limit (a header goes with the payload after it)."""
-        if self.sending:
+        if self.sending or not self.paced:
             return [buf for buf, _ in self.outbox[:IOV_MAX]]
         limit, bufs = self._send_limit(), []
         for buf, end in self.outbox[:IOV_MAX]:
