@@ -111,7 +111,9 @@ def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measu
                 g["gskip_pct"],
                 "%",
                 note="the graph branches around the optimizer instead of failing: a failed "
-                "reduction costs no 3 s wait and no recompile; reference, no target",
+                "reduction costs no 3 s wait and no recompile; reference, no target (it once "
+                "read -25 % on the wide MLP, on its own model copy: a placement artifact; its "
+                "optimizer runs every step, the same bits as the cell's)",
             ),
             Measure(
                 f"{what}: (gc) GraphStep, the backend's allreduce directly, vs TrainOneStepCell",
