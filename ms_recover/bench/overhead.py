@@ -109,7 +109,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--msrun2-repeats", type=int, default=1, help="2-rank run pairs, ABBA order (default 1)"
     )
-    p.add_argument("--timeout", type=float, default=240.0, help="per-run deadline in s")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-run deadline in s")
     p.add_argument("--workdir", help="outputs and logs go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
 
