@@ -104,7 +104,7 @@ class LocalRelay:
         if isinstance(msg, M.WorkerHeartbeat) and not self._due(ident, msg.committed_step):
             self._steps[rank] = (ident, msg.committed_step)
             return
-        self._items.append((ident, env, len(frames[3]) if len(frames) > 3 else 0))
+        self._items.append((ident, env, sum(map(len, frames[1:]))))
 
     def _due(self, ident: bytes, step: int) -> bool:
         """Whether this heartbeat closes a RESUME (relayed at once instead of folded)."""

@@ -36,7 +36,7 @@ import msgpack
 import zmq
 
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import Codec
+from ms_recover.protocol.codec import TAG_BYTES, Codec
 from ms_recover.protocol.transport import recv_frames, send_frames
 
 _EVENTS, _EV, _POLLIN = zmq.backend.Socket.get, int(zmq.EVENTS), int(zmq.POLLIN)
@@ -202,10 +202,12 @@ class FakeCluster:
                 frames = recv_frames(sock)
             except zmq.Again:
                 return
-            if len(frames) != 4 or not m.alive:
+            if len(frames) != 1 or not m.alive:
                 continue
-            kind = frames[1]
-            epoch, body = self.peek(kind, frames[2])
+            frame = frames[0]  # b"msr2" | len(kind) | kind | envelope | tag (protocol.codec)
+            start = 5 + frame[4]
+            kind = frame[5:start]
+            epoch, body = self.peek(kind, frame[start:-TAG_BYTES])
             self.handled += 1
             if epoch >= m.epoch:
                 m.epoch = epoch

@@ -77,6 +77,7 @@ class ManagerRelay:
         self._out: dict[bytes, list[_Item]] = {}  # agent identity -> queued items, in order
         # Virtual identity -> (agent, local), parsed once: a stop-all addresses every rank.
         self._parts: dict[bytes, tuple[bytes, bytes] | None] = {}
+        self._prefixes: dict[bytes, bytes] = {}  # agent identity -> its ranks' virtual prefix
         self._pack = msgpack.Packer(use_bin_type=True)
         self.items_in = 0  # relayed rank messages handled (plus folded heartbeats)
         self.items_out = 0  # rank deliveries sent inside RelayDown frames
@@ -124,15 +125,20 @@ class ManagerRelay:
                 self.items_in += 1
                 handle(virtual_identity(ident, local), item)
 
-    def fold(self, ident: bytes, steps: dict[int, int]) -> None:
+    def fold(self, ident: bytes, steps: dict[int, int], now: float | None = None) -> None:
         """The heartbeats of ranks registered through agent ``ident``, folded into its own:
         the rank was heard, and its committed step only grows. Entries for other ranks (a
         rank not, or no longer, registered through this agent) are ignored: it registers
         again when asked (the agent passes a ``Rejoin`` on to its ranks)."""
         if not steps:
             return
-        now, get, heard = self._clock(), self.model.ranks.get, 0
-        prefix = PREFIX + bytes([len(ident)]) + ident
+        now = self._clock() if now is None else now
+        get, heard = self.model.ranks.get, 0
+        prefix = self._prefixes.get(ident)
+        if prefix is None:
+            if len(self._prefixes) > 2 * len(self.model.agents) + 64:  # old incarnations' names
+                self._prefixes.clear()
+            prefix = self._prefixes[ident] = PREFIX + bytes([len(ident)]) + ident
         for rank, step in steps.items():
             info = get(rank)
             if info is not None and info.alive and info.identity.startswith(prefix):

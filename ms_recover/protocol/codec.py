@@ -1,4 +1,13 @@
-"""Frame codec: ``[b"msr1", kind, msgpack(envelope), hmac_sha256]``.
+"""Frame codec: one ZeroMQ frame per message (wire layout ``msr2``)::
+
+    b"msr2" | len(kind): 1 byte | kind | msgpack(envelope) | HMAC-SHA256 tag: 32 bytes
+
+The tag is HMAC-SHA256 with the job secret over every byte before it (magic, kind length,
+kind, envelope), so the layout version and the kind are signed with the body. The envelope is
+a msgpack map ``{job_id, epoch, sender, seq, nonce, body}``. (Until this layout a message was
+four ZeroMQ frames, ``[b"msr1", kind, envelope, tag]``: four frames to read and write per
+message instead of one. Such a message is dropped and logged by name: both ends of a job run
+the same version.)
 
 :meth:`Codec.decode` either returns a fully validated :class:`Envelope` or raises
 :class:`ProtocolError`; receivers log the error (rate limited, see :class:`DropLog`) and drop
@@ -28,7 +37,10 @@ from ms_recover.errors import ProtocolError
 from ms_recover.protocol import bounds as B
 from ms_recover.protocol.messages import KINDS, Message, RelayDown, RelayUp, field_types
 
-MAGIC = b"msr1"
+MAGIC = b"msr2"
+#: The first frame of a message in the layout before ``msr2`` (four frames per message).
+OLD_MAGIC = b"msr1"
+TAG_BYTES = 32  # HMAC-SHA256
 HEADER_KEYS = ("job_id", "epoch", "sender", "seq", "nonce", "body")
 _HEADER_SET = frozenset(HEADER_KEYS)
 MAX_SENDER = 64  # characters of a sender name ("rank:65535", "agent:8191", "status")
@@ -96,7 +108,7 @@ class Codec:
             payload = msgpack.packb(body, use_bin_type=True)
         except (OverflowError, TypeError, ValueError) as exc:
             raise ProtocolError(f"cannot encode {msg.KIND.decode()}: {exc}") from exc
-        return [MAGIC, msg.KIND, payload, self._mac(msg.KIND, payload)]
+        return self.sign(msg.KIND, payload)
 
     def encode_packed(
         self, kind: bytes, packed_body: bytes, epoch: int, sender: str, seq: int
@@ -124,19 +136,38 @@ class Codec:
                 packed_body,
             )
         )
-        return [MAGIC, kind, payload, self._mac(kind, payload)]
+        return self.sign(kind, payload)
+
+    def sign(self, kind: bytes, payload: bytes) -> list[bytes]:
+        """The message (one frame, in a list as ZeroMQ sends it) of ``kind`` whose envelope is
+        the msgpack ``payload``: the layout in the module docstring, tag included."""
+        head = MAGIC + bytes((len(kind),)) + kind + payload
+        return [head + hmac.digest(self._key, head, "sha256")]
 
     def decode(self, frames: list[bytes]) -> Envelope:
-        """Validate and decode; raises ProtocolError naming what is wrong."""
-        if len(frames) != 4:
-            raise ProtocolError(f"expected 4 frames, got {len(frames)}")
-        magic, kind, payload, mac = map(bytes, frames)
-        if magic != MAGIC:
-            raise ProtocolError(f"bad magic/version {magic[:8]!r}, expected {MAGIC!r}")
-        if len(payload) > self.max_bytes:
-            raise ProtocolError(f"body of {len(payload)} bytes exceeds the {self.max_bytes} limit")
-        if not hmac.compare_digest(mac, self._mac(kind, payload)):
+        """Validate and decode one message (its ZeroMQ frames); raises ProtocolError naming
+        what is wrong."""
+        if len(frames) != 1:
+            if frames and bytes(frames[0]) == OLD_MAGIC:
+                raise ProtocolError(
+                    f"an msr1 message ({len(frames)} frames: the layout before {MAGIC!r}, one "
+                    "frame per message): a member of an older ms_recover version"
+                )
+            raise ProtocolError(f"expected 1 frame, got {len(frames)}")
+        frame = frames[0] if type(frames[0]) is bytes else bytes(frames[0])
+        if frame[:4] != MAGIC:
+            raise ProtocolError(f"bad magic/version {frame[:8]!r}, expected {MAGIC!r}")
+        size = len(frame)
+        end = size - TAG_BYTES
+        start = 5 + frame[4] if size > 4 else size
+        if start > end:
+            raise ProtocolError(f"truncated frame of {size} bytes")
+        if end - start > self.max_bytes:
+            raise ProtocolError(f"body of {end - start} bytes exceeds the {self.max_bytes} limit")
+        view = memoryview(frame)
+        if not hmac.compare_digest(view[end:], hmac.digest(self._key, view[:end], "sha256")):
             raise ProtocolError("bad MAC (wrong secret or tampered frame)")
+        kind, payload = bytes(view[5:start]), view[start:end]
         if kind not in KINDS:
             raise ProtocolError(f"unknown kind {kind[:32]!r}")
         try:
@@ -166,10 +197,6 @@ class Codec:
                     raise ProtocolError(f"envelope field {key!r} must be {typ.__name__} in range")
             raise ProtocolError(f"envelope field 'sender' is longer than {MAX_SENDER}")
         return Envelope(self.job_id, epoch, sender, seq, _message(kind, data["body"]), nonce)
-
-    def _mac(self, kind: bytes, payload: bytes) -> bytes:
-        # The digest by name: OpenSSL looks it up without a Python constructor call.
-        return hmac.digest(self._key, MAGIC + b"\0" + kind + b"\0" + payload, "sha256")
 
 
 def field_checks(kind: bytes) -> dict[str, typing.Callable[[Any], bool]]:

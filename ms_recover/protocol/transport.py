@@ -34,7 +34,7 @@ from ms_recover.protocol.replay import ReplayGuard
 
 log = logging.getLogger(__name__)
 
-SLACK = 64 << 10  # bytes over the body limit: the magic, kind and MAC frames and msgpack framing
+SLACK = 64 << 10  # bytes over the body limit: the frame's magic, kind and tag, msgpack framing
 
 
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)

@@ -70,11 +70,12 @@ def test_bad_and_foreign_frames_are_dropped_while_the_job_goes_on(tmp_path):
         _, _, forged = (None, None, Codec("itest", b"wrong secret"))
         try:
             sock.send_multipart([b"garbage"])
-            sock.send_multipart([b"msr1", b"stop", b"\xc1\xc1", b"0" * 32])
+            sock.send_multipart([b"msr1", b"stop", b"\xc1\xc1", b"0" * 32])  # an old layout
+            sock.send_multipart([b"msr2\x04stop\xc1\xc1" + b"0" * 32])
             sock.send_multipart(foreign.encode(M.Exit(1, "foreign"), 0, "x", 1))
             sock.send_multipart(forged.encode(M.Exit(1, "forged"), 0, "x", 1))
             sock.send_multipart(good.encode(M.GroupCreated(0, "g", [0]), 0, "x", 1))  # unregistered
-            wait_for(lambda: job.server.drops.total >= 5, 10, "five dropped frames")
+            wait_for(lambda: job.server.drops.total >= 6, 10, "six dropped frames")
         finally:
             sock.close(0)
             ctx.term()

@@ -7,6 +7,7 @@ The manager is real (its ROUTER bound on 127.0.0.1); frames are fed to
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 import msgpack
@@ -21,7 +22,7 @@ from ms_recover.manager.model import Ack
 from ms_recover.manager.server import ManagerServer
 from ms_recover.manager.slots import TAKEOVER_BEATS
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import MAGIC, Codec
+from ms_recover.protocol.codec import Codec
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -173,7 +174,7 @@ def test_the_same_incarnation_may_register_again(server: ManagerServer) -> None:
 def _signed(server: ManagerServer, ident: bytes, kind: bytes, envelope: Any) -> list[bytes]:
     codec = server.codec
     payload = msgpack.packb(envelope, use_bin_type=True)
-    return [ident, MAGIC, kind, payload, codec._mac(kind, payload)]
+    return [ident, *codec.sign(kind, payload)]
 
 
 def _nested(depth: int) -> Any:
@@ -219,6 +220,23 @@ def test_an_agent_heartbeat_in_the_old_layout_is_dropped_and_logged(
     assert "agent_hb body must have exactly the fields ['node_rank', 'steps']" in caplog.text
     assert server.model.agents[1].last_seen == heard
     assert server.model.ranks[2].committed_step == -1
+    assert server.errors.total == 0
+
+
+def test_an_msr1_message_is_dropped_and_logged_by_name(
+    server: ManagerServer, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The four-frame layout before msr2 (a member of an older version, correctly signed in
+    its own layout) is dropped, logged as what it is, and changes nothing."""
+    _register(server)
+    heard = server.model.agents[1].last_seen
+    clock.t += 1.0
+    payload = msgpack.packb(_envelope(server, {"node_rank": 1, "steps": {}}, 9), use_bin_type=True)
+    mac = hmac.digest(server.config.effective_secret(), b"msr1\0agent_hb\0" + payload, "sha256")
+    with caplog.at_level("WARNING", logger="ms_recover.manager"):
+        assert _dropped(server, [AGENT[1], b"msr1", b"agent_hb", payload, mac])
+    assert "an msr1 message (4 frames: the layout before b'msr2'" in caplog.text
+    assert server.model.agents[1].last_seen == heard
     assert server.errors.total == 0
 
 

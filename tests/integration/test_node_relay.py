@@ -253,7 +253,7 @@ def test_the_relay_authenticates_like_the_manager(ctx, relay) -> None:
     wrong_secret = _rank(ctx, relay, 3, secret=b"not-the-secret")
     wrong_secret.send(M.WorkerDone(3, 1))
     good.sock.send_multipart([b"garbage"])
-    good.sock.send_multipart([MAGIC, b"stopped", b"\xc1", b"0" * 32])
+    good.sock.send_multipart([MAGIC + b"\x07stopped\xc1" + b"0" * 32])
     good.send(M.AgentHello(1, "10.0.0.9", [2, 3], 9, False))  # an agent kind
     good.send(M.Stopped(0, 3, ""))  # rank 0 is node 0's
     good.send(M.Stopped(2, 3, "ab"))

@@ -97,7 +97,7 @@ def test_an_oversize_frame_does_not_grow_the_manager(manager) -> None:
     before = _rss(proc.pid)
     codec = Codec("rss", cfg.effective_secret())
     frames = codec.encode(M.StatusRequest(), 0, "status", 0)
-    frames[2] = bytes(BIG)  # an unauthenticated 256 MiB body: refused before it is read
+    frames[0] = bytes(BIG)  # an unauthenticated 256 MiB frame: refused before it is read
     _send_and_wait_for_disconnect(cfg.manager_endpoint, frames)
     grown = _rss(proc.pid) - before
     assert grown < RSS_BOUND, f"manager RSS grew by {grown >> 20} MiB"
