@@ -33,7 +33,7 @@ from ms_recover.manager.workers import Handler, WorkerHandlers
 from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
-from ms_recover.protocol.relay import PREFIX as VIRTUAL
+from ms_recover.protocol.relay import is_virtual
 from ms_recover.protocol.replay import ReplayGuard
 from ms_recover.protocol.transport import (
     control_server_keys,
@@ -223,7 +223,7 @@ class ManagerServer:
         holds, it is handled or dropped and logged (rate limited)."""
         identity, body = frames[0], frames[1:]
         self.frames_in += 1
-        if identity[:2] == VIRTUAL:  # the manager's own names for relayed ranks: never a peer's
+        if is_virtual(identity):  # the manager's own names for relayed ranks: never a peer's
             self.drops.drop("a peer identity in the relay's reserved form", repr(identity[:16]))
             return
         try:

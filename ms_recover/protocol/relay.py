@@ -25,9 +25,12 @@ from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import MAX_SENDER, Envelope, message_of
 
 #: The first bytes of every virtual identity. libzmq's own generated identities start with a
-#: zero byte too but are 5 bytes long; a peer that sets such an identity itself is refused
-#: by the manager (:func:`is_virtual` in ``dispatch``).
+#: zero byte too but are 5 bytes long (a zero and a counter, so one socket in 256 hands every
+#: peer an identity starting with these very bytes); a virtual identity is longer. A peer may
+#: not set an identity starting with a zero byte itself (libzmq refuses it); one that arrives
+#: anyway in the virtual form is refused by the manager (:func:`is_virtual` in ``dispatch``).
 PREFIX = b"\x00R"
+ZMQ_ID_BYTES = 5  # libzmq's generated identities
 
 #: What a rank may send through its agent.
 UP_KINDS: frozenset[bytes] = frozenset(
@@ -61,7 +64,7 @@ def virtual_identity(agent: bytes, local: bytes) -> bytes:
 
 
 def is_virtual(identity: bytes) -> bool:
-    return identity[:2] == PREFIX
+    return identity[:2] == PREFIX and len(identity) > ZMQ_ID_BYTES
 
 
 def split_identity(identity: bytes) -> tuple[bytes, bytes] | None:

@@ -23,6 +23,7 @@ from ms_recover.manager.server import ManagerServer
 from ms_recover.manager.slots import TAKEOVER_BEATS
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
+from ms_recover.protocol.relay import PREFIX, virtual_identity
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,6 +169,20 @@ def test_the_same_incarnation_may_register_again(server: ManagerServer) -> None:
     agents, _ = _register(server)  # e.g. with a restarted manager, or after a reconnect
     agents[1].send(M.AgentHello(1, "127.0.0.1", [2, 3], 101, False))
     assert not server.model.pending and server.model.agents[1].alive
+
+
+def test_a_generated_identity_that_starts_like_a_virtual_one_is_a_peer(
+    server: ManagerServer,
+) -> None:
+    """libzmq names a peer with a zero byte and a 4-byte counter: on one socket in 256 every
+    such name starts with the relay's prefix (CI met one); only a longer name is virtual."""
+    before = server.drops.total
+    agent = Member(server, "agent:0", PREFIX + b"\x00\x00\x07")
+    agent.send(M.AgentHello(0, "127.0.0.1", [0, 1], 100, True))
+    assert server.model.agents[0].alive and server.drops.total == before
+    forged = Member(server, "agent:1", virtual_identity(b"a1", b"L0"))
+    forged.send(M.AgentHello(1, "127.0.0.1", [2, 3], 101, False))
+    assert server.drops.total == before + 1 and not server.model.agents[1].registered
 
 
 # ----------------------------------------------------------------------------- hostile bodies (#6)
