@@ -100,6 +100,18 @@ class JobConfig:
         return max(self.heartbeat_s, self.silence_s / 3)
 
     @property
+    def rank_report_s(self) -> float:
+        """How often a node agent's heartbeat carries its ranks' steps (``AgentHeartbeat.steps``):
+        four times per window the manager judges a rank by (its silence, ``rank_silence_s``
+        or ``silence_s``, and ``hang_timeout_s`` for progress), never more often than the
+        agent beats. A step between reports changes no decision: a rank is declared silent or
+        hung only after a whole window, and a RESUME's closing heartbeat is relayed at once.
+        At 2,048 nodes and the defaults that is 819 reports a second instead of 3,072, and
+        the beats between them are a node number alone."""
+        window = min(max(self.rank_silence_s, self.silence_s), self.hang_timeout_s)
+        return max(self.agent_heartbeat_s, window / 4)
+
+    @property
     def lost_manager_grace_s(self) -> float:
         """How long agents wait for a silent manager to come back (restarted) before they stop
         their node: ``manager_grace_s``, or ``phase_timeout_s`` when that is 0."""

@@ -148,11 +148,11 @@ class Agent:
                 elif not self._manager_alive():
                     self.exit_code = exitcodes.FAILED
                     break
-                if time.monotonic() >= next_beat:
-                    steps = self.relay.take_steps() if self.relay is not None else {}
-                    beat = M.AgentHeartbeat(cfg.node_rank, steps)
-                    self.chan.send(beat, self._epoch)
-                    next_beat = time.monotonic() + cfg.agent_heartbeat_s
+                now = time.monotonic()
+                if now >= next_beat:
+                    steps = self.relay.report(now) if self.relay is not None else {}
+                    self.chan.send(M.AgentHeartbeat(cfg.node_rank, steps), self._epoch)
+                    next_beat = now + cfg.agent_heartbeat_s
                 self._wait(self.poll_s)
                 if self.exit_code is None and self._all_done():
                     self.exit_code = exitcodes.OK

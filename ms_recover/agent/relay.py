@@ -14,9 +14,10 @@ Guarantees:
   (rate limited), never raised;
 * what arrives is passed on at once, one :class:`~ms_recover.protocol.messages.RelayUp` frame
   per wake-up for everything that was ready (a STOPPED waits for no timer);
-* a rank's periodic heartbeat is folded into the agent's own (``AgentHeartbeat.steps``), except
-  the first one at or after the step a RESUME named, which the manager waits for to close a
-  recovery: that one is relayed at once;
+* a rank's periodic heartbeat is folded into the agent's own (``AgentHeartbeat.steps``, once
+  per ``JobConfig.rank_report_s``: :meth:`LocalRelay.report`), except the first one at or
+  after the step a RESUME named, which the manager waits for to close a recovery: that one is
+  relayed at once;
 * a :class:`~ms_recover.protocol.messages.RelayDown` from the manager is fanned out in order,
   each message signed once by this agent and sent to each target identity; a message kind that
   is not manager -> worker, or a body that fails its checks, is dropped and logged.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 
 import zmq
 
@@ -69,6 +71,7 @@ class LocalRelay:
         self._steps: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, committed step)
         self._latest: dict[int, bytes] = {}  # rank -> the identity it last wrote from
         self._urgent: dict[bytes, int] = {}  # identity -> the step its RESUME named
+        self._report_at = -math.inf  # when the next heartbeat carries the steps (see report)
 
     # ------------------------------------------------------------------ ranks -> manager
     def drain(self) -> bool:
@@ -141,6 +144,16 @@ class LocalRelay:
             [e.msg.KIND.decode() for e in envs],
             [e.msg.to_wire() for e in envs],
         )
+
+    def report(self, now: float) -> dict[int, int]:
+        """What the agent's heartbeat at ``now`` carries: the folded heartbeats
+        (:meth:`take_steps`) once per ``JobConfig.rank_report_s``, else nothing (the beat is
+        then the node's liveness alone, and the steps wait for the next report)."""
+        if now < self._report_at:
+            return {}
+        cfg = self.config
+        self._report_at = now + cfg.rank_report_s - cfg.agent_heartbeat_s / 2
+        return self.take_steps()
 
     def take_steps(self) -> dict[int, int]:
         """The folded heartbeats since the last call: each rank's committed step, from the

@@ -239,6 +239,7 @@ class _Scale:
                 cfg.max_frame_bytes,
                 self.relay,
                 cfg.agent_heartbeat_s,
+                cfg.rank_report_s,
             )
             parent, child = ctx.Pipe()
             proc = ctx.Process(

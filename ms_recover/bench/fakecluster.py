@@ -61,6 +61,13 @@ class FakeSpec:
     #: How often the simulated agents beat (``JobConfig.agent_heartbeat_s``, as real agents);
     #: 0: ``heartbeat_s``. Directly connected ranks beat every ``heartbeat_s``.
     agent_heartbeat_s: float = 0.0
+    #: How often a simulated agent's beat carries its ranks' steps (``JobConfig.rank_report_s``,
+    #: as real agents); 0: every beat.
+    rank_report_s: float = 0.0
+
+    @property
+    def agent_s(self) -> float:
+        return self.agent_heartbeat_s or self.heartbeat_s
 
 
 class _Member:
@@ -272,9 +279,8 @@ def fake_main(spec: FakeSpec, conn: Any) -> None:
     else:
         cluster = FakeCluster(spec)
     cluster.epoll.register(conn.fileno(), select.EPOLLIN)
-    agent_s = spec.agent_heartbeat_s or spec.heartbeat_s
     schedules = [
-        _Schedule([m for m in cluster.members if m.is_agent], agent_s),
+        _Schedule([m for m in cluster.members if m.is_agent], spec.agent_s),
         _Schedule([m for m in cluster.members if not m.is_agent], spec.heartbeat_s),
     ]
     start, ready_sent = time.monotonic(), False

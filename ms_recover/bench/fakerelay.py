@@ -19,6 +19,7 @@ Incoming bodies are read only where the answer needs them (REPAIR, RESUME), as i
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
@@ -66,6 +67,7 @@ class RelayCluster(FakeCluster):
             self.of_node.setdefault(rank.node, []).append(rank)
             self.by_local[self._local(rank)] = rank
         self._items: dict[int, list[tuple[_Member, M.Message, int]]] = {}
+        self._report_at: dict[int, float] = {}  # node -> when its next beat carries steps
 
     @staticmethod
     def _local(rank: _Member) -> bytes:
@@ -111,8 +113,11 @@ class RelayCluster(FakeCluster):
     def beat(self, m: _Member) -> None:
         if not (m.alive and m.welcomed):
             return
-        ranks = [r for r in self.of_node[m.node] if r.alive]
-        steps = {r.rank: r.committed for r in ranks if r.welcomed}
+        steps: dict[int, int] = {}
+        now = time.monotonic()
+        if now >= self._report_at.get(m.node, 0.0):  # as a real agent (rank_report_s)
+            steps = {r.rank: r.committed for r in self.of_node[m.node] if r.alive and r.welcomed}
+            self._report_at[m.node] = now + self.spec.rank_report_s - self.spec.agent_s / 2
         self.send(m, M.AgentHeartbeat(m.node, steps))
 
     # ------------------------------------------------------------------ down

@@ -1,4 +1,5 @@
-"""Relayed acknowledgements in one pass: the common case of a node's STOPPED and REBUILT.
+"""Relayed acknowledgements in one pass: the common case of a node's STOPPED, REBUILT,
+REPAIRED and the heartbeat that closes a RESUME.
 
 A stop-all at 16,384 ranks brings the manager 16,384 STOPPED items in 2,048
 :class:`~ms_recover.protocol.messages.RelayUp` batches (DESIGN.md §1c), and formation as many
@@ -14,7 +15,9 @@ so an item that fails it is dropped with the general path's reason and nothing e
 Whatever else an item holds (a stale epoch, an unregistered rank, a bad body) is left to the
 general path, untouched: its drops, logs and answers (a ``Rejoin``) stay exactly those of the
 item's own frame. What is recorded is what ``WorkerHandlers.on_stopped`` / ``on_rebuilt``
-record, with the same ``last_seen`` refresh, and the cadence hears the kind.
+record (and ``on_repaired`` / ``on_heartbeat``), with the same ``last_seen`` refresh, and
+the cadence hears the kind. (A heartbeat's general path takes one of any epoch; this one only
+of the current epoch, the others still take the general path.)
 """
 
 from __future__ import annotations
@@ -43,10 +46,27 @@ def _rebuilt(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
     info.ack(Ack.REBUILD, epoch)
 
 
-#: kind -> (message class, what its handler records for a current, registered rank).
+def _repaired(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
+    if body["ok"]:
+        info.ack(Ack.REPAIR, epoch, body["attempt"])
+        info.committed_step = body["committed_step"]
+    else:
+        info.repair_failure = (body["attempt"], body["failed_peer"], body["reason"])
+
+
+def _heartbeat(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
+    step = body["committed_step"]
+    if step > info.committed_step:  # ``last_progress`` follows ``last_seen``, set just before
+        info.committed_step, info.last_progress = step, info.last_seen
+
+
+#: kind -> (message class, what its handler records for a current, registered rank). A
+#: relayed heartbeat is one that closes a RESUME (the agent folds the others into its own).
 RECORD: dict[str, tuple[type[M.Message], Callable[[RankInfo, int, dict[str, Any]], None]]] = {
     "stopped": (M.Stopped, _stopped),
     "rebuilt": (M.Rebuilt, _rebuilt),
+    "repaired": (M.Repaired, _repaired),
+    "worker_hb": (M.WorkerHeartbeat, _heartbeat),
 }
 
 

@@ -106,7 +106,7 @@ class IllegalTransition(MsRecoverError):
     """The state machine was asked for a transition its table does not allow."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class RankInfo:
     """What the manager knows about one rank."""
 
@@ -146,7 +146,7 @@ class RankInfo:
         return self.acks.get((phase, attempt), -1)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class AgentInfo:
     """What the manager knows about one node's agent."""
 

@@ -44,6 +44,7 @@ from ms_recover.protocol.transport import (
 )
 
 log = logging.getLogger("ms_recover.manager")
+_BEAT = M.AgentHeartbeat.KIND
 
 INSECURE_WARNING = (
     "INSECURE: no job secret, so anyone who can reach port %d can drive this job (frames are "
@@ -226,6 +227,8 @@ class ManagerServer:
         if is_virtual(identity):  # the manager's own names for relayed ranks: never a peer's
             self.drops.drop("a peer identity in the relay's reserved form", repr(identity[:16]))
             return
+        if len(body) == 1 and self._quick_beat(identity, body[0]):
+            return
         try:
             env = self.codec.decode(body)
         except ProtocolError as exc:
@@ -376,17 +379,41 @@ class ManagerServer:
         return self._agent_ok(ident, node_rank)
 
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
+        self._agent_beat(ident, msg.node_rank, msg.steps)
+
+    def _quick_beat(self, ident: bytes, frame: bytes) -> bool:
+        """An agent heartbeat handled without the envelope and message objects (the
+        manager's commonest frame: one per node every ``agent_heartbeat_s``), exactly as
+        :meth:`dispatch` would; False if ``frame`` is anything else or fails a check, for
+        :meth:`dispatch` to handle or drop with its reason."""
+        got = self.codec.quick(frame, _BEAT)
+        if got is None:
+            return False
+        epoch, sender, seq, nonce, body = got
+        with self._lock:
+            replayed = self.replay.check(sender, nonce, seq)
+            if replayed:
+                self.drops.drop(replayed, sender)
+                return True
+            self.cadence.heard(M.AgentHeartbeat, epoch)
+            try:
+                self._agent_beat(ident, body["node_rank"], body["steps"])
+            except Exception as exc:  # as _handle: drop, go on
+                self.errors.drop(f"handler for agent_hb failed: {type(exc).__name__}", sender, exc)
+        return True
+
+    def _agent_beat(self, ident: bytes, node_rank: int, steps: dict[int, int]) -> None:
         claims = self.slots.claims  # almost always empty: no slot-claim checks then
-        claim = self.slots.claimant(msg.node_rank, ident) if claims else None
+        claim = self.slots.claimant(node_rank, ident) if claims else None
         if claim is not None:  # the claimant: is the old one gone now?
             self._on_agent_hello(ident, claim[1], typing.cast(M.AgentHello, claim[1].msg))
             return
-        if not self._agent_ok(ident, msg.node_rank):
+        if not self._agent_ok(ident, node_rank):
             return
         if claims:
-            self._refuse_claims(msg.node_rank)
-        now = self.model.agents[msg.node_rank].last_seen = self.clock()
-        self.relay.fold(ident, msg.steps, now)
+            self._refuse_claims(node_rank)
+        now = self.model.agents[node_rank].last_seen = self.clock()
+        self.relay.fold(ident, steps, now)
         self.frames_out += self._beat.send(self._sock, ident)
 
     def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:

@@ -52,6 +52,7 @@ class WorkerHandlers:
         self.config, self.model, self.slots = config, model, slots
         self.events, self.drops, self.clock, self.send = events, drops, clock, send
         self.rejoin_asked: dict[bytes, float] = {}  # identity -> when Rejoin was last sent
+        self._welcomed: M.Welcome | None = None  # the last Welcome sent (see _welcome)
 
     def handlers(self) -> dict[type[M.Message], Handler]:
         return {
@@ -96,7 +97,7 @@ class WorkerHandlers:
         info.waits = info.released = False
         info.digests = {}  # the old incarnation's digests say nothing about this process
         reboot = m.round is not None and m.in_recovery and msg.rank in m.round.replace_ranks
-        self.send(ident, M.Welcome(True, "", reboot, self.config.world_size, m.group_log.to_wire()))
+        self.send(ident, self._welcome(reboot))
         if m.state is JobState.STOPPING and not reboot:
             self.send(ident, M.Stop("joining during recovery"))
         self.events.write(
@@ -109,6 +110,15 @@ class WorkerHandlers:
             reboot=reboot,
             rejoin=env.epoch > 0,
         )
+
+    def _welcome(self, reboot: bool) -> M.Welcome:
+        """The Welcome of a registered rank: one object while its content stays the same, so
+        the relay sends a node's ranks one item with every target (``ManagerRelay.take``)."""
+        groups = self.model.group_log.to_wire()
+        last = self._welcomed
+        if last is None or last.reboot != reboot or last.group_log != groups:
+            last = self._welcomed = M.Welcome(True, "", reboot, self.config.world_size, groups)
+        return last
 
     def _reject(self, msg: M.WorkerHello, nonce: int) -> str:
         """Why a registration is refused, or "" (the slot rule: see :mod:`.slots`)."""

@@ -15,7 +15,13 @@ class Message:
     KIND: ClassVar[bytes] = b""
 
     def to_wire(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        names = _NAMES.get(type(self))
+        if names is None:  # once per kind: dataclasses.fields() is slow enough to show
+            names = _NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))
+        return {name: getattr(self, name) for name in names}
+
+
+_NAMES: dict[type[Message], tuple[str, ...]] = {}
 
 
 # ----------------------------------------------------------------------------- agent -> manager

@@ -220,6 +220,24 @@ def test_the_frames_that_ended_the_manager_are_dropped(server: ManagerServer) ->
     assert server.errors.total == 0
 
 
+def test_an_agent_heartbeat_skips_the_envelope_objects_with_the_same_effect(
+    server: ManagerServer, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manager's commonest frame takes ``Codec.quick``: no ``decode`` call, and the agent
+    is heard as through the generic path; a frame ``quick`` refuses still reaches ``decode``."""
+    agents, _ = _register(server)
+    decoded: list[int] = []
+    real = server.codec.decode
+    monkeypatch.setattr(server.codec, "decode", lambda f: decoded.append(1) or real(f))
+    clock.t += 1.0
+    agents[1].send(M.AgentHeartbeat(1))
+    assert server.model.agents[1].last_seen == clock.t and decoded == []
+    assert _dropped(server, agents[1].sent[-1]) and decoded == []  # a replay: dropped all the same
+    bad = agents[1].frames(M.AgentHeartbeat(1))
+    bad[1] = bad[1][:-1] + bytes([bad[1][-1] ^ 1])
+    assert _dropped(server, bad) and decoded == [1]
+
+
 def test_an_agent_heartbeat_in_the_old_layout_is_dropped_and_logged(
     server: ManagerServer, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:

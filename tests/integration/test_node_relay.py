@@ -127,7 +127,8 @@ def test_relayed_ranks_register_and_their_welcomes_come_back_in_one_frame(ctx, s
         assert info.alive and info.identity == virtual_identity(b"a0.1", local)
     down = agent.recv().msg
     assert isinstance(down, M.RelayDown)
-    assert down.kinds == ["welcome", "welcome"] and down.targets == [[b"L0"], [b"L1"]]
+    # The same Welcome for both: one item with both targets, its body packed once.
+    assert down.kinds == ["welcome"] and down.targets == [[b"L0", b"L1"]]
     assert all(b["ok"] for b in down.bodies)
     assert agent.quiet()  # one frame for the node, not one per rank
     assert server.status()["ranks"][0]["relayed"] is True
@@ -278,6 +279,21 @@ def test_heartbeats_are_folded_except_the_one_that_closes_a_resume(ctx, relay) -
     assert relay.take_steps() == {2: 12}
 
 
+def test_the_agents_beats_carry_the_steps_once_per_report_period(ctx, relay) -> None:
+    """Between two reports (``JobConfig.rank_report_s``) a beat is the node's liveness alone;
+    the next report carries each rank's latest step."""
+    rank, cfg = _rank(ctx, relay, 2), relay.config
+    rank.send(M.WorkerHeartbeat(2, 12))
+    _drained(relay, 1)
+    assert relay.report(100.0) == {2: 12}
+    assert relay.report(100.1) == {}  # reported just now
+    rank.send(M.WorkerHeartbeat(2, 14))
+    _drained(relay, 1)
+    assert (cfg.agent_heartbeat_s, cfg.rank_report_s) == (pytest.approx(2 / 3), 2.5)
+    beats = [relay.report(100.0 + k * cfg.agent_heartbeat_s) for k in range(1, 7)]
+    assert beats == [{}, {}, {}, {2: 14}, {}, {}]  # the report due 2.5 s on: the fourth beat
+
+
 def test_the_relay_fans_out_in_order_and_drops_what_is_not_for_ranks(ctx, relay, caplog) -> None:
     ranks = [_rank(ctx, relay, r) for r in (2, 3)]
     for r, peer in zip((2, 3), ranks, strict=True):
@@ -376,10 +392,9 @@ def test_a_real_job_runs_through_its_agents_and_recovers_a_kill(tmp_path) -> Non
     assert job.exit_code == 0
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "general"])
-def test_relayed_acks_are_recorded_alike_without_a_dispatch_each(ctx, server, fast) -> None:
-    """A node's STOPPED and REBUILT are recorded in one pass (manager.acks) exactly as their
-    own frames would be; whatever is not plainly valid and current takes the general path."""
+def _acks_job(ctx: zmq.Context, server: ManagerServer, fast: bool) -> tuple[Peer, list[bytes]]:
+    """Node 0 registered at epoch 1, the one-pass record off unless ``fast``; the agent and
+    the kinds that took the general per-item path."""
     agent = _register_node0(ctx, server)
     agent.recv()  # the welcomes
     if not fast:
@@ -393,6 +408,14 @@ def test_relayed_acks_are_recorded_alike_without_a_dispatch_each(ctx, server, fa
         general(ident, env)
 
     server._handle = counted
+    return agent, handled
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "general"])
+def test_relayed_acks_are_recorded_alike_without_a_dispatch_each(ctx, server, fast) -> None:
+    """A node's STOPPED and REBUILT are recorded in one pass (manager.acks) exactly as their
+    own frames would be; whatever is not plainly valid and current takes the general path."""
+    agent, handled = _acks_job(ctx, server, fast)
     drops = server.drops.total + server.relay.drops.total
     items = [
         (b"L0", "rank:0", 2, M.Stopped(0, 7, "ab")),  # recorded
@@ -413,6 +436,28 @@ def test_relayed_acks_are_recorded_alike_without_a_dispatch_each(ctx, server, fa
     # The fast pass leaves only the stale item to the per-item dispatch (the malformed one
     # is dropped while unwrapping, before any dispatch).
     assert relayed == ([b"stopped"] if fast else [b"stopped"] * 3 + [b"rebuilt"])
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "general"])
+def test_relayed_repairs_and_resume_heartbeats_are_recorded_alike(ctx, server, fast) -> None:
+    """REPAIRED (done or failed) and the heartbeat that closes a RESUME take the one-pass
+    record too, with what ``on_repaired`` and ``on_heartbeat`` record."""
+    agent, handled = _acks_job(ctx, server, fast)
+    items = [
+        (b"L0", "rank:0", 2, M.Repaired(0, 0, True, 11, -1, "")),
+        (b"L1", "rank:1", 2, M.Repaired(1, 0, False, -1, 0, "peer 0 vanished")),
+        (b"L0", "rank:0", 3, M.WorkerHeartbeat(0, 15)),
+        (b"L1", "rank:1", 3, M.WorkerHeartbeat(1, 3)),
+        (b"L1", "rank:1", 4, M.WorkerHeartbeat(1, 2)),  # no step goes back
+    ]
+    agent.send(_relay_up(0, items, epochs=[1] * len(items)))
+    _pump(server, 1)
+    r0, r1 = server.model.ranks[0], server.model.ranks[1]
+    assert r0.acked(Ack.REPAIR, 1) and r0.committed_step == 15 and r0.repair_failure is None
+    assert not r1.acked(Ack.REPAIR, 1) and r1.repair_failure == (0, 0, "peer 0 vanished")
+    assert r1.committed_step == 3 and 0 < r1.last_progress <= r1.last_seen
+    relayed = [k for k in handled if k != M.RelayUp.KIND]
+    assert relayed == ([] if fast else [k.KIND for *_, k in items])
 
 
 def test_the_drain_stops_at_a_stop_alls_last_answer(ctx, server, monkeypatch) -> None:

@@ -424,6 +424,80 @@ def test_random_authenticated_bodies_only_raise_protocol_error(
         assert isinstance(env.msg, M.KINDS[kind])
 
 
+# ----------------------------------------------------------------------------- Codec.quick
+QUICK = sorted(codec_mod._HEADS)
+
+
+def _quick_agrees(codec: Codec, frame: bytes, kind: bytes) -> bool:
+    """``quick`` takes exactly the frames of ``kind`` that ``decode`` accepts, with the same
+    values; whether ``decode`` accepted it."""
+    got = codec.quick(frame, kind)
+    try:
+        env = codec.decode([frame])
+    except ProtocolError:
+        assert got is None
+        return False
+    if env.msg.KIND != kind:
+        assert got is None
+        return True
+    assert got == (env.epoch, env.sender, env.seq, env.nonce, env.msg.to_wire())
+    return True
+
+
+def test_quick_kinds_are_the_flat_ones() -> None:
+    assert M.AgentHeartbeat.KIND in QUICK and M.WorkerHeartbeat.KIND in QUICK
+    assert not {M.RelayUp.KIND, M.RelayDown.KIND, M.StatusReply.KIND} & set(QUICK)
+    with pytest.raises(KeyError):
+        Codec(JOB, SECRET).quick(b"", M.RelayUp.KIND)
+
+
+@pytest.mark.parametrize("kind", QUICK)
+def test_quick_takes_what_decode_takes(codec: Codec, kind: bytes) -> None:
+    frame = codec.encode(SAMPLES[kind], 3, "agent:1", 9)[0]
+    assert _quick_agrees(codec, frame, kind)
+    assert codec.quick(frame, kind) is not None
+    other = next(k for k in QUICK if k != kind)
+    assert codec.quick(frame, other) is None  # another kind's frame
+
+
+@pytest.mark.parametrize("kind", QUICK)
+def test_quick_refuses_what_decode_refuses(codec: Codec, kind: bytes) -> None:
+    frame = codec.encode(SAMPLES[kind], 3, "agent:1", 9)[0]
+    body = SAMPLES[kind].to_wire()
+    bad = [
+        Codec(JOB, b"another secret").encode(SAMPLES[kind], 3, "agent:1", 9)[0],
+        Codec("job-2", SECRET).encode(SAMPLES[kind], 3, "agent:1", 9)[0],
+        frame[:-1] + bytes([frame[-1] ^ 1]),  # the tag
+        frame[:12] + bytes([frame[12] ^ 1]) + frame[13:],  # the envelope
+        frame[:-33],  # truncated
+        _frames(codec, kind, _envelope({**body, "extra": 1}))[0],
+        _frames(codec, kind, _envelope(body, epoch=-1))[0],
+        _frames(codec, kind, _envelope(body, sender="x" * 65))[0],
+        _frames(codec, kind, {**_envelope(body), "more": 1})[0],
+        _sign(codec, kind, msgpack.packb(_envelope(body)) + b"\x00")[0],
+    ]
+    for field, value in body.items():
+        wrong = "text" if not isinstance(value, str) else 7
+        bad.append(_frames(codec, kind, _envelope({**body, field: wrong}))[0])
+    for frame in bad:
+        assert not _quick_agrees(codec, frame, kind)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(QUICK), _values, _values)
+def test_quick_agrees_with_decode_on_random_bodies(kind: bytes, body: Any, epoch: Any) -> None:
+    codec = Codec(JOB, SECRET)
+    for envelope in (_envelope(body), _envelope(body, epoch=epoch), body):
+        _quick_agrees(codec, _frames(codec, kind, envelope)[0], kind)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(QUICK), st.binary(max_size=256))
+def test_quick_agrees_with_decode_on_random_payloads(kind: bytes, payload: bytes) -> None:
+    codec = Codec(JOB, SECRET, max_bytes=4096)
+    _quick_agrees(codec, _sign(codec, kind, payload)[0], kind)
+
+
 # ----------------------------------------------------------------------------- drop log
 class _Clock:
     def __init__(self) -> None:

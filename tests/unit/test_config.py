@@ -337,3 +337,21 @@ def test_agents_beat_three_times_per_silence_window_never_faster_than_ranks(
     cfg = JobConfig(heartbeat_s=0.5, liveness=liveness)
     assert cfg.agent_heartbeat_s == pytest.approx(period)
     assert cfg.silence_s / cfg.agent_heartbeat_s >= min(3, liveness) - 1e-9
+
+
+@pytest.mark.parametrize(
+    ("changes", "period"),
+    [
+        ({}, 2.5),  # a quarter of the 10 s rank silence
+        ({"rank_silence_s": 1.0}, 2 / 3),  # never faster than the agent beats
+        ({"rank_silence_s": 40.0, "hang_timeout_s": 20.0}, 5.0),  # progress judged sooner
+        ({"heartbeat_s": 4.0, "rank_silence_s": 1.0, "phase_timeout_s": 600.0}, 16 / 3),
+    ],
+)
+def test_agents_report_their_ranks_four_times_per_judged_window(
+    changes: dict[str, float], period: float
+) -> None:
+    cfg = JobConfig(**changes)  # type: ignore[arg-type]
+    assert cfg.rank_report_s == pytest.approx(period)
+    window = min(max(cfg.rank_silence_s, cfg.silence_s), cfg.hang_timeout_s)
+    assert cfg.agent_heartbeat_s <= cfg.rank_report_s <= max(window / 4, cfg.agent_heartbeat_s)
