@@ -41,7 +41,9 @@ from ms_recover.protocol.transport import recv_frames, send_frames
 
 _EVENTS, _EV, _POLLIN = zmq.backend.Socket.get, int(zmq.EVENTS), int(zmq.POLLIN)
 
-CONNECT_BATCH = 256  # connections in flight at once: the manager's listen backlog is ~100
+CONNECT_BATCH = (
+    1024  # connections in flight at once per fake process (the manager listens with a deep backlog)
+)
 ENDPOINT = "fake"  # the data-plane endpoint a simulated rank registers (kept short on purpose)
 _NEED_BODY = {M.Repair.KIND, M.Resume.KIND, M.StartRanks.KIND, M.Welcome.KIND}
 

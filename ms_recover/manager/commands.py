@@ -40,9 +40,11 @@ def rebuild(m: JobModel, active: frozenset[int] | None = None) -> list[SendRanks
             if r in groups_of:
                 groups_of[r].append(entry)
     sends = []
+    ranks = m.ranks
+    where = {r: ranks[r].endpoint for r in world}
     for r in world:
-        endpoints = {q: m.ranks[q].endpoint for q in sorted(wanted[r])}
-        full = m.ranks[r].acked_epoch(Ack.REBUILD) < 0
+        endpoints = {q: where[q] for q in wanted[r]}  # ints: a set's order is deterministic
+        full = ranks[r].acked_epoch(Ack.REBUILD) < 0
         msg = Rebuild(wire_world, endpoints, full, groups_of[r])
         sends.append(SendRanks("rebuild", (r,), msg))
     return sends

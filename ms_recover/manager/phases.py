@@ -239,11 +239,18 @@ def _plan(
     except RepairError as exc:
         return Failure(f"repair impossible: {exc}", first=tuple(first))
     actions = list(first)
+    what = f"repair plan attempt {attempt}"
+    idle: list[int] = []  # ranks that neither send nor receive: one message for them all
     for rank in steps:
-        send_to = plan.send_to(rank)
+        send_to, recv_from = plan.send_to(rank), plan.recv_from.get(rank, -1)
+        if not send_to and recv_from < 0:
+            idle.append(rank)
+            continue
         endpoints = {q: m.ranks[q].endpoint for q in send_to}  # repair pairs: see comm.peers
-        msg = Repair(target, attempt, send_to, plan.recv_from.get(rank, -1), endpoints)
-        actions.append(SendRanks(f"repair plan attempt {attempt}", (rank,), msg))
+        msg = Repair(target, attempt, send_to, recv_from, endpoints)
+        actions.append(SendRanks(what, (rank,), msg))
+    if idle:
+        actions.append(SendRanks(what, tuple(idle), Repair(target, attempt, [], -1, {})))
     reason = f"repair to step {target}: {plan.recv_from or 'nothing to copy'}"
     return actions + [Transition(reason, JobState.REPAIRING)]
 

@@ -152,7 +152,8 @@ class ManagerRelay:
     # ------------------------------------------------------------------ down
     def take(self, identities: Sequence[bytes], msg: M.Message, epoch: int) -> list[bytes]:
         """Queue ``msg`` for every virtual identity; returns the direct ones (sent as before).
-        Consecutive sends of one message object to one node share an item."""
+        Consecutive sends of one message, or of equal ones (a repair plan with nothing to copy
+        sends every rank the same REPAIR), to one node share an item."""
         direct: list[bytes] = []
         cache = self._parts
         if len(cache) > 4 * len(self.model.ranks) + 1024:  # old incarnations' names pile up
@@ -167,8 +168,9 @@ class ManagerRelay:
                 continue
             agent, local = parts
             queue = self._out.setdefault(agent, [])
-            if queue and queue[-1][0] is msg and queue[-1][1] == epoch:
-                queue[-1][2].append(local)
+            last = queue[-1] if queue else None
+            if last is not None and last[1] == epoch and (last[0] is msg or last[0] == msg):
+                last[2].append(local)
             else:
                 queue.append([msg, epoch, [local]])
         return direct

@@ -45,6 +45,7 @@ from ms_recover.protocol.transport import (
 
 log = logging.getLogger("ms_recover.manager")
 _BEAT = M.AgentHeartbeat.KIND
+LISTEN_BACKLOG = 8192  # connections waiting to be accepted (see __init__)
 
 INSECURE_WARNING = (
     "INSECURE: no job secret, so anyone who can reach port %d can drive this job (frames are "
@@ -79,6 +80,10 @@ class ManagerServer:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = make_socket(self._ctx, zmq.ROUTER, config.max_frame_bytes)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Every node's agent connects at once when a large job starts: a listen queue of
+        # ZeroMQ's default 100 would drop most of 2,048 connects (a retry costs each a second
+        # or more). The kernel caps it at net.core.somaxconn.
+        self._sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
         if config.control_curve:
             curve_server(self._sock, control_server_keys(config.secret, config.job_id))
         host = bind or config.manager_host
