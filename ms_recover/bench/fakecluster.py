@@ -41,9 +41,8 @@ from ms_recover.protocol.transport import recv_frames, send_frames
 
 _EVENTS, _EV, _POLLIN = zmq.backend.Socket.get, int(zmq.EVENTS), int(zmq.POLLIN)
 
-CONNECT_BATCH = (
-    1024  # connections in flight at once per fake process (the manager listens with a deep backlog)
-)
+#: Connections in flight at once per fake process (the manager listens with a deep backlog).
+CONNECT_BATCH = 1024
 ENDPOINT = "fake"  # the data-plane endpoint a simulated rank registers (kept short on purpose)
 _NEED_BODY = {M.Repair.KIND, M.Resume.KIND, M.StartRanks.KIND, M.Welcome.KIND}
 
