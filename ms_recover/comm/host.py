@@ -292,9 +292,10 @@ class HostBackend(CommBackend):
         ):
             # In place in a group of just this rank (GraphStep's buckets at one rank, every
             # step): the checks _enter makes, inline, then the call is numbered and there is
-            # nothing to copy, send or write. Each Python call costs about 3 us inside a
-            # graph's callback (cold caches, another core), so this path makes none; anything
-            # unusual (an abort, a bad op or dtype) takes the general path, which raises.
+            # nothing to copy, send or write. Each Python call costs a few us inside a
+            # graph's callback (caches cold after the graph's kernels), so this path makes
+            # none; anything unusual (an abort, a bad op or dtype) takes the general path,
+            # which raises.
             self._seq[group] += 1
             return array
         which = reduce_op(op)

@@ -250,7 +250,8 @@ class ReduceSlot:
     def _call(self, _slot: int, k: int, ptrs: Any, sizes: Any, flags: int) -> int:
         # Never let an exception escape into ctypes: it would be printed and turned into 0.
         # Every step but a graph's first: the same buffers, staged by the op, so the bucket
-        # loop runs here, with no call of its own (one costs ~3 us on MindSpore's thread).
+        # loop runs here, with no call of its own (a call costs a few us inside the graph:
+        # caches cold after its kernels).
         try:
             bufs = self._bufs
             if flags != SAME | STAGED or bufs is None:
