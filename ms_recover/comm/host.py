@@ -38,6 +38,7 @@ from ms_recover.comm.base import CommBackend, ReduceOp, check_out, same_buffer
 from ms_recover.comm.grouplog import WORLD, GroupLog
 from ms_recover.comm.hostauth import DataCurve
 from ms_recover.comm.hostcall import (
+    REDUCIBLE_KINDS,
     Call,
     check_reducible,
     contiguous,
@@ -280,10 +281,27 @@ class HostBackend(CommBackend):
     ) -> NDArray[Any]:
         """Sum (or mean) over the group; identical bits on every member; input untouched
         unless it is ``out``. One member with ``out`` the input: nothing to copy or write."""
+        if (
+            out is array
+            and type(array) is np.ndarray
+            and self._groups.get(group) == (self.rank,)
+            and self._link.usable
+            and isinstance(op, str)
+            and array.dtype.kind in REDUCIBLE_KINDS.get(op, "")
+            and array.flags.carray  # writeable: an ``out`` that could not take a result is refused
+        ):
+            # In place in a group of just this rank (GraphStep's buckets at one rank, every
+            # step): the checks _enter makes, inline, then the call is numbered and there is
+            # nothing to copy, send or write. Each Python call costs a few us inside a
+            # graph's callback (caches cold after the graph's kernels), so this path makes
+            # none; anything unusual (an abort, a bad op or dtype) takes the general path,
+            # which raises.
+            self._seq[group] += 1
+            return array
         which = reduce_op(op)
         # In place (GraphStep's buckets, every step): the array is its own out= and needs one
         # flags check. Each numpy call costs several times more inside a graph's callback
-        # than here (cold caches), so this path makes as few as it can.
+        # than here, so this path makes as few as it can.
         inplace = out is array and type(array) is np.ndarray and array.flags.carray
         src = array if inplace else contiguous(array)
         check_reducible(src.dtype, which)

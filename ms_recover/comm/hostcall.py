@@ -99,6 +99,13 @@ def signature(array: NDArray[Any]) -> str:
 _REDUCE_OPS: dict[str, ReduceOp] = {o.value: o for o in ReduceOp}
 
 
+# The dtype kinds each op reduces (keyed as _REDUCE_OPS), for check_reducible and the
+# backends' fast paths.
+REDUCIBLE_KINDS: dict[str, str] = {
+    o.value: "fc" if o is ReduceOp.MEAN else "fciu" for o in ReduceOp
+}
+
+
 def reduce_op(op: ReduceOp | str) -> ReduceOp:
     try:
         return _REDUCE_OPS[op]
@@ -108,8 +115,7 @@ def reduce_op(op: ReduceOp | str) -> ReduceOp:
 
 
 def check_reducible(dtype: np.dtype[Any], op: ReduceOp) -> None:
-    kinds = "fc" if op is ReduceOp.MEAN else "fciu"
-    if dtype.kind not in kinds:
+    if dtype.kind not in REDUCIBLE_KINDS[op]:
         valid = "float or complex" if op is ReduceOp.MEAN else "float, complex or integer"
         raise CommError(
             f"allreduce {op.value} of dtype {dtype} is not supported; dtype must be {valid}"

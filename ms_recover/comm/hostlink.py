@@ -95,6 +95,9 @@ class Link:
         self._aborted = threading.Event()
         self._lock = threading.Lock()  # orders abort() against close() on the pipe
         self._closed = False
+        #: Neither closed nor aborted: what a collective's fast path reads (one attribute, no
+        #: call); changed only under the lock, with the flags it sums up.
+        self.usable = True
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(kind)
@@ -148,6 +151,7 @@ class Link:
     def abort(self) -> None:
         """Make every current and future wait raise Interrupted. Safe from any thread."""
         with self._lock:
+            self.usable = False
             self._aborted.set()  # set before the wake byte: a woken poll must see the flag
             if not self._closed:
                 try:
@@ -156,7 +160,9 @@ class Link:
                     pass
 
     def clear_abort(self) -> None:
-        self._aborted.clear()
+        with self._lock:
+            self._aborted.clear()
+            self.usable = not self._closed
         self._drain_wake()
 
     def close(self) -> None:
@@ -170,6 +176,7 @@ class Link:
             if self._closed:
                 return
             self._closed = True
+            self.usable = False
             os.close(self._wake_r)
             os.close(self._wake_w)
         linger = 0 if self._aborted.is_set() else CLOSE_LINGER_MS

@@ -249,20 +249,42 @@ class ReduceSlot:
 
     def _call(self, _slot: int, k: int, ptrs: Any, sizes: Any, flags: int) -> int:
         # Never let an exception escape into ctypes: it would be printed and turned into 0.
+        # Every step but a graph's first: the same buffers, staged by the op, so the bucket
+        # loop runs here, with no call of its own (a call costs a few us inside the graph:
+        # caches cold after its kernels).
         try:
-            if not flags & SAME:  # new buffers: every view of the old ones is stale
-                self._views, self._bufs = ((), [], False), None
-            if not flags & STAGED:  # two gradients overlap: stage every bucket here
-                self.reduce_views(*self._grads(k, ptrs, sizes))
-                return 0
             bufs = self._bufs
-            if bufs is None:
-                bufs = self._bind(self._grads(k, ptrs, sizes)[0])
-            self._reduce_buffers(bufs)
+            if flags != SAME | STAGED or bufs is None:
+                bufs = self._prepare(k, ptrs, sizes, flags)
+                if bufs is None:
+                    return 0  # reduced bucket by bucket by reduce_views
+            fn = self.reduce_fn
+            late = None
+            for buf in bufs:
+                out = fn(buf)
+                if out is not buf:
+                    _check(out, buf)
+                    if late is None:
+                        late = []
+                    late.append((buf, out))
+            if late is not None:  # a new array: written only once every bucket is reduced
+                for buf, out in late:
+                    np.copyto(buf, out)
             return 0
         except BaseException as exc:  # noqa: BLE001 - latched and re-raised by the caller
             self._error = exc
             return 1
+
+    def _prepare(self, k: int, ptrs: Any, sizes: Any, flags: int) -> list[FlatGrads] | None:
+        """Each bucket's buffer for ``_call`` when the op's buffers are new; None when two
+        gradients overlap (the op staged nothing): they were reduced here, every bucket
+        staged."""
+        if not flags & SAME:  # new buffers: every view of the old ones is stale
+            self._views, self._bufs = ((), [], False), None
+        if not flags & STAGED:  # two gradients overlap: stage every bucket here
+            self.reduce_views(*self._grads(k, ptrs, sizes))
+            return None
+        return self._bufs if self._bufs is not None else self._bind(self._grads(k, ptrs, sizes)[0])
 
     def _bind(self, grads: Sequence[FlatGrads]) -> list[FlatGrads]:
         """Each bucket's buffer when the op stages: its gradient's own, or its staging one."""
@@ -271,19 +293,6 @@ class ReduceSlot:
             for b, stage in zip(self.buckets, self._stages, strict=True)
         ]
         return self._bufs
-
-    def _reduce_buffers(self, bufs: Sequence[FlatGrads]) -> None:
-        """Reduce each bucket's buffer in place (the op stages and scatters the small ones);
-        a result returned as a new array is written only once every bucket has succeeded."""
-        fn = self.reduce_fn
-        late = []
-        for buf in bufs:
-            out = fn(buf)
-            if out is not buf:
-                _check(out, buf)
-                late.append((buf, out))
-        for buf, out in late:
-            np.copyto(buf, out)
 
     def _grads(self, k: int, ptrs: Any, sizes: Any) -> tuple[list[FlatGrads], bool]:
         if self._views[0]:

@@ -90,8 +90,9 @@ class ManagerLink:
             return self._inbox.popleft() if self._inbox else None
 
     def has_command(self) -> bool:
-        with self._cond:
-            return bool(self._inbox)
+        """Whether a command is latched; no lock (polled every step: a deque's truth is one
+        atomic read under the GIL, and a command latched just after is seen next time)."""
+        return bool(self._inbox)
 
     def close(self, flush_s: float = 0.0) -> None:
         """Stop the thread; with ``flush_s`` > 0, queued messages are sent and given that long

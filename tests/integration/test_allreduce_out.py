@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ms_recover.comm.base import check_out
+from ms_recover.comm.grouplog import GroupLog
 from ms_recover.comm.local import LocalBackend
 from ms_recover.errors import CommError, Interrupted
 from tests.integration.test_host_backend import inputs, make, run_all
@@ -56,6 +57,25 @@ def test_one_rank_in_place_copies_nothing_but_still_enters_the_call(
     assert b._seq["world"] == seq + 2  # refused before it was numbered
     b.abort()
     with pytest.raises(Interrupted):  # the entry still runs: an aborted comm refuses it
+        b.allreduce(x, "mean", out=x)
+
+
+def test_one_rank_in_place_after_an_abort_a_rebuild_and_a_close(make: Any) -> None:
+    """The one-rank in-place path reads one flag for "neither aborted nor closed": a rebuild
+    makes the rank usable again, a close refuses every call, and a bad op is named."""
+    (b,) = make(1)
+    x = np.ones(8, np.float32)
+    b.abort()
+    with pytest.raises(Interrupted):
+        b.allreduce(x, "mean", out=x)
+    b.rebuild(b.epoch + 1, {0: b.endpoint}, GroupLog())
+    seq = b._seq["world"]
+    assert b.allreduce(x, "mean", out=x) is x and b._seq["world"] == seq + 1
+    with pytest.raises(CommError, match="reduce op 'avg' is not one of: sum, mean"):
+        b.allreduce(x, "avg", out=x)
+    assert b._seq["world"] == seq + 1
+    b.close()
+    with pytest.raises(CommError, match="closed"):
         b.allreduce(x, "mean", out=x)
 
 

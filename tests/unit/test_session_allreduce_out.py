@@ -48,3 +48,19 @@ def test_a_backend_without_out_still_serves_calls_without_it() -> None:
 
     s = Session(JobConfig(), 0, Old(), None, standalone=True)
     assert np.array_equal(s.allreduce(np.ones(2, np.float32), "sum"), [2.0, 2.0])
+
+
+def test_a_backend_step_hook_runs_on_every_commit_and_none_is_called_without_one() -> None:
+    class Hooked(LocalBackend):
+        ends = 0
+
+        def on_step_end(self) -> None:
+            self.ends += 1
+
+    hooked = Hooked()
+    s = Session(JobConfig(), 0, hooked, None, standalone=True)
+    s.connect()
+    assert s.run(lambda step: None, 3) == 2 and hooked.ends == 3
+    plain = session()
+    plain.connect()
+    assert plain._on_step_end is None and plain.run(lambda step: None, 2) == 1
