@@ -53,7 +53,14 @@ from numpy.typing import NDArray
 from ms_recover.comm import lanesmall
 from ms_recover.comm.hostlane import Lanes, PeerGone
 from ms_recover.comm.lanebuffers import RecvBuffer
-from ms_recover.comm.laneframe import FRAME, add_in_order, frame_error, header, output
+from ms_recover.comm.laneframe import (
+    FRAME,
+    add_in_order,
+    describe,
+    frame_error,
+    header,
+    output,
+)
 from ms_recover.errors import CommError
 
 FRAME_MAX_BYTES = 64 << 20  # a message is cut into frames of at most this many bytes
@@ -87,7 +94,6 @@ def exchange(
     None: a new array. ``spare``: the ring the peer's values land in, in place or above
     :data:`RING_BYTES` (without it they land in the result). A call that raises may have
     written part of ``into`` (in place: of ``flat``): its contents are then undefined."""
-    what = f"allreduce #{label[1]} on group {label[0]!r} with rank {peer}"
     try:
         sock = lanes.conn(peer, deadline)
         if flat.nbytes <= lanesmall.SMALL_MAX_BYTES:
@@ -96,10 +102,10 @@ def exchange(
             )
         run = _Exchange(lanes, sock, peer, label, flat, after_send, mean)
         run.target(into, spare)
-        out = run.loop(deadline, what)
+        out = run.loop(deadline, describe(label, peer))
     except PeerGone:
         lanes.drop(peer)
-        lanes.wait_for_abort(peer, deadline, what)
+        lanes.wait_for_abort(peer, deadline, describe(label, peer))
         raise AssertionError("unreachable: wait_for_abort always raises") from None
     except CommError:
         lanes.drop(peer)  # its stream is out of step now

@@ -31,6 +31,11 @@ def header(label: Label, offset: int, nbytes: int) -> bytes:
     return FRAME.pack(FRAME_MAGIC, len(g), len(m), seq, offset, nbytes) + g + m
 
 
+def describe(label: Label, peer: int) -> str:
+    """A call as its waits and errors name it."""
+    return f"allreduce #{label[1]} on group {label[0]!r} with rank {peer}"
+
+
 def frame_error(
     head: bytes | bytearray, label: Label, peer: int, rank: int, want: tuple[int, int, int]
 ) -> CommError | None:

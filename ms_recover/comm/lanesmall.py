@@ -35,6 +35,7 @@ from ms_recover.comm.laneframe import (
     FRAME_MAGIC,
     Label,
     add_in_order,
+    describe,
     frame_error,
     header,
     output,
@@ -127,21 +128,23 @@ class _Rest:
     def finish(self, sent: int, got: int, deadline: float | None) -> None:
         """Send from byte ``sent`` and read from byte ``got`` of the message until both are
         whole; the peer's header is checked as soon as enough of it is in."""
-        what = f"allreduce #{self.label[1]} on group {self.label[0]!r} with rank {self.peer}"
         self._check(got)
+        moved = True  # the caller just tried both ways: a wait comes first if neither moved
+        if sent == self.total and not got:
+            moved = False  # the common case: all sent, nothing arrived yet
         while sent < self.total or got < self.total:
+            if not moved:
+                events = (select.POLLOUT if sent < self.total else 0) | (
+                    select.POLLIN if got < self.total else 0
+                )
+                self.lanes.wait(self.sock, events, deadline, describe(self.label, self.peer))
             n = _send(self.sock, self._parts(self.head, self.src, sent)) if sent < self.total else 0
             if n and self.after_send is not None:
                 self.after_send()
             m = _read(self.sock, self._parts(self.hbuf, self.dst, got)) if got < self.total else 0
-            sent, got = sent + n, got + m
+            sent, got, moved = sent + n, got + m, bool(n or m)
             if m:
                 self._check(got)
-            if not n and not m:
-                events = (select.POLLOUT if sent < self.total else 0) | (
-                    select.POLLIN if got < self.total else 0
-                )
-                self.lanes.wait(self.sock, events, deadline, what)
 
     @staticmethod
     def _parts(head: Any, body: NDArray[np.uint8], start: int) -> list[Any]:
