@@ -31,31 +31,38 @@ before the call returns and stops within :data:`SENDER_SLICE_MS` of an abort. In
 ring then waits for the helper's sends. The bytes that cross each way are exactly the buffer's
 (plus a header of about 40 bytes per :data:`FRAME_MAX_BYTES`).
 
-On the wire a message is frames ``[FRAME header, group, meta, payload]``; the header carries
-the group's op sequence number and the payload's offset and size. Epoch and sender are the
-connection's (see :mod:`hostlane`). A frame of another call (a different group, sequence or
+On the wire a message is frames ``[FRAME header, group, meta, payload]`` (see
+:mod:`~ms_recover.comm.laneframe`). A frame of another call (a different group, sequence or
 signature) fails the call with CommError naming both calls, rather than deadlocking.
+
+A call of at most :data:`~ms_recover.comm.lanesmall.SMALL_MAX_BYTES` takes the latency path
+of :mod:`~ms_recover.comm.lanesmall` instead: the same frames, the same bits.
 """
 
 from __future__ import annotations
 
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
+from ms_recover.comm import lanesmall
 from ms_recover.comm.hostlane import Lanes, PeerGone
 from ms_recover.comm.lanebuffers import RecvBuffer
+from ms_recover.comm.laneframe import (
+    FRAME,
+    add_in_order,
+    describe,
+    frame_error,
+    header,
+    output,
+)
 from ms_recover.errors import CommError
 
-FRAME = struct.Struct("<4sHHQQQ")  # magic, group length, meta length, seq, offset, nbytes
-FRAME_MAGIC = b"msrD"
 FRAME_MAX_BYTES = 64 << 20  # a message is cut into frames of at most this many bytes
 ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is left at the end)
 IOV_MAX = 64  # buffers handed to one sendmsg
@@ -87,15 +94,18 @@ def exchange(
     None: a new array. ``spare``: the ring the peer's values land in, in place or above
     :data:`RING_BYTES` (without it they land in the result). A call that raises may have
     written part of ``into`` (in place: of ``flat``): its contents are then undefined."""
-    what = f"allreduce #{label[1]} on group {label[0]!r} with rank {peer}"
     try:
         sock = lanes.conn(peer, deadline)
+        if flat.nbytes <= lanesmall.SMALL_MAX_BYTES:
+            return lanesmall.exchange(
+                lanes, sock, peer, label, flat, mean, after_send, deadline, into, spare
+            )
         run = _Exchange(lanes, sock, peer, label, flat, after_send, mean)
         run.target(into, spare)
-        out = run.loop(deadline, what)
+        out = run.loop(deadline, describe(label, peer))
     except PeerGone:
         lanes.drop(peer)
-        lanes.wait_for_abort(peer, deadline, what)
+        lanes.wait_for_abort(peer, deadline, describe(label, peer))
         raise AssertionError("unreachable: wait_for_abort always raises") from None
     except CommError:
         lanes.drop(peer)  # its stream is out of step now
@@ -142,15 +152,7 @@ class _Exchange:
 
     def target(self, into: NDArray[Any] | None, spare: RecvBuffer | None) -> None:
         """Where the result goes (``out``) and where the peer's bytes land (``recv``)."""
-        self.out = np.empty_like(self.flat) if into is None else into
-        self.inplace = into is self.flat or (
-            into is not None and np.may_share_memory(into, self.flat)  # cheap: bounds only
-        )
-        if self.inplace and into is not self.flat:  # another view: it must start where flat does
-            if self.out.ctypes.data != self.flat.ctypes.data:
-                raise AssertionError(
-                    "a lane exchange into memory that overlaps its input elsewhere"
-                )
+        self.out, self.inplace = output(self.flat, into)
         if self.inplace and spare is None:
             raise AssertionError("an in-place lane exchange needs a RecvBuffer")
         span_bytes = self.span * self.flat.itemsize  # the ring holds whole spans
@@ -166,10 +168,8 @@ class _Exchange:
         bufs: list[tuple[memoryview, int]] = []
         for start in range(0, self.total, FRAME_MAX_BYTES):
             size = min(FRAME_MAX_BYTES, self.total - start)
-            head = FRAME.pack(
-                FRAME_MAGIC, len(self.group.encode()), len(self.meta), self.seq, start, size
-            )
-            bufs += [(memoryview(head + self.tail), -1), (src[start : start + size], start + size)]
+            head = header((self.group, self.seq, self.meta), start, size)
+            bufs += [(memoryview(head), -1), (src[start : start + size], start + size)]
         return bufs
 
     def loop(self, deadline: float | None, what: str) -> NDArray[Any]:
@@ -364,9 +364,7 @@ class _Exchange:
         self.head_got += n - extra
         if self.head_got < FRAME.size:
             return True
-        magic, glen, mlen, _, _, _ = FRAME.unpack_from(self.head)
-        if magic != FRAME_MAGIC:
-            raise CommError(f"rank {self.peer} sent a malformed lane frame ({magic!r})")
+        _, glen, mlen, _, _, _ = FRAME.unpack_from(self.head)
         size = FRAME.size + glen + mlen
         if size != len(self.head) or self.head_got == size:
             self.frame_end = self._frame_end(size)  # raises unless a frame of this call
@@ -391,21 +389,13 @@ class _Exchange:
 
     def _frame_end(self, size: int) -> int:
         """Check a complete frame header against this call; the end of its payload."""
-        _, glen, _, seq, offset, nbytes = FRAME.unpack_from(self.head)
-        group = bytes(self.head[FRAME.size : FRAME.size + glen]).decode(errors="replace")
-        meta = bytes(self.head[FRAME.size + glen : size]).decode(errors="replace")
-        if (group, seq, meta) != (self.group, self.seq, self.meta) or size != len(self.head):
-            where = "" if (group, seq) == (self.group, self.seq) else f" as op #{seq} of {group!r}"
-            raise CommError(
-                f"group {self.group!r} op #{self.seq}: rank {self.peer} called "
-                f"allreduce({meta}){where} but rank {self.lanes.rank} called allreduce({self.meta})"
-            )
-        if offset != self.got or nbytes != min(FRAME_MAX_BYTES, self.total - self.got):
-            raise CommError(
-                f"allreduce #{self.seq}: rank {self.peer} sent {nbytes} bytes at offset "
-                f"{offset}; expected offset {self.got} of {self.total}"
-            )
-        return int(offset + nbytes)
+        nbytes = min(FRAME_MAX_BYTES, self.total - self.got)
+        label = (self.group, self.seq, self.meta)
+        want = (self.got, nbytes, self.total)
+        exc = frame_error(self.head, label, self.peer, self.lanes.rank, want)
+        if exc is not None:
+            raise exc
+        return self.got + nbytes
 
     def _add(self, arrived: int) -> None:
         """Sum the elements that arrived since the last add (in place: and that were sent),
@@ -421,22 +411,7 @@ class _Exchange:
             b = min(ready, a + self.span)
             r = a % self.ring
             mine, theirs, out = self.flat[a:b], self.recv[r : r + b - a], self.out[a:b]
-            if self.low_first:  # the peer is the lower rank: its values go first
-                np.add(theirs, mine, out=out)
-            else:
-                np.add(mine, theirs, out=out)
-            if self.mean:
-                _halve(out)
+            add_in_order(mine, theirs, out, self.low_first, self.mean)
             self.added = b
             if self.outbox and b < ready and not self.sending:
                 self._send()
-
-
-def _halve(values: NDArray[Any]) -> None:
-    """``values /= 2`` in place, bit for bit. A real float times 0.5 is the same correctly
-    rounded value as divided by 2 (NaN payloads, infinities and subnormals included) and costs
-    about half as much; complex division is not a plain scaling in numpy, so it divides."""
-    if values.dtype.kind == "f":
-        np.multiply(values, 0.5, out=values)
-    else:
-        np.divide(values, 2, out=values)

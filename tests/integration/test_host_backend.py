@@ -14,7 +14,7 @@ import pytest
 import zmq
 from zmq.utils.garbage import GarbageCollectorThread
 
-from ms_recover.comm import hostring, hoststream, laneexchange
+from ms_recover.comm import hostring, hoststream, laneexchange, lanesmall
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.comm.host import HostBackend
 from ms_recover.comm.hostauth import (
@@ -690,6 +690,7 @@ def test_with_curve_there_is_no_lane() -> None:
 def test_a_lane_message_of_many_frames_and_spans_has_the_same_bits(
     make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
 ) -> None:
+    monkeypatch.setattr(lanesmall, "SMALL_MAX_BYTES", 0)  # 8 KB: the general exchange
     monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
     monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 8 frames of 125 doubles
     monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 64)  # many partial adds

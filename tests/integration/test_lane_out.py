@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ms_recover.comm import laneexchange
+from ms_recover.comm import laneexchange, laneframe, lanesmall
 from ms_recover.comm.host import HostBackend
 from ms_recover.comm.lanebuffers import POOL_MIN_BYTES, Results
 from ms_recover.errors import Interrupted
@@ -37,7 +37,9 @@ PATHS = pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "s
 
 @pytest.fixture
 def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Frames, spans and reads far smaller than the buffers, none dividing their sizes."""
+    """Frames, spans and reads far smaller than the buffers, none dividing their sizes (on
+    the general exchange: no call takes the small-buffer path)."""
+    monkeypatch.setattr(lanesmall, "SMALL_MAX_BYTES", 0)
     monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 1001 doubles: 9 frames
     monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 56)  # 7 doubles, 14 float32
     monkeypatch.setattr(laneexchange, "RECV_MAX", 200)
@@ -45,6 +47,8 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _path(monkeypatch: pytest.MonkeyPatch, threaded: bool) -> None:
+    """The general exchange, on one thread or with a sender thread."""
+    monkeypatch.setattr(lanesmall, "SMALL_MAX_BYTES", 0)
     monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
 
 
@@ -134,14 +138,19 @@ def test_out_overlapping_the_input_elsewhere_still_gets_the_plain_bits(make: Any
     assert bits(outs[0]) == bits(outs[1]) == bits(plain[0])
 
 
-@PATHS
+@pytest.mark.parametrize(
+    ("threaded", "size"),
+    [(False, 1 << 16), (True, 1 << 16), (False, 1000)],
+    ids=["one-thread", "sender-thread", "small-path"],
+)
 def test_an_in_place_call_whose_peer_dies_waits_for_the_abort(
-    make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
+    make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool, size: int
 ) -> None:
-    _path(monkeypatch, threaded)
+    if size * 8 > lanesmall.SMALL_MAX_BYTES:
+        _path(monkeypatch, threaded)
     b0, b1 = make(2)
     run_all([b0, b1], lambda b: b.allreduce(np.ones(8)))  # the lane is connected
-    grads = np.ones(1 << 16)
+    grads = np.ones(size)
     outcome: list[BaseException] = []
 
     def body() -> None:
@@ -198,11 +207,11 @@ def test_halving_is_dividing_by_two_bit_for_bit(dtype: Any, raw: Any) -> None:
     step = 1 if raw is np.uint16 else 4099  # every float16; float32 across its whole range
     values = np.arange(0, np.iinfo(raw).max + 1, step, dtype=np.uint64).astype(raw).view(dtype)
     halved = values.copy()
-    laneexchange._halve(halved)
+    laneframe.halve(halved)
     assert halved.tobytes() == np.divide(values, 2).tobytes()
     wide = np.array([np.inf + 1j, complex(np.nan, 3), 5e-324 + 0j], np.complex128)
     split = wide.copy()
-    laneexchange._halve(split)
+    laneframe.halve(split)
     assert split.tobytes() == np.divide(wide, 2).tobytes()
 
 
