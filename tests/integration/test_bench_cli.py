@@ -69,7 +69,7 @@ def test_detect_reports_rank_and_node_detection(tmp_path: Path) -> None:
 def test_controlplane_small_scale_at_the_default_heartbeat(tmp_path: Path) -> None:
     path = tmp_path / "cp.json"
     out, _ = _bench(
-        "controlplane", "--ranks", "32", "--repeats", "2", "--idle", "1", "--json", str(path)
+        "controlplane", "--ranks", "32", "--repeats", "2", "--idle", "3", "--json", str(path)
     )
     assert out.returncode == 0, out.stderr
     assert "heartbeat 0.5 s (the job default" in out.stdout
@@ -88,11 +88,12 @@ def test_controlplane_small_scale_at_the_default_heartbeat(tmp_path: Path) -> No
     assert scale["final_round"]["ok"] is True
     assert len(scale["final_round"]["replaced"]) == 2
     idle = scale["idle"]
-    # 4 agents heartbeat every agent_heartbeat_s (2/3 s), their 32 ranks folded in: about 6
-    # frames/s reach the manager (72/s when every rank had its own socket, each beating every
-    # 0.5 s), carrying about 48 rank heartbeats.
+    # 4 agents heartbeat every agent_heartbeat_s (2/3 s): about 6 frames/s reach the manager
+    # (72/s when every rank had its own socket, each beating every 0.5 s). One beat in about
+    # four (rank_report_s, 2.5 s) carries their 8 ranks' steps: in 3 s each agent reports once
+    # or twice, 32-64 rank heartbeats, 10.7-21.3/s.
     assert 3 < idle["in_per_s"] < 20 and idle["out_per_s"] >= 0 and idle["state"] == "running"
-    assert 30 < idle["relayed_per_s"] < 100
+    assert 8 < idle["relayed_per_s"] < 30
     assert 0 < idle["cpu_pct"] < 100
     assert report["settings"]["shape"] == "relay" and scale["relay"] is True
     m = _measures(report)
