@@ -6,9 +6,10 @@ Algorithms (``n`` members of a group, ring order = the group's rank order):
   with the same bits, reproducibly. Two members take a latency path instead: one exchange of
   the whole buffer, each adding the lower rank's values first (same bits on both). It runs
   over the pair's lane (a plain TCP connection authenticated once, see :mod:`hostlane` and
-  :mod:`laneexchange`) whenever both advertise one, which they do unless the data plane uses
-  CURVE; otherwise over ZeroMQ, up to ``EXCHANGE_MAX_BYTES``. More than two members take
-  recursive doubling (:mod:`hostdoubling`) up to ``DOUBLING_MAX_BYTES``.
+  :mod:`laneexchange`; up to 64 KiB one send, one read and one add, :mod:`lanesmall`) whenever
+  both advertise one, which they do unless the data plane uses CURVE; otherwise over ZeroMQ,
+  up to ``EXCHANGE_MAX_BYTES``. More than two members take recursive doubling
+  (:mod:`hostdoubling`) up to ``DOUBLING_MAX_BYTES``.
 * **broadcast**: a pipelined chain from the root along the ring.
 * **barrier**: dissemination, ``ceil(log2 n)`` rounds of empty messages.
 * **send/recv**: a manifest plus a chunked byte stream (see :mod:`hoststream`).

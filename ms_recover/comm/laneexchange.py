@@ -15,7 +15,8 @@ In place (``out`` the input itself, as a training step reduces its gradient buff
 is used at any size, and a span is summed into the input only once this member has sent it
 (the kernel has copied it), so the peer always gets the input as it was.
 
-One thread does both directions with non-blocking sockets, in lockstep with its adds: it
+Up to :data:`THREAD_MIN_BYTES`, one thread does both directions with non-blocking sockets, in
+lockstep with its adds: it
 sends at most :data:`SEND_AHEAD_BYTES` (and at least two spans) past what it has summed, reads
 what has arrived, adds what is whole, and polls only when none of that made progress. The
 bytes it sends were just read (or are about to be added) and the bytes it adds just arrived,
@@ -25,8 +26,10 @@ bytes, and the peer, whose lead is at least a span, always has a span to send (s
 :meth:`_Exchange.loop`). A buffer small enough for the kernel's socket buffers (the 37 KB of a
 demo gradient) costs one send, one poll and one read.
 
-From :data:`THREAD_MIN_BYTES` (off: no size reaches it; the code is kept and tested) a helper
-thread sends the whole buffer while the caller's thread receives and adds; the helper is joined
+From :data:`THREAD_MIN_BYTES` a helper thread sends the whole buffer while the caller's thread
+receives and adds: the lockstep holds only while both ranks run at once, and on a loaded host
+(other processes on the same cores) a rank that waits for a descheduled peer cannot send past
+its lead, while a sender thread keeps the socket buffers full. The helper is joined
 before the call returns and stops within :data:`SENDER_SLICE_MS` of an abort. In place, a full
 ring then waits for the helper's sends. The bytes that cross each way are exactly the buffer's
 (plus a header of about 40 bytes per :data:`FRAME_MAX_BYTES`).
@@ -68,9 +71,11 @@ ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is
 IOV_MAX = 64  # buffers handed to one sendmsg
 RECV_MAX = 256 << 10  # read at most this much at once, so it is still in cache when added
 SEND_AHEAD_BYTES = 512 << 10  # one thread sends at most this (at least 2 spans) past its adds
-# From this size a helper thread sends while this one receives. Off: on a quiet two-core host
-# the one thread in lockstep with its adds was measured faster at every size.
-THREAD_MIN_BYTES = 1 << 62
+# From this size a helper thread sends while this one receives. On a quiet two-core host the
+# one thread in lockstep with its adds was faster (64 MiB: 93-98 % of a raw exchange against
+# 77-80 %); with other processes on the cores (load 4-5.5) the sender thread was 1.6-2.6x
+# faster at 16 and 64 MiB, interleaved in one run, and a shared host is the common case.
+THREAD_MIN_BYTES = 4 << 20
 RING_BYTES = 1 << 20  # larger calls and in place: the peer's values wait in a ring of about this
 SENDER_SLICE_MS = 50
 
