@@ -1,7 +1,8 @@
 """``bench overhead``'s GRAPH_MODE rows: GraphStep's arms against a plain ``TrainOneStepCell``.
 
 The arms (:mod:`~ms_recover.mindspore.programs.overhead_graph`) run interleaved step by step
-in one process, each on its own model copy, in a fresh random order each round; each row is
+in one process, on one model, (g), (gc) and (gb) on one GraphStep (one compiled graph), in a
+fresh random order each round; each row is
 the median of the differences of the same round's steps, relative to the cell's median step.
 The null row (a second TrainOneStepCell) is the method's own noise. The (g) and (gb) rows
 carry DESIGN §8's targets: <= +10 % at the demo's ~1 ms step, <= +2 % at the wide MLP's

@@ -142,6 +142,25 @@ def floor_cell(net: Any, loss_fn: Any, optimizer: Any) -> Any:
     return cell
 
 
+def _tensors(batch: tuple[Any, ...]) -> tuple[tuple[Tensor, ...], Any]:
+    """The batch as Tensors, and its signature (each item's shape and dtype), in one pass.
+
+    A numpy array's signature is numpy's own shape and dtype (C attributes; a Tensor's are
+    Python properties, several calls each step, slow after the graph: caches cold). The
+    same array always makes the same Tensor, so its signature stands for the Tensor's; a
+    batch of Tensors of the same shapes has another signature and one warm-up more."""
+    tensors, signature = [], []
+    for b in batch:
+        if type(b) is np.ndarray:
+            tensors.append(Tensor(b))
+            signature.append((b.shape, b.dtype))
+        else:
+            t = b if isinstance(b, Tensor) else Tensor(b)
+            tensors.append(t)
+            signature.append((tuple(t.shape), t.dtype))
+    return tuple(tensors), tuple(signature)
+
+
 class GraphStep:
     """``step(*batch) -> loss`` for one rank, as one compiled graph; see the module doc.
 
@@ -193,7 +212,7 @@ class GraphStep:
             inplace_bytes,
         )
         self._cell: Any = None
-        self._warmed: set[tuple[tuple[tuple[int, ...], Any], ...]] = set()
+        self._warmed: set[Any] = set()  # the batch signatures (_tensors) warmed up
 
     @property
     def reduce_fn(self) -> ReduceFn:
@@ -226,20 +245,22 @@ class GraphStep:
 
         If ``reduce_fn`` raises, that exception propagates and nothing was applied.
         """
-        tensors = tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch)
-        return self._run(self._ready(tensors), tensors)
+        tensors, signature = _tensors(batch)
+        cell = self._cell
+        if cell is None or signature not in self._warmed:
+            cell = self._ready(tensors, signature)
+        return self._run(cell, tensors)
 
     def warm_up(self, *batch: Any) -> None:
         """Build, compile and run the graph once on ``batch`` with the identity reduction, then
         restore every value bit for bit (what the first step with a new signature does);
         called ahead by a spare (``ms_recover.init(warm_up=...)``), it takes the compile off
         that step. Only the shapes and dtypes of ``batch`` matter."""
-        self._ready(tuple(b if isinstance(b, Tensor) else Tensor(b) for b in batch))
+        self._ready(*_tensors(batch))
 
-    def _ready(self, tensors: tuple[Tensor, ...]) -> Any:
+    def _ready(self, tensors: tuple[Tensor, ...], signature: Any) -> Any:
         """The built cell, warmed up once for this batch signature."""
         cell = self._cell if self._cell is not None else self._build()
-        signature = tuple((tuple(t.shape), t.dtype) for t in tensors)
         if signature not in self._warmed:
             self._warm_up(cell, tensors)
             self._warmed.add(signature)

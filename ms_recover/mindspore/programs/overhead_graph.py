@@ -1,8 +1,9 @@
 """The GRAPH_MODE arms of the overhead benchmark's interleaved job (``--graph-mode``).
 
-Every arm is one training step of its own compiled graph on ONE model, the session's (its
-Parameters and the optimizer's moments are the same memory for every arm), on the same batches:
-
+Every arm is one training step on ONE model, the session's (its Parameters and the
+optimizer's moments are the same memory for every arm), on the same batches; ``graph``,
+``gcomm`` and ``gsession`` are ONE GraphStep (one compiled graph) whose reduce is switched
+before each arm's steps, every other arm its own graph:
 
 * ``cell``: MindSpore's own ``nn.TrainOneStepCell`` (GRAPH_MODE compiles it whole), what a
   user runs without ms_recover; every row is relative to it;
@@ -25,7 +26,10 @@ loss is read).
 Why one model and not a copy per arm: where a copy's buffers land in memory moves its step
 time by itself. Identical TrainOneStepCells on three copies of the wide MLP differed by 5-18 %
 (paired, this 2-core host, load 3-4), on one shared model by 1-2.5 %; the targets are 2 and
-10 %.
+10 %. Why one GraphStep for (g), (gc) and (gb): the same holds for a graph's own buffers.
+Two identical GraphSteps on the demo MLP differed by 6-7 % of its step (117 and 134 us, paired,
+in one process), more than the session costs, so (gb) - (g) on two graphs measured mostly
+where their buffers landed; on one graph it is the reduction and the session alone.
 """
 
 from __future__ import annotations
@@ -70,12 +74,14 @@ def interleave(
     def comm_reduce(flat: Flat) -> Flat:
         return session.comm.allreduce(flat, "mean", out=flat)  # type: ignore[no-any-return]
 
+    shared = GraphStep(*model)
     graphs = {
-        "graph": GraphStep(*model),
+        "graph": shared,
         "gskip": GraphStep(*model, on_failure="skip"),
-        "gcomm": GraphStep(*model, reduce_fn=comm_reduce),
-        "gsession": GraphStep(*model, reduce_fn=session_reduce),
+        "gcomm": shared,
+        "gsession": shared,
     }
+    reduces = {"graph": _identity, "gcomm": comm_reduce, "gsession": session_reduce}
     cells = {
         "cell": nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer),
         "null": nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer),
@@ -106,6 +112,8 @@ def interleave(
     for i in range(args.warmup + args.steps):
         random.Random(ORDER_SEED * 1_000_003 + i).shuffle(order)
         for kind in order:
+            if kind in reduces:
+                shared.reduce_fn = reduces[kind]
             run(kind, i)  # untimed: the arm's own model and graph are warm again
             cpu0 = link_cpu()
             t = time.perf_counter()
@@ -115,8 +123,8 @@ def interleave(
                 times[kind].append(dt)
                 if kind == "gsession":
                     link_s += link_cpu() - cpu0
-    for graph in graphs.values():
-        graph.close()
+    shared.close()
+    graphs["gskip"].close()
     return {
         **{f"{kind}_times": t for kind, t in times.items()},
         "graph_elements": graphs["graph"].num_elements,

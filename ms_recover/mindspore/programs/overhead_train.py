@@ -20,8 +20,8 @@ Modes (all time whole loop iterations, so the loop's own bookkeeping is inside t
   ``TrainOneStepCell``) with the arms of :mod:`~ms_recover.mindspore.programs.overhead_graph`
   instead: TrainOneStepCell, a second one (the null arm), the op with an empty body, and
   :class:`GraphStep` with the identity reduce, ``on_failure="skip"``, the backend's allreduce
-  and under the session, each its own graph on the session's model, in a random order each
-  round.
+  and under the session (the last three one GraphStep, its reduce switched per arm; the others
+  each its own graph), all on the session's model, in a random order each round.
   ``--hidden H`` swaps the demo MLP for a wider one (64-H-H-8).
 
 Results go to ``OUT/<mode>_R.json``. Runs as a process only (it imports MindSpore).
