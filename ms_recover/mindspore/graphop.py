@@ -12,8 +12,9 @@ the op itself (a ``memcpy`` before the callback), reduced, and scattered back by
 the callback has succeeded on every bucket.
 
 Why not ``func_type="pyfunc"``: its per-call cost was about 0.16 ms on this host (a demo step
-is about 0.5 ms); the ctypes callback costs a few tens of microseconds, mostly the GIL hand-over
-from MindSpore's kernel thread.
+is about 0.5 ms); the ctypes callback costs a few tens of microseconds, mostly Python running
+with caches the graph's kernels left cold (in GRAPH_MODE on CPU the callback runs on the
+training thread itself: measured, 400 calls of 400).
 
 A reduction that raises, on any bucket, is latched in its slot (ctypes would otherwise print
 and swallow it); the op then fails, MindSpore aborts the graph before the optimizer ran, and
@@ -184,8 +185,9 @@ class ReduceSlot:
     order, with a float32 vector: the gradient's own buffer (an in-place bucket) or a staging
     buffer. It returns an array of the same shape and dtype: ``buf`` itself, reduced in
     place, or a new array, which is then copied into the gradients. Results are written back
-    only once every bucket has been reduced. It runs on a MindSpore kernel thread while the
-    caller's thread waits in the graph, with the caller's floating-point environment. The
+    only once every bucket has been reduced. It runs on the thread that runs the graph's
+    kernels (the training thread itself in GRAPH_MODE on CPU), with the caller's
+    floating-point environment. The
     staging buffers are the slot's own, the same every step; the op fills them before the call
     and scatters them back after it (:meth:`reduce_views` does both itself).
 
