@@ -28,7 +28,7 @@ from ms_recover.manager.records import (
     WorldRecord,
 )
 from ms_recover.observability.events import EventLog
-from ms_recover.protocol.messages import AgentExit, Exit, Message
+from ms_recover.protocol.messages import AgentExit, Exit, Message, StartRanks
 
 log = logging.getLogger("ms_recover.manager")
 
@@ -109,6 +109,9 @@ class Executor:
             agent = self.model.agents[action.node_rank]
             agent.alive = False  # it is on its way out
             agent.released = action.msg.code != exitcodes.RESCHEDULE  # for good
+        elif isinstance(action.msg, StartRanks) and ident is not None:
+            for rank in action.msg.ranks:  # a new process: its exit is yet to be reported
+                self.model.ranks[rank].exit_code = None
 
     # ------------------------------------------------------------------ members and rounds
     def _mark_lost(self, action: A.MarkLost) -> None:

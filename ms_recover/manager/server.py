@@ -473,7 +473,9 @@ class ManagerServer:
     def _final_exit(self, ident: bytes, msg: M.RankExited) -> None:
         """A rank left after the job finished (its agent was told to exit, and waits for it)."""
         info = self.model.ranks[msg.rank]
-        if self._agent_ids.get(msg.node_rank) != ident or msg.pid != info.pid:
+        # A process started after the end that never registered (its agent ended it) is the
+        # rank's too: the only one without a registered process.
+        if self._agent_ids.get(msg.node_rank) != ident or (msg.pid != info.pid and info.alive):
             self.drops.drop(f"exit of rank {msg.rank} pid {msg.pid} after the end", repr(ident))
             return
         info.exit_code = msg.exit_code

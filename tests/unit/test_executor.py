@@ -81,6 +81,16 @@ def test_agent_exit_marks_the_agent_gone(ex: Executor) -> None:
     assert not ex.model.agents[1].alive and ex.model.agents[0].alive
 
 
+def test_a_restarted_rank_owes_its_exit_again(ex: Executor) -> None:
+    """After StartRanks the rank's exit is unreported again: a manager whose job just ended
+    waits for the new process (it is told the job is over) instead of stopping at once."""
+    for rank in (2, 3):
+        ex.model.ranks[rank].exit_code = -9
+    ex.execute([A.SendAgent("test", 1, M.StartRanks([3], "restart in place"))])
+    assert _sender(ex).sent == [(b"a1", M.StartRanks([3], "restart in place"))]
+    assert ex.model.ranks[3].exit_code is None and ex.model.ranks[2].exit_code == -9
+
+
 def test_start_round_resets_the_replaced_ranks_and_counts_a_try(ex: Executor) -> None:
     ex.model.ranks[3].committed_step = 9
     _round(ex, replace_ranks=frozenset({3}))
