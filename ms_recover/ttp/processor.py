@@ -7,7 +7,8 @@ on the processor's own action thread by calling the handlers MindSpore registere
 order:
 
 * STOP: the stop handler (not on a rank whose training thread already reported its error: it
-  has left the step), the prelock released, then the training thread's report awaited
+  has left the step; with the prelock armed, once the training thread parks there, bounded by
+  the action timeout), the prelock released, then the training thread's report awaited
   (bounded by the action timeout); answered with STOPPED and the committed step;
 * REBUILD: the clean handler, then the rebuild_group handler (and the host data plane, if the
   job attached one); answered with REBUILT;
@@ -102,6 +103,7 @@ class Processor:
         self.on_exit: Callable[[], object] | None = None  # stub mode: let the local manager end
         self._cv = threading.Condition()
         self._limit: int | None = None
+        self._parked = False  # the training thread waits in the prelock
         self._report: ReportState | None = None
         self._next: Action | None = None
         self._stopping = False
@@ -184,7 +186,11 @@ class Processor:
         """The prelock: block while ``step`` has reached the limit step, until released."""
         with self._cv:
             while self._limit is not None and step >= self._limit and not self._closed.is_set():
+                if not self._parked:
+                    self._parked = True
+                    self._cv.notify_all()
                 self._cv.wait(0.5)
+            self._parked = False
 
     def set_limit_step(self, step: int) -> None:
         with self._cv:
@@ -275,6 +281,14 @@ class Processor:
             reported = self._report is not None
         if not self._formed or reported:
             return  # not training yet, or the training thread already left its step
+        if self._limit is not None:
+            # The prelock is armed: a survivor's state is consistent once it parks there.
+            # Stopping it earlier, between its optimizer update and the step end's flag
+            # reset, makes MindSpore's stop handler refuse ("inconsistent state").
+            if not self._wait(
+                lambda: self._parked or self._report is not None, self.action_timeout_s
+            ):
+                log.warning("rank %d: not parked in the prelock; stopping anyway", self.rank)
         try:
             if "stop" in self.handlers:
                 fn, ctx = self.handlers["stop"]

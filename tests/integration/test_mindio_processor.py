@@ -237,6 +237,33 @@ def test_mindio_reboot_rank_handshake_contract() -> None:
     assert repaired.ok and repaired.committed_step == 4 and proc.repair_step == 5
 
 
+def test_mindio_stop_with_the_prelock_armed_waits_for_the_survivor_to_park() -> None:
+    """A stop that arrives between a survivor's optimizer update and its step end (MindSpore's
+    flag still reads the world size there, and its stop handler refuses) is carried out only
+    once the training thread parks in the prelock."""
+    cfg = JobConfig(node_nums=1, proc_per_node=2, phase_timeout_s=5.0)
+    proc = Processor(0, 2, cfg, action_timeout_s=5.0)
+    proc._formed = True
+    parked_at_stop: list[bool] = []
+    called = threading.Event()
+
+    def stop(args: Any, ctx: Any) -> None:
+        parked_at_stop.append(proc._parked)
+        called.set()
+
+    proc.register("stop", stop, "ctx0")
+    proc.set_limit_step(3)
+    stopper = threading.Thread(target=proc._on_stop, args=(M.Stop("retry: hccl"),), daemon=True)
+    stopper.start()
+    wait_for(lambda: proc._stopping, 5, "the stop taken")
+    assert not called.wait(0.3), "stopped mid-update, before the step end"
+    proc.end_updating_os(3)  # the step end: update reported, flag reset, then the prelock
+    proc.pause_train(3)  # parks; the stop handler runs and releases the prelock
+    proc.report_error(ReportState.RS_NORMAL.value)  # ForceStopError at the safe point
+    stopper.join(10)
+    assert not stopper.is_alive() and parked_at_stop == [True]
+
+
 def test_mindio_repair_source_gets_its_receivers_endpoints_before_send_recv() -> None:
     """A survivor sending by send_recv: the Repair's endpoints reach the data plane first (a
     repair pair is rarely a ring neighbour, so the Rebuild did not carry them)."""
