@@ -8,9 +8,18 @@ terminal summary ends with ``N scenarios, S survived, L lost steps``.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Generator, Iterator
 
 import pytest
+
+from ms_recover import env as E
+
+# ms-recover agent's standby (on by default) imports MindSpore in one more process per node
+# once the ranks train: seconds of CPU and 400 MB per agent of every short test job on this
+# 2-core host. The suite turns it off; the tests of the standby turn it on explicitly
+# (tests/integration/test_standby.py, tests/e2e/test_demo_job.py).
+os.environ.setdefault(E.STANDBY, "off")
 
 
 @dataclasses.dataclass

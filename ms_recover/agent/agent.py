@@ -58,6 +58,7 @@ class Agent:
         poll_s: float = 0.02,
         spares: int = 0,
         hands: RankHands | None = None,
+        standby: bool = False,
     ) -> None:
         if not command and hands is None:
             raise ValueError("agent needs a rank command, e.g. -- python train.py")
@@ -67,8 +68,11 @@ class Agent:
         self.relay = LocalRelay(self._ctx, config) if hands is None else None
         endpoint = self.relay.endpoint if self.relay is not None else None
         self.ranks: RankHands = (
-            hands if hands is not None else RankSet(config, command, log_dir, spares, endpoint)
+            hands
+            if hands is not None
+            else RankSet(config, command, log_dir, spares, endpoint, standby)
         )
+        self._training = False  # every local rank committed a step (told to the hands once)
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._epoch = 0
@@ -152,6 +156,7 @@ class Agent:
                 if now >= next_beat:
                     steps = self.relay.report(now) if self.relay is not None else {}
                     self.chan.send(M.AgentHeartbeat(cfg.node_rank, steps), self._epoch)
+                    self._note_training(steps)
                     next_beat = now + cfg.agent_heartbeat_s
                 self._wait(self.poll_s)
                 if self.exit_code is None and self._all_done():
@@ -163,6 +168,14 @@ class Agent:
             self.ranks.close()
             self.close()
         return self.exit_code if self.exit_code is not None else 128 + 15
+
+    def _note_training(self, steps: dict[int, int]) -> None:
+        if self._training or not steps:
+            return
+        local = self.config.ranks_of(self.config.node_rank)
+        if all(steps.get(r, -1) >= 0 for r in local):
+            self._training = True
+            self.ranks.training()
 
     def close(self) -> None:
         """Close the relay and the manager channel (:meth:`serve` does it on its way out)."""

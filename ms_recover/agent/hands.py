@@ -55,5 +55,8 @@ class RankHands(Protocol):
     def pids(self) -> dict[int, int]:
         """Rank -> pid of every local rank believed to be running."""
 
+    def training(self) -> None:
+        """Every local rank committed a step (background work may start now)."""
+
     def close(self) -> None:
         """Kill whatever still runs and release resources (never raises)."""

@@ -50,6 +50,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         f"to replace failed ranks without a cold start (0..{MAX_SPARES}, default 0)",
     )
     p.add_argument(
+        "--standby",
+        choices=("on", "off"),
+        help="keep one standby interpreter per node with MindSpore imported, started once the "
+        "ranks train, to restart a failed rank without a cold start; ignored with --spares "
+        f"(env {E.STANDBY}, default on)",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="the rank command after --, e.g. -- python train.py",
@@ -100,13 +107,26 @@ def run(args: argparse.Namespace) -> int:
     if args.log_dir:
         _check_log_dir(args.log_dir)
     _die_with_launcher()
-    agent = Agent(config, command, log_dir=args.log_dir, spares=args.spares)
+    agent = Agent(
+        config, command, log_dir=args.log_dir, spares=args.spares, standby=standby_on(args.standby)
+    )
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
         agent.stop()
 
     signal.signal(signal.SIGTERM, on_term)
     return agent.run()
+
+
+def standby_on(flag: str | None) -> bool:
+    """``--standby``, else ``MS_RECOVER_STANDBY``, else on."""
+    raw = flag if flag is not None else os.environ.get(E.STANDBY, "on").strip().lower()
+    if raw not in _SWITCH:
+        raise ConfigError(f"{E.STANDBY}={raw!r} is not valid; use on, off, 1 or 0")
+    return _SWITCH[raw]
+
+
+_SWITCH = {"on": True, "1": True, "off": False, "0": False}
 
 
 def _die_with_launcher() -> None:

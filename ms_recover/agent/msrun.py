@@ -126,6 +126,9 @@ class MsrunHands:
     def pids(self) -> dict[int, int]:
         return dict(self._pids)
 
+    def training(self) -> None:
+        """Nothing to start: msrun restarts its workers cold (no standby)."""
+
     def close(self) -> None:
         try:
             self.kill(list(self._pids))

@@ -21,6 +21,7 @@ from ms_recover.agent.hands import Exited
 from ms_recover.agent.spares import SparePool
 from ms_recover.config import JobConfig
 from ms_recover.strategy import format_strategies
+from ms_recover.worker.standby import command_ok
 
 PR_SET_PDEATHSIG = 1
 
@@ -77,6 +78,7 @@ class RankSet:
         log_dir: str = "",
         spares: int = 0,
         relay_endpoint: str | None = None,
+        standby: bool = False,
     ) -> None:
         self.config = config
         self.relay_endpoint = relay_endpoint
@@ -86,18 +88,34 @@ class RankSet:
         self.incarnations: dict[int, int] = {}
         self._logs: dict[int, IO[bytes]] = {}
         self._agent_pid = os.getpid()
+        # Pre-warmed spares if asked for; else one standby interpreter, if the command allows.
+        pool_command = command if spares else standby_command(command) if standby else None
+        self.standby = not spares and pool_command is not None
         self.spares = SparePool(
-            command,
+            pool_command or command,
             {**os.environ, **spare_env(config)},
-            spares,
+            spares or int(self.standby),
             self._log_file(-1),
             self._die_with_me,
         )
+        self._pool_started = False
 
     def start_all(self, ranks: Sequence[int]) -> None:
-        """Start every local rank, then warm the spares."""
+        """Start every local rank, then warm the spares (a standby waits for
+        :meth:`training`)."""
         for rank in ranks:
             self.start(rank)
+        if not self.standby:
+            self.fill_pool()
+
+    def training(self) -> None:
+        """Every local rank committed a step: start the standby now, so its import does not
+        compete with the ranks' own start."""
+        if self.standby and not self._pool_started:
+            self.fill_pool()
+
+    def fill_pool(self) -> None:
+        self._pool_started = True
         self.spares.fill()
 
     def start(self, rank: int) -> int:
@@ -106,8 +124,10 @@ class RankSet:
         inc = self.incarnations.get(rank, -1) + 1
         self.incarnations[rank] = inc
         env = rank_env(self.config, rank, inc, self.relay_endpoint)
-        # A pre-warmed spare, if one is ready; poll() starts the next once this one settled.
-        proc = self.spares.activate(env)
+        # A pre-warmed spare or the standby, if one is ready; poll() starts the next once this
+        # one settled. The standby writes to the rank's log from then on.
+        log_path = self._log_path(rank) if self.standby else ""
+        proc = self.spares.activate({**env, E.STANDBY_LOG: log_path} if log_path else env)
         if proc is None:
             out = self._log_file(rank)
             proc = subprocess.Popen(
@@ -123,14 +143,17 @@ class RankSet:
     def _die_with_me(self) -> None:
         die_with_parent(self._agent_pid)  # in the child, between fork and exec
 
+    def _log_path(self, rank: int) -> str:
+        if not self.log_dir:
+            return ""
+        os.makedirs(self.log_dir, exist_ok=True)
+        return os.path.join(self.log_dir, f"rank_{rank}.log" if rank >= 0 else "spares.log")
+
     def _log_file(self, rank: int) -> IO[bytes] | None:
         if not self.log_dir:
             return None
-        os.makedirs(self.log_dir, exist_ok=True)
         if rank not in self._logs:
-            name = f"rank_{rank}.log" if rank >= 0 else "spares.log"
-            path = os.path.join(self.log_dir, name)
-            self._logs[rank] = open(path, "ab")  # noqa: SIM115 - closed in close()
+            self._logs[rank] = open(self._log_path(rank), "ab")  # noqa: SIM115 - see close()
         return self._logs[rank]
 
     def poll(self) -> list[Exited]:
@@ -174,11 +197,22 @@ class RankSet:
         return {rank: proc.pid for rank, proc in self.procs.items()}
 
     def close(self, sig: int = signal.SIGTERM) -> None:
-        self.spares.close()
+        self.spares.close(kill=self.standby)
         self.kill(list(self.procs), sig)
         for fh in self._logs.values():
             fh.close()
         self._logs.clear()
+
+
+def standby_command(command: list[str]) -> list[str] | None:
+    """The standby's command for the rank command ``command`` (``python SCRIPT ...`` or
+    ``python -m MODULE ...``, as :mod:`ms_recover.worker.standby` runs it); None for any other
+    command (a shell script, interpreter options): such ranks always start cold."""
+    if not command or not os.path.basename(command[0]).startswith("python"):
+        return None
+    if not command_ok(command[1:]):
+        return None
+    return [command[0], "-m", "ms_recover.worker.standby", *command[1:]]
 
 
 def die_with_parent(parent: int = 0) -> None:

@@ -95,10 +95,13 @@ class SparePool:
             _close(spare)
         return None
 
-    def close(self) -> None:
-        """Release every unused spare (it exits when its pipe closes empty) and reap it."""
+    def close(self, kill: bool = False) -> None:
+        """Release every unused spare (it exits when its pipe closes empty) and reap it; with
+        ``kill``, SIGKILL it at once (a standby holds nothing, and may still be importing)."""
         for spare in self.spares:
             _close(spare)
+            if kill:
+                spare.proc.kill()
         for spare in self.settling:
             _close_fd(spare.settled)
         self.settling.clear()

@@ -7,7 +7,13 @@ node, the host data plane), on this host's CPU.
 **recover-in-place.** Once training is warm, one rank is SIGKILLed (by pid; ranks 1, 2, 3, ...
 in turn, each kill after the previous recovery finished). MTTR is the manager's ``recovery``
 event's ``mttr_s``: from the agent seeing the process die to every rank having committed the
-first step after the recovery; its phases are shown too.
+first step after the recovery; its phases are shown too. The agents run at their default:
+each node keeps its standby (:mod:`ms_recover.worker.standby`, an interpreter with MindSpore
+imported), and before each kill the bench waits until every node's standby is ready, as a fault some
+seconds into training finds it. What a waiting standby costs (memory, CPU) is shown.
+
+**Cold start** (``--standby off``). The same kills, each replacement a new interpreter that
+imports MindSpore: the floor without a standby.
 
 **With a pre-warmed spare** (``--spares N``, default 1; 0 skips it). The same kills on a job
 whose agents each keep N spare processes waiting in ``ms_recover.init()`` (MindSpore imported,
@@ -53,6 +59,7 @@ import tempfile
 import time
 from typing import Any
 
+from ms_recover import env as E
 from ms_recover.bench import msrunrestart, recoveryreport, sparecost
 from ms_recover.bench.jobdriver import JobDriver
 from ms_recover.bench.recoveryreport import RESTART_PARTS
@@ -134,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     inplace = _recover_in_place(config, args, os.path.join(workdir, "in-place"))
+    print("recovery: recover-in-place, cold start (--standby off) ...", flush=True)
+    cold = _recover_in_place(
+        config.replace(job_id=config.job_id + "-cold"),
+        args,
+        os.path.join(workdir, "cold"),
+        standby=False,
+    )
     spare = None
     if args.spares:
         print(f"recovery: recover-in-place with {args.spares} pre-warmed spare(s) per node ...")
@@ -160,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if args.msrun_restart:
         print("recovery: baseline, plain msrun restarting the whole job ...", flush=True)
         restart = _msrun_restart(args, world, os.path.join(workdir, "msrun-restart"))
-    report = recoveryreport.report(args, inplace, spare, baseline, workdir)
+    report = recoveryreport.report(args, inplace, cold, spare, baseline, workdir)
     if under_msrun is not None:
         recoveryreport.add_msrun(report, inplace, under_msrun)
     if restart is not None:
@@ -189,8 +203,16 @@ def _msrun_restart(args: argparse.Namespace, world: int, out: str) -> dict[str, 
 
 # ----------------------------------------------------------------------------- recover-in-place
 def _recover_in_place(
-    config: JobConfig, args: argparse.Namespace, out: str, spares: int = 0, launcher: str = "agent"
+    config: JobConfig,
+    args: argparse.Namespace,
+    out: str,
+    spares: int = 0,
+    launcher: str = "agent",
+    standby: bool = True,
 ) -> dict[str, Any]:
+    """Kills under recover-in-place. ``ms-recover agent`` keeps its default standby unless
+    ``standby`` is False (the cold start) or ``spares`` are asked for; each kill waits until
+    every node's standby or spares are warm (blocked on their assignment pipe)."""
     command = [
         sys.executable,
         "-m",
@@ -205,20 +227,20 @@ def _recover_in_place(
     job = (
         MsrunJob(config, command, {}, log_dir=logs)
         if launcher == "msrun"
-        else LocalJob(config, command, {}, log_dir=logs, spares=spares)
+        else LocalJob(config, command, {E.STANDBY: "on" if standby else "off"}, logs, spares=spares)
     )
     with job:
         d = JobDriver(job, args.timeout)
         d.until_running(args.warm_steps)
-        step_s = d.step_time(3.0)
-        want = config.node_nums * spares
+        want = config.node_nums * (spares or int(standby and launcher == "agent"))
         footprint = None
-        if spares:
-            d.wait(lambda: d.warm_spares() >= want, f"{want} warm spares")
+        if want:  # before the step time: a standby's import would share the cores with it
+            d.wait(lambda: d.warm_spares() >= want, f"{want} warm spares or standbys")
             footprint = sparecost.footprint(d)
+        step_s = d.step_time(3.0)
         for i in range(args.repeats):
-            if spares:
-                d.wait(lambda: d.warm_spares() >= want, f"{want} warm spares")
+            if want:
+                d.wait(lambda: d.warm_spares() >= want, f"{want} warm spares or standbys")
             rank = 1 + i % (config.world_size - 1)
             seen = d.count("recovery")
             t_kill = d.kill_rank(rank)
@@ -264,7 +286,7 @@ def _restart_from_checkpoint(
         job = LocalJob(
             config.replace(job_id=f"{config.job_id}-{tag}"),
             command,
-            {},
+            {E.STANDBY: "off"},  # a job-level restart: no process of it is restarted alone
             log_dir=os.path.join(run_out, "logs"),
         )
         return job.start(), run_out

@@ -20,7 +20,10 @@ SPARES_DEFAULT = (
     "Spares stay off by default (--spares 0): each costs a whole process on every node (the "
     "memory above) and only helps when one process fails (a lost node's replacement pods start "
     "cold); on Ascend a spare would also need a device of its own to compile for. Where host "
-    "memory allows, --spares 1 takes the import and the compile off the recovery path."
+    "memory allows, --spares 1 takes the import and the compile off the recovery path. The "
+    "standby is on by default (--standby on): one idle interpreter per node with MindSpore "
+    "imported, no device and no compile (its memory above), takes the interpreter start and "
+    "the import off the path."
 )
 
 
@@ -38,8 +41,9 @@ def footprint(d: JobDriver, window_s: float = 2.0) -> dict[str, Any]:
     }
 
 
-def rows(fp: dict[str, Any]) -> list[Measure]:
-    """The footprint as context rows of the recovery table (no target: a cost, not a goal)."""
+def rows(fp: dict[str, Any], what: str = "warm spare") -> list[Measure]:
+    """The footprint as context rows of the recovery table (no target: a cost, not a goal);
+    ``what`` names the waiting process (a warm spare, or the standby)."""
 
     def mb(who: str, kind: str) -> float | None:
         return median([m[kind] for m in fp[who]])
@@ -47,15 +51,15 @@ def rows(fp: dict[str, Any]) -> list[Measure]:
     private = mb("spares", "private")
     return [
         Measure(
-            "  memory per warm spare (RSS, median)",
+            f"  memory per {what} (RSS, median)",
             mb("spares", "rss"),
             "MB",
             note=f"private {private or 0:.0f} MB: the rest is shared libraries, mapped once",
         ),
-        Measure("  memory per warm spare (private, median)", private, "MB"),
+        Measure(f"  memory per {what} (private, median)", private, "MB"),
         Measure("  a training rank's RSS, for comparison", mb("ranks", "rss"), "MB"),
         Measure(
-            "  CPU of a waiting spare",
+            f"  CPU of a waiting {what.split()[-1]}",
             (fp["idle_cpu"] or 0.0) * 100,
             "% of a core",
             note="blocked on its assignment pipe",

@@ -40,22 +40,42 @@ def await_assignment(warm_up: Callable[[], object] | None = None) -> bool:
     settled = os.environ.pop(SPARE_SETTLED_FD, "")
     if not fd:
         return True
-    if settled:
-        _settled_fd.append(int(settled))
+    adopt_settle_pipe(settled)
     started = time.monotonic()
     if warm_up is not None:
         warm_up()
     for name in _PRELOAD:
         importlib.import_module(name)
     log.info("spare %d ready in %.2fs; waiting for a rank", os.getpid(), time.monotonic() - started)
+    env = read_assignment(int(fd))
+    if env is None:
+        return False
+    os.environ.update(env)
+    return True
+
+
+def read_assignment(fd: int) -> dict[str, str] | None:
+    """Block until the agent writes a rank's environment to ``fd`` and closes it; None if it
+    closed the pipe with nothing written (released unused)."""
     chunks = []
-    with os.fdopen(int(fd), "rb") as pipe:
+    with os.fdopen(fd, "rb") as pipe:
         for chunk in iter(lambda: pipe.read(65536), b""):
             chunks.append(chunk)
     if not chunks:
-        return False
-    os.environ.update(json.loads(b"".join(chunks)))
-    return True
+        return None
+    env = json.loads(b"".join(chunks))
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError("the agent's assignment is not a JSON object of strings")
+    return env
+
+
+def adopt_settle_pipe(fd: str) -> None:
+    """Make :func:`settled` write to ``fd`` (a standby that took a rank: its program's session
+    reports the first commit as a spare's would)."""
+    if fd:
+        _settled_fd.append(int(fd))
 
 
 def settled() -> None:

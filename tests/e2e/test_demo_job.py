@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from ms_recover import env as E
 from ms_recover.config import JobConfig
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.faults import Faults
@@ -30,6 +31,7 @@ def _job(
     delay: float = 0.0,
     spares: int = 0,
     extra: tuple[str, ...] = (),
+    standby: str = "off",
 ) -> LocalJob:
     config = JobConfig(
         job_id="e2e",
@@ -51,7 +53,7 @@ def _job(
     return LocalJob(
         config,
         command,
-        faults.to_env() if faults else {},
+        {**(faults.to_env() if faults else {}), E.STANDBY: standby},
         log_dir=os.path.join(out, "logs"),
         reschedule_delay_s=delay,
         spares=spares,
@@ -92,6 +94,19 @@ def test_recover_in_place_after_kill_9_is_bit_identical(tmp_path, reference):
     with _job(out, Faults().kill(rank=1, step=9), "recover-in-place,exit") as job:
         recovery = _check(job, out, reference, "recover-in-place")
     assert recovery["replaced"] == [1] and recovery["target_step"] == 9
+
+
+def test_the_standby_runs_the_restarted_rank_bit_identically(tmp_path, reference):
+    """ms-recover agent's default standby (MindSpore imported ahead, started once the ranks
+    train) takes the killed rank: the run ends with the reference's bits."""
+    out = str(tmp_path)
+    fault = Faults().kill(rank=1, step=18)  # ~9 s in: the standby has started by then
+    extra = ("--step-time", "0.5")
+    with _job(out, fault, "recover-in-place,exit", extra=extra, standby="on") as job:
+        recovery = _check(job, out, reference, "recover-in-place")
+    assert recovery["replaced"] == [1] and recovery["target_step"] == 18
+    with open(os.path.join(out, "logs", "rank_1.log")) as fh:
+        assert "ms_recover: standby" in fh.read()
 
 
 def test_a_prewarmed_spare_takes_over_bit_identically(tmp_path, reference):

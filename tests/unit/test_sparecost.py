@@ -82,15 +82,21 @@ def test_the_spare_row_carries_its_target_verdict_phases_and_cost():
         "ranks": [{"rss": 444.0, "pss": 230.0, "private": 180.0}],
         "idle_cpu": 0.0,
     }
-    inplace = {"step_s": 0.02, "samples": [_sample(1.0)] * 3, "footprint": None}
+    standby_fp = {**fp, "spares": [{"rss": 300.0, "pss": 100.0, "private": 60.0}]}
+    inplace = {"step_s": 0.02, "samples": [_sample(1.0)] * 3, "footprint": standby_fp}
+    cold = {"step_s": 0.02, "samples": [_sample(2.5)] * 3, "footprint": None}
     for mttrs, verdict in (([0.07, 0.11, 0.3], "PASS"), ([0.1, 0.2, 0.3], "MISS")):
         spare = {"step_s": 0.02, "samples": [_sample(m) for m in mttrs], "footprint": fp}
         base = {"step_s": 0.02, "samples": [_restart()] * 3}
-        rep = recoveryreport.report(args, inplace, spare, base, "/tmp/x")
+        rep = recoveryreport.report(args, inplace, cold, spare, base, "/tmp/x")
         rows = {m.name.strip(): m for m in rep.measures}
         row = rows["MTTR with 1 pre-warmed spare(s)/node, median of 3"]
         assert (row.target, row.verdict) == ("<= 0.15 s", verdict)
         assert rows["spare MTTR, max"].value == 0.3
         assert all(f"spare phase {p}" in rows for p in PHASES)
         assert rows["memory per warm spare (RSS, median)"].value == 440.0
+        assert rows["memory per standby (private, median)"].value == 60.0
+        assert rows["recover-in-place MTTR, cold start (--standby off), median of 3"].value == 2.5
+        floor = rows["spare MTTR below the cold floor (cold MTTR - spare MTTR)"]
+        assert floor.value == 2.5 - sorted(mttrs)[1]  # against the cold start, not the standby
         assert sparecost.SPARES_DEFAULT in rep.notes

@@ -1,0 +1,160 @@
+"""The standby interpreter: MindSpore imported ahead, a restarted rank run in it as ``python``
+would run it, its output in the rank's log; started only once the ranks train."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ms_recover import env as E
+from ms_recover.agent.agent import Agent
+from ms_recover.agent.main import standby_on
+from ms_recover.agent.ranks import RankSet, standby_command
+from ms_recover.bench.jobdriver import _is_warm_spare
+from ms_recover.config import JobConfig
+from ms_recover.errors import ConfigError
+from ms_recover.testing.wait import wait_for
+
+PROGRAM = """\
+import json, os, sys
+print("hello from rank", os.environ["RANK_ID"], flush=True)
+out = os.path.join(os.environ["OUT"], "rank_%s_%s.json" % (os.environ["RANK_ID"],
+                                                          os.environ["MS_RECOVER_INCARNATION"]))
+with open(out, "w") as fh:
+    json.dump({"argv": sys.argv, "name": __name__, "path0": sys.path[0],
+               "preloaded": "mindspore" in sys.modules, "pid": os.getpid(),
+               "fd_left": "MS_RECOVER_SPARE_FD" in os.environ}, fh)
+sys.exit(3)
+"""
+
+
+def test_standby_command_accepts_a_script_or_a_module_and_nothing_else() -> None:
+    py = sys.executable
+    assert standby_command([py, "t.py", "-x"]) == [
+        py,
+        "-m",
+        "ms_recover.worker.standby",
+        "t.py",
+        "-x",
+    ]
+    assert standby_command(["python3", "-m", "pkg.mod"]) == [
+        "python3",
+        "-m",
+        "ms_recover.worker.standby",
+        "-m",
+        "pkg.mod",
+    ]
+    for cold in (["python", "-u", "t.py"], ["bash", "run.sh"], ["python", "-m"], ["python"], []):
+        assert standby_command(cold) is None, cold
+
+
+def test_standby_switch_names_its_valid_values() -> None:
+    assert standby_on("off") is False and standby_on("on") is True
+    os.environ[E.STANDBY] = "0"
+    try:
+        assert standby_on(None) is False
+        os.environ[E.STANDBY] = "maybe"
+        with pytest.raises(ConfigError, match="use on, off, 1 or 0"):
+            standby_on(None)
+    finally:
+        del os.environ[E.STANDBY]
+    assert standby_on(None) is True  # the default
+
+
+def _ranks(tmp_path: Path) -> tuple[RankSet, Path]:
+    script = tmp_path / "prog" / "train.py"
+    script.parent.mkdir()
+    script.write_text(PROGRAM)
+    os.environ["OUT"] = str(tmp_path)
+    config = JobConfig(node_nums=1, proc_per_node=2, manager_port=1)
+    ranks = RankSet(
+        config, [sys.executable, str(script), "a"], str(tmp_path / "logs"), 0, None, True
+    )
+    return ranks, script
+
+
+def _exits(ranks: RankSet, n: int) -> list[Any]:
+    got: list[Any] = []
+    wait_for(lambda: got.extend(ranks.poll()) or len(got) >= n, 60, f"{n} rank exits")
+    return got
+
+
+def test_a_restarted_rank_runs_in_the_standby_as_python_would_run_it(tmp_path: Path) -> None:
+    ranks, script = _ranks(tmp_path)
+    try:
+        ranks.start_all([0, 1])
+        assert not ranks.spares.spares  # no standby while the ranks start
+        assert [e.exit_code for e in _exits(ranks, 2)] == [3, 3]
+        ranks.training()
+        standby = ranks.spares.spares[0].proc.pid
+        wait_for(lambda: _is_warm_spare(standby, {os.getpid()}), 120, "a warm standby")
+        assert ranks.start(1) == standby
+        (exited,) = _exits(ranks, 1)
+        assert (exited.rank, exited.pid, exited.exit_code) == (1, standby, 3)
+        cold = json.loads((tmp_path / "rank_1_0.json").read_text())
+        warm = json.loads((tmp_path / "rank_1_1.json").read_text())
+        assert warm["pid"] == standby and cold["pid"] != standby
+        for key in ("argv", "name", "path0", "fd_left"):
+            assert warm[key] == cold[key], key
+        assert warm["argv"] == [str(script), "a"] and warm["name"] == "__main__"
+        assert warm["path0"] == str(script.parent) and warm["fd_left"] is False
+        assert warm["preloaded"] is True and cold["preloaded"] is False
+        log = (tmp_path / "logs" / "rank_1.log").read_text()
+        assert log.count("hello from rank 1") == 2  # the cold start's and the standby's
+        assert f"ms_recover: standby {standby} runs rank 1" in log
+    finally:
+        ranks.close()
+        os.environ.pop("OUT", None)
+
+
+def test_an_unused_standby_is_killed_and_reaped_at_once(tmp_path: Path) -> None:
+    """Even mid-import: the agent's end does not wait for it."""
+    ranks, _ = _ranks(tmp_path)
+    ranks.training()
+    proc = ranks.spares.spares[0].proc
+    ranks.close()
+    assert proc.returncode == -9
+    os.environ.pop("OUT", None)
+
+
+def test_a_standby_released_unused_exits_zero(tmp_path: Path) -> None:
+    """The spare protocol's release (its pipe closed empty), once it is waiting."""
+    ranks, _ = _ranks(tmp_path)
+    try:
+        ranks.training()
+        proc = ranks.spares.spares[0].proc
+        wait_for(lambda: _is_warm_spare(proc.pid, {os.getpid()}), 120, "a warm standby")
+        ranks.spares.close()
+        assert proc.returncode == 0
+    finally:
+        ranks.close()
+        os.environ.pop("OUT", None)
+
+
+class _Hands:
+    def __init__(self) -> None:
+        self.told = 0
+
+    def training(self) -> None:
+        self.told += 1
+
+
+def test_the_agent_tells_its_hands_once_every_local_rank_committed_a_step() -> None:
+    config = JobConfig(node_nums=2, node_rank=1, proc_per_node=2, manager_port=1)
+    hands = _Hands()
+    agent = Agent(config, [], hands=hands)  # type: ignore[arg-type]
+    try:
+        agent._note_training({})
+        agent._note_training({2: 5, 3: -1})  # rank 3 has not committed a step yet
+        agent._note_training({2: 5})
+        assert hands.told == 0
+        agent._note_training({2: 6, 3: 0})
+        agent._note_training({2: 7, 3: 1})
+        assert hands.told == 1
+    finally:
+        agent.close()
