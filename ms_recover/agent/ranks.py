@@ -207,7 +207,11 @@ class RankSet:
 def standby_command(command: list[str]) -> list[str] | None:
     """The standby's command for the rank command ``command`` (``python SCRIPT ...`` or
     ``python -m MODULE ...``, as :mod:`ms_recover.worker.standby` runs it); None for any other
-    command (a shell script, interpreter options): such ranks always start cold."""
+    command (a shell script, interpreter options), and when MindSpore logs to files
+    (``GLOG_logtostderr=0``: it names their directory after ``RANK_ID`` as it loads, before a
+    standby knows its rank): such ranks always start cold."""
+    if os.environ.get("GLOG_logtostderr", "").strip() == "0":
+        return None
     if not command or not os.path.basename(command[0]).startswith("python"):
         return None
     if not command_ok(command[1:]):

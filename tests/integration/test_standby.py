@@ -51,6 +51,11 @@ def test_standby_command_accepts_a_script_or_a_module_and_nothing_else() -> None
     ]
     for cold in (["python", "-u", "t.py"], ["bash", "run.sh"], ["python", "-m"], ["python"], []):
         assert standby_command(cold) is None, cold
+    os.environ["GLOG_logtostderr"] = "0"  # MindSpore's per-rank log directories
+    try:
+        assert standby_command([py, "t.py"]) is None
+    finally:
+        del os.environ["GLOG_logtostderr"]
 
 
 def test_standby_switch_names_its_valid_values() -> None:
