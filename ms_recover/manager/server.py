@@ -8,6 +8,7 @@ this server (:meth:`ManagerServer.send`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -42,6 +43,10 @@ from ms_recover.protocol.transport import (
     recv_frames,
     send_frames,
 )
+
+#: From this many ranks the manager freezes its heap once per running epoch (see
+#: :meth:`ManagerServer._freeze_when_running`).
+FREEZE_MIN_RANKS = 1024
 
 log = logging.getLogger("ms_recover.manager")
 _BEAT = M.AgentHeartbeat.KIND
@@ -102,6 +107,7 @@ class ManagerServer:
         self.slots = Slots(config.agent_heartbeat_s, config.proc_per_node)
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._seq = 0
+        self._frozen_epoch = -1  # the last epoch whose RUNNING state froze the heap
         self.cadence = Cadence(self.model, tick_s)
         self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
         self._poller.register(self._sock, zmq.POLLIN)
@@ -152,6 +158,7 @@ class ManagerServer:
                     self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
                     self.relay.flush()  # what handlers and decide sent to relayed ranks
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
+                    self._freeze_when_running()
                     rest = self.cadence.rest_s()
                 if rest:
                     self._stop.wait(rest)
@@ -162,6 +169,21 @@ class ManagerServer:
         finally:
             self.close()
         return self.exit_code()
+
+    def _freeze_when_running(self) -> None:
+        """Once per epoch that reaches RUNNING, move every object alive to Python's permanent
+        GC generation (``gc.freeze``): the job model (a RankInfo per rank, their maps) then
+        costs the cyclic collector nothing. At 16,384 ranks a full collection took ~45 ms, and
+        one that fell inside a stop-all delayed it by that much. Frozen objects are still
+        freed by reference counting; the young generations are collected first, so only
+        cyclic garbage that had already grown old is kept."""
+        epoch = self.model.epoch
+        if self.config.world_size < FREEZE_MIN_RANKS:
+            return  # a small job's heap costs the collector little: leave the process as it is
+        if self._frozen_epoch != epoch and self.model.state is JobState.RUNNING:
+            self._frozen_epoch = epoch
+            gc.collect(1)
+            gc.freeze()
 
     def _decide_and_execute(self) -> None:
         """One decide + execute. An unexpected error is logged (rate limited) and the next tick
