@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import multiprocessing as mp
 import os
 import resource
@@ -368,6 +369,10 @@ class _Scale:
                 proc.join()
         for conn in self.conns:
             conn.close()
+        # The manager froze this process's heap (ManagerServer._freeze_when_running): let the
+        # collector reclaim this scale's job before the next one is measured.
+        gc.unfreeze()
+        gc.collect()
 
 
 def _run_scale(ranks: int, args: argparse.Namespace, fd_limit: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ only once the whole input was sent, so the peer always gets the input as it was.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 from collections.abc import Callable
@@ -70,7 +71,11 @@ def exchange(
     head = header(label, 0, flat.nbytes)
     hbuf = bytearray(len(head))
     total = len(head) + flat.nbytes
-    sent = _send(sock, [head, flat])
+    try:
+        sent = _send(sock, [head, flat])
+    except PeerGone:  # it hung up: perhaps on a mismatch, whose header may still be here
+        _Rest(lanes, sock, peer, label, head, hbuf, flat, theirs, after_send).last_words(0)
+        raise
     if after_send is not None:
         after_send()
     got = _read(sock, [hbuf, theirs])
@@ -124,10 +129,31 @@ class _Rest:
         self.head, self.hbuf, self.after_send = head, hbuf, after_send
         self.src, self.dst = flat.view(np.uint8), theirs.view(np.uint8)
         self.total = len(head) + flat.nbytes
+        self.sent = 0  # bytes of this member's message the kernel took
 
     def finish(self, sent: int, got: int, deadline: float | None) -> None:
         """Send from byte ``sent`` and read from byte ``got`` of the message until both are
-        whole; the peer's header is checked as soon as enough of it is in."""
+        whole; the peer's header is checked as soon as enough of it is in.
+
+        A mismatch is raised once this member's own header is out, so that the peer can name
+        both calls too. The caller then drops (closes) the lane with the rest of the peer's
+        message unread, which resets the connection: the peer's next send fails, but what
+        arrived before the reset is still readable, and :meth:`last_words` reads it, so the
+        peer reports the mismatch rather than a hang-up."""
+        try:
+            self._finish(sent, got, deadline)
+        except CommError:
+            with contextlib.suppress(PeerGone, CommError):  # the mismatch is what to report
+                self._send_header(deadline)
+            raise
+
+    def _send_header(self, deadline: float | None) -> None:
+        while self.sent < len(self.head):
+            self.lanes.wait(self.sock, select.POLLOUT, deadline, describe(self.label, self.peer))
+            self.sent += _send(self.sock, [memoryview(self.head)[self.sent :]])
+
+    def _finish(self, sent: int, got: int, deadline: float | None) -> None:
+        self.sent = sent
         self._check(got)
         moved = True  # the caller just tried both ways: a wait comes first if neither moved
         if sent == self.total and not got:
@@ -138,13 +164,35 @@ class _Rest:
                     select.POLLIN if got < self.total else 0
                 )
                 self.lanes.wait(self.sock, events, deadline, describe(self.label, self.peer))
-            n = _send(self.sock, self._parts(self.head, self.src, sent)) if sent < self.total else 0
+            try:
+                n = (
+                    _send(self.sock, self._parts(self.head, self.src, sent))
+                    if sent < self.total
+                    else 0
+                )
+            except PeerGone:
+                self.last_words(got)
+                raise
             if n and self.after_send is not None:
                 self.after_send()
             m = _read(self.sock, self._parts(self.hbuf, self.dst, got)) if got < self.total else 0
             sent, got, moved = sent + n, got + m, bool(n or m)
+            self.sent = sent
             if m:
                 self._check(got)
+
+    def last_words(self, got: int) -> None:
+        """The peer hung up: read what it sent before (from byte ``got``), raising CommError
+        if its header differs from this member's; returns when nothing more is there."""
+        while got < self.total:
+            try:
+                m = _read(self.sock, self._parts(self.hbuf, self.dst, got))
+            except PeerGone:
+                return
+            if not m:
+                return
+            got += m
+            self._check(got)
 
     @staticmethod
     def _parts(head: Any, body: NDArray[np.uint8], start: int) -> list[Any]:
