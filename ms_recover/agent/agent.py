@@ -156,8 +156,8 @@ class Agent:
                 if now >= next_beat:
                     steps = self.relay.report(now) if self.relay is not None else {}
                     self.chan.send(M.AgentHeartbeat(cfg.node_rank, steps), self._epoch)
-                    self._note_training(steps)
                     next_beat = now + cfg.agent_heartbeat_s
+                self._note_training()
                 self._wait(self.poll_s)
                 if self.exit_code is None and self._all_done():
                     self.exit_code = exitcodes.OK
@@ -169,11 +169,12 @@ class Agent:
             self.close()
         return self.exit_code if self.exit_code is not None else 128 + 15
 
-    def _note_training(self, steps: dict[int, int]) -> None:
-        if self._training or not steps:
+    def _note_training(self) -> None:
+        """Tell the hands once every local rank's heartbeat named a committed step (within a
+        heartbeat of the last one's first step)."""
+        if self._training or self.relay is None:
             return
-        local = self.config.ranks_of(self.config.node_rank)
-        if all(steps.get(r, -1) >= 0 for r in local):
+        if self.relay.stepped.issuperset(self.config.ranks_of(self.config.node_rank)):
             self._training = True
             self.ranks.training()
 

@@ -70,6 +70,7 @@ class LocalRelay:
         self._items: list[tuple[bytes, Envelope, int]] = []  # (identity, envelope, bytes)
         self._steps: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, committed step)
         self._latest: dict[int, bytes] = {}  # rank -> the identity it last wrote from
+        self.stepped: set[int] = set()  # ranks whose heartbeat named a committed step
         self._urgent: dict[bytes, int] = {}  # identity -> the step its RESUME named
         self._report_at = -math.inf  # when the next heartbeat carries the steps (see report)
 
@@ -104,9 +105,12 @@ class LocalRelay:
             return
         self._latest[rank] = ident
         msg = env.msg
-        if isinstance(msg, M.WorkerHeartbeat) and not self._due(ident, msg.committed_step):
-            self._steps[rank] = (ident, msg.committed_step)
-            return
+        if isinstance(msg, M.WorkerHeartbeat):
+            if msg.committed_step >= 0:
+                self.stepped.add(rank)
+            if not self._due(ident, msg.committed_step):
+                self._steps[rank] = (ident, msg.committed_step)
+                return
         self._items.append((ident, env, sum(map(len, frames[1:]))))
 
     def _due(self, ident: bytes, step: int) -> bool:

@@ -18,6 +18,7 @@ from ms_recover.agent.ranks import RankSet, standby_command
 from ms_recover.bench.jobdriver import _is_warm_spare
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
+from ms_recover.protocol import messages as M
 from ms_recover.testing.wait import wait_for
 
 PROGRAM = """\
@@ -151,15 +152,33 @@ class _Hands:
 
 def test_the_agent_tells_its_hands_once_every_local_rank_committed_a_step() -> None:
     config = JobConfig(node_nums=2, node_rank=1, proc_per_node=2, manager_port=1)
+    agent = Agent(config, [sys.executable, "t.py"])
     hands = _Hands()
-    agent = Agent(config, [], hands=hands)  # type: ignore[arg-type]
+    agent.ranks = hands  # type: ignore[assignment]
     try:
-        agent._note_training({})
-        agent._note_training({2: 5, 3: -1})  # rank 3 has not committed a step yet
-        agent._note_training({2: 5})
+        assert agent.relay is not None
+        agent._note_training()
+        agent.relay.stepped.add(2)  # rank 3 has not committed a step yet
+        agent._note_training()
         assert hands.told == 0
-        agent._note_training({2: 6, 3: 0})
-        agent._note_training({2: 7, 3: 1})
+        agent.relay.stepped.add(3)
+        agent._note_training()
+        agent._note_training()
         assert hands.told == 1
+    finally:
+        agent.close()
+
+
+def test_a_heartbeat_with_a_committed_step_marks_its_rank_stepped() -> None:
+    config = JobConfig(node_nums=1, proc_per_node=2, manager_port=1)
+    agent = Agent(config, [sys.executable, "t.py"])
+    relay = agent.relay
+    assert relay is not None
+    try:
+        codec = relay.codec
+        for rank, step in ((0, -1), (1, 0)):
+            frames = codec.encode(M.WorkerHeartbeat(rank, step), 0, f"worker:{rank}", 1)
+            relay._accept([f"r{rank}".encode(), *frames])
+        assert relay.stepped == {1}
     finally:
         agent.close()
