@@ -174,7 +174,7 @@ class Agent:
         heartbeat of the last one's first step)."""
         if self._training or self.relay is None:
             return
-        if self.relay.stepped.issuperset(self.config.ranks_of(self.config.node_rank)):
+        if self.relay.stepped.issuperset(self.relay.mine):
             self._training = True
             self.ranks.training()
 

@@ -98,7 +98,6 @@ class RankSet:
             self._log_file(-1),
             self._die_with_me,
         )
-        self._pool_started = False
 
     def start_all(self, ranks: Sequence[int]) -> None:
         """Start every local rank, then warm the spares (a standby waits for
@@ -106,17 +105,13 @@ class RankSet:
         for rank in ranks:
             self.start(rank)
         if not self.standby:
-            self.fill_pool()
+            self.spares.fill()
 
     def training(self) -> None:
         """Every local rank committed a step: start the standby now, so its import does not
-        compete with the ranks' own start."""
-        if self.standby and not self._pool_started:
-            self.fill_pool()
-
-    def fill_pool(self) -> None:
-        self._pool_started = True
-        self.spares.fill()
+        compete with the ranks' own start (a live one is kept: the pool fills only up)."""
+        if self.standby:
+            self.spares.fill()
 
     def start(self, rank: int) -> int:
         """Start (or restart) ``rank``; returns its pid. A still-running old process is killed."""

@@ -65,7 +65,7 @@ class LocalRelay:
         self.codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
         self.replay = ReplayGuard(max_senders=4 * config.proc_per_node + 64)
         self.drops = DropLog(log)
-        self._mine = frozenset(config.ranks_of(config.node_rank))
+        self.mine = frozenset(config.ranks_of(config.node_rank))
         self._seq = itertools.count()
         self._items: list[tuple[bytes, Envelope, int]] = []  # (identity, envelope, bytes)
         self._steps: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, committed step)
@@ -96,7 +96,7 @@ class LocalRelay:
             self.drops.drop(f"{env.msg.KIND.decode()} is not relayed to the manager", env.sender)
             return
         rank = rank_of(env.msg)
-        if rank not in self._mine:
+        if rank not in self.mine:
             self.drops.drop(f"rank {rank} is not on node {self.node_rank}", env.sender)
             return
         replayed = self.replay.check(env.sender, env.nonce, env.seq)
