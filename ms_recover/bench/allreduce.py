@@ -112,10 +112,13 @@ class SizeResult:
     exchange_s: float | None = None  # raw full-duplex exchange of the same bytes
     out_s: float | None = None  # allreduce(x, out=buf), buf reused across calls
     inplace_s: float | None = None  # allreduce(x, "mean", out=x), as a training step calls it
+    threaded_calls: int = 0  # timed host calls (any kind) that sent from a helper thread
+    timed_calls: int = 0  # timed host calls of the three kinds, per rank
 
 
 # The host allreduce as a training loop calls it, each against the same raw baselines:
 # (row label, SizeResult field).
+HOST_KINDS = frozenset({"host", "out", "inplace"})  # the host allreduce's timed kinds
 OUT_VARIANTS = (
     ("host allreduce(out=buf)", "out_s"),
     ("host allreduce(mean, out=x)", "inplace_s"),
@@ -244,9 +247,17 @@ def _exchange_measures(r: SizeResult, world: int, how: str, head: str) -> list[M
             "%",
             ">=" if big else "",
             VS_EXCHANGE_PCT if big else None,
-            note="" if big else f"target only from {EXCHANGE_MIN_BYTES // MB} MiB",
+            note=_threaded_note(r) if big else f"target only from {EXCHANGE_MIN_BYTES // MB} MiB",
         ),
     ]
+
+
+def _threaded_note(r: SizeResult) -> str:
+    """How many timed calls a preempted rank sent from a helper thread (see laneexchange)."""
+    return (
+        f"{r.threaded_calls} of {r.timed_calls} timed calls (plain, out=, in place) sent from "
+        "a helper thread (a preempted rank's; the rank with most), the rest in lockstep"
+    )
 
 
 def _curve_measures(r: SizeResult, world: int, how: str, head: str) -> list[Measure]:
@@ -388,6 +399,8 @@ def run(args: argparse.Namespace) -> int:
             slowest_median(best_exchange(host[n])),
             slowest_median(kind(host[n], "out")),
             slowest_median(kind(host[n], "inplace")),
+            int(max(r["threaded_calls"][0] for r in host[n])),
+            int(host[n][0]["timed_calls"][0]),
         )
         for size, n in counts.items()
     ]
@@ -524,15 +537,20 @@ def _time_size(
         }
     times: dict[str, list[float]] = {k: [] for k in kinds}
     runs = repeats if x.nbytes >= MB else max(repeats, SMALL_REPEATS)
+    threaded = 0  # timed host calls that a preempted rank sent from a helper thread
     for i in range(runs + 1):  # the first round warms the raw sockets up
         for kind, call in kinds.items():
             backend.barrier()
             if x.nbytes < MB:  # an untimed call of the same kind first: the timed one then
                 call()  # starts on both ranks together, free of the barrier's exit skew
+            before = backend.stats.lane_threaded
             start = time.perf_counter()
             call()
             if i:
                 times[kind].append(time.perf_counter() - start)
+                threaded += backend.stats.lane_threaded - before
+    times["threaded_calls"] = [threaded]
+    times["timed_calls"] = [runs * len(HOST_KINDS.intersection(kinds))]
     return times
 
 

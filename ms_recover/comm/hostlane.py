@@ -110,6 +110,7 @@ class Lanes:
         timeout: float | None,
     ) -> None:
         self.rank, self.timeout, self.stats, self.epoch = rank, timeout, stats, 0
+        self.preempted_until = 0.0  # till then, large calls send from a thread (laneexchange)
         self._key = password or b""
         self._check, self._wake = check, wake_fd
         self._drops = DropLog(log)

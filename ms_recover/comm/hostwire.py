@@ -105,6 +105,7 @@ class WireStats:
     malformed_dropped: int = 0  # not a data frame at all
     future_buffered: int = 0  # epoch newer than ours: kept for after our rebuild
     refused_connections: int = 0  # peers without the job's credentials (see hostauth)
+    lane_threaded: int = 0  # lane calls that sent from a helper thread (preempted; laneexchange)
 
 
 class Mailboxes:

@@ -15,8 +15,7 @@ In place (``out`` the input itself, as a training step reduces its gradient buff
 is used at any size, and a span is summed into the input only once this member has sent it
 (the kernel has copied it), so the peer always gets the input as it was.
 
-Up to :data:`THREAD_MIN_BYTES`, one thread does both directions with non-blocking sockets, in
-lockstep with its adds: it
+One thread does both directions with non-blocking sockets, in lockstep with its adds: it
 sends at most :data:`SEND_AHEAD_BYTES` (and at least two spans) past what it has summed, reads
 what has arrived, adds what is whole, and polls only when none of that made progress. The
 bytes it sends were just read (or are about to be added) and the bytes it adds just arrived,
@@ -26,13 +25,20 @@ bytes, and the peer, whose lead is at least a span, always has a span to send (s
 :meth:`_Exchange.loop`). A buffer small enough for the kernel's socket buffers (the 37 KB of a
 demo gradient) costs one send, one poll and one read.
 
-From :data:`THREAD_MIN_BYTES` a helper thread sends the whole buffer while the caller's thread
-receives and adds: the lockstep holds only while both ranks run at once, and on a loaded host
-(other processes on the same cores) a rank that waits for a descheduled peer cannot send past
-its lead, while a sender thread keeps the socket buffers full. The helper is joined
-before the call returns and stops within :data:`SENDER_SLICE_MS` of an abort. In place, a full
-ring then waits for the helper's sends. The bytes that cross each way are exactly the buffer's
-(plus a header of about 40 bytes per :data:`FRAME_MAX_BYTES`).
+The lockstep holds only while both ranks get their cores. On a loaded host (other processes
+on the same cores) a rank that waits for a descheduled peer cannot send past its lead, and
+a rank with one thread gets one share of the cores. So a call of :data:`THREAD_MIN_BYTES` or
+more watches its thread: once it has lost more than :data:`PREEMPTED_MS`, and more than
+:data:`PREEMPTED_SHARE` of the call's time so far, neither running nor waiting on its socket,
+a helper thread sends the rest of the buffer while the caller's thread receives and adds (as
+a threaded raw exchange would), and the rank's large calls of the next
+:data:`PREEMPTED_HOLD_S` start that way. (16 and 64 MiB on two cores: quiet, the lockstep
+reached 79-89 % of a raw exchange against 71-74 % for the sender thread; with two busy
+processes beside the ranks, the lockstep 50-76 %, the sender thread 77-114 %, and the
+watching call the sender thread's figure.) The helper is joined before the call returns and
+stops within :data:`SENDER_SLICE_MS` of an abort. In place, a full ring then waits for the
+helper's sends. The bytes that cross each way are exactly the buffer's (plus a header of
+about 40 bytes per :data:`FRAME_MAX_BYTES`).
 
 On the wire a message is frames ``[FRAME header, group, meta, payload]`` (see
 :mod:`~ms_recover.comm.laneframe`). A frame of another call (a different group, sequence or
@@ -69,13 +75,15 @@ from ms_recover.errors import CommError
 FRAME_MAX_BYTES = 64 << 20  # a message is cut into frames of at most this many bytes
 ADD_SPAN_BYTES = 256 << 10  # add what has arrived in spans of this (and what is left at the end)
 IOV_MAX = 64  # buffers handed to one sendmsg
-RECV_MAX = 256 << 10  # read at most this much at once, so it is still in cache when added
+RECV_MAX = 1 << 20  # read at most this much at once (the ring bounds it too)
 SEND_AHEAD_BYTES = 512 << 10  # one thread sends at most this (at least 2 spans) past its adds
-# From this size a helper thread sends while this one receives. On a quiet two-core host the
-# one thread in lockstep with its adds was faster (64 MiB: 93-98 % of a raw exchange against
-# 77-80 %); with other processes on the cores (load 4-5.5) the sender thread was 1.6-2.6x
-# faster at 16 and 64 MiB, interleaved in one run, and a shared host is the common case.
-THREAD_MIN_BYTES = 4 << 20
+THREAD_MIN_BYTES = 4 << 20  # from this size a call may hand its sends to a helper thread
+# ... once its thread lost this much of the call to other threads (quiet two-core host: up to
+# 1.6 ms, rarely 4.6 ms of a 23 ms call, 20 %), and this share of the call's time so far:
+PREEMPTED_MS = 3.0
+PREEMPTED_SHARE = 1 / 3  # two busy processes beside two ranks on two cores: about a half
+PREEMPTED_HOLD_S = 10.0  # a preempted call's rank starts its large calls threaded this long
+WATCH_TURNS = 16  # a call that keeps moving looks at the clocks every this many turns
 RING_BYTES = 1 << 20  # larger calls and in place: the peer's values wait in a ring of about this
 SENDER_SLICE_MS = 50
 
@@ -116,6 +124,20 @@ def exchange(
         lanes.drop(peer)  # its stream is out of step now
         raise
     return out
+
+
+class _Preemption:
+    """How much of a call its thread has spent neither running nor waiting on its socket:
+    descheduled for other threads and processes (or waiting for the GIL)."""
+
+    def __init__(self) -> None:
+        self.start, self.cpu, self.idle = time.monotonic(), time.thread_time(), 0.0
+
+    def lost(self) -> bool:
+        """Whether that is over PREEMPTED_MS and over PREEMPTED_SHARE of the call so far."""
+        wall = time.monotonic() - self.start
+        lost = wall - (time.thread_time() - self.cpu) - self.idle
+        return lost > PREEMPTED_MS / 1000 and lost > wall * PREEMPTED_SHARE
 
 
 class _Exchange:
@@ -181,21 +203,36 @@ class _Exchange:
         """Send, receive and add until all is summed. A send held back by the lead waits for
         an add, an add for bytes to arrive; it never waits for nothing: if this member cannot
         add, it has less than a span it has not summed, so the peer has sent less than a span
-        past this member's adds, less than its lead past its own: it can send, and does."""
+        past this member's adds, less than its lead past its own: it can send, and does.
+
+        A call of THREAD_MIN_BYTES or more whose thread is preempted (see the module) goes on
+        with a helper thread sending, from the start while the rank's hold lasts."""
+        watch = None
         if self.total >= THREAD_MIN_BYTES:
-            return self._threaded(deadline, what)
+            if time.monotonic() < self.lanes.preempted_until:
+                return self._threaded(deadline, what)
+            watch = _Preemption()
+        turns = 0
         while self.outbox or self.got < self.total:
-            if self._send() | self._recv():
+            if watch is not None and turns % WATCH_TURNS == 0 and watch.lost():
+                self.lanes.preempted_until = time.monotonic() + PREEMPTED_HOLD_S
+                return self._threaded(deadline, what)
+            turns += 1
+            moved = self._send()
+            if self.got < self.total:
+                moved = self._recv() or moved
+            added = self.added  # in place, a send may have made spans summable
+            self._add(self.got // self.flat.itemsize)
+            if moved or self.added != added:
                 continue
-            if self._ahead():  # everything arrived may be summed: the lead moves on
-                added = self.added
-                self._add(self.got // self.flat.itemsize)
-                if self.added != added:
-                    continue
             events = (select.POLLOUT if self.outbox and not self._ahead() else 0) | (
                 select.POLLIN if self.got < self.total and self._room() else 0
             )
+            waited = time.monotonic()
             self.lanes.wait(self.sock, events, deadline, what)
+            if watch is not None:
+                watch.idle += time.monotonic() - waited
+                turns = 0  # look again after a wait
         self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
@@ -203,6 +240,7 @@ class _Exchange:
         """Large buffers: a helper thread sends (the GIL is released in the kernel copy)
         while this thread receives and adds, as a threaded raw exchange would. The helper
         only sends; it stops at once on abort and is always joined before this returns."""
+        self.lanes.stats.lane_threaded += 1
         self.sending = True
         helper = threading.Thread(target=self._send_all, daemon=True)
         helper.start()
@@ -404,8 +442,7 @@ class _Exchange:
 
     def _add(self, arrived: int) -> None:
         """Sum the elements that arrived since the last add (in place: and that were sent),
-        if enough or all are ready, a span at a time, topping up the socket's send buffer
-        between spans: the peer is then never left waiting for our bytes while we add."""
+        if enough or all are ready, a span at a time."""
         ready = min(arrived, self.got // self.flat.itemsize)
         if self.inplace:
             ready = min(ready, self.sent // self.flat.itemsize)
@@ -418,5 +455,3 @@ class _Exchange:
             mine, theirs, out = self.flat[a:b], self.recv[r : r + b - a], self.out[a:b]
             add_in_order(mine, theirs, out, self.low_first, self.mean)
             self.added = b
-            if self.outbox and b < ready and not self.sending:
-                self._send()

@@ -657,11 +657,21 @@ def test_lane_ranks_of_another_secret_do_not_exchange(make: Any) -> None:
     assert b1.stats.refused_connections >= 1
 
 
+def lane_path(monkeypatch: pytest.MonkeyPatch, threaded: bool) -> None:
+    """The general exchange on its one thread, or (``threaded``) with its sender thread: every
+    call of 64 bytes or more then counts as preempted at its first turn, so it switches (and
+    the rank's next calls start threaded)."""
+    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
+    if threaded:
+        monkeypatch.setattr(laneexchange, "PREEMPTED_MS", -1.0)
+        monkeypatch.setattr(laneexchange, "PREEMPTED_SHARE", -1.0)
+
+
 @pytest.mark.parametrize("threaded", [False, True], ids=["one-thread", "sender-thread"])
 def test_a_lane_peer_that_dies_leaves_the_call_waiting_for_the_abort(
     make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
 ) -> None:
-    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
+    lane_path(monkeypatch, threaded)
     b0, b1 = make(2)
     run_all([b0, b1], lambda b: b.allreduce(np.ones(8)))  # the lane is connected
     outcome: list[BaseException] = []
@@ -696,7 +706,7 @@ def test_a_lane_message_of_many_frames_and_spans_has_the_same_bits(
     make: Any, monkeypatch: pytest.MonkeyPatch, threaded: bool
 ) -> None:
     monkeypatch.setattr(lanesmall, "SMALL_MAX_BYTES", 0)  # 8 KB: the general exchange
-    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
+    lane_path(monkeypatch, threaded)
     monkeypatch.setattr(laneexchange, "FRAME_MAX_BYTES", 1000)  # 8 frames of 125 doubles
     monkeypatch.setattr(laneexchange, "ADD_SPAN_BYTES", 64)  # many partial adds
     monkeypatch.setattr(laneexchange, "RECV_MAX", 200)  # payloads read in pieces

@@ -11,6 +11,7 @@ small, on the one-thread and the sender-thread path.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from tests.integration.test_host_backend import (
     DEADLINE_S,
     blocked_in,
     inputs,
+    lane_path,
     make,
     run_all,
     wait_for,
@@ -49,7 +51,7 @@ def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
 def _path(monkeypatch: pytest.MonkeyPatch, threaded: bool) -> None:
     """The general exchange, on one thread or with a sender thread."""
     monkeypatch.setattr(lanesmall, "SMALL_MAX_BYTES", 0)
-    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64 if threaded else 1 << 40)
+    lane_path(monkeypatch, threaded)
 
 
 def _nan_payloads(xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -370,3 +372,53 @@ def test_one_thread_never_sends_more_than_its_lead_past_its_adds(
     _each_into(backends, bufs, outs, op)
     assert 0 < max(leads) <= 2 * 56, "at most 2 spans of 56 bytes past the adds"
     assert {bits(o) for o in outs} == {bits(plain[0])}
+
+
+@pytest.mark.usefixtures("small_pieces")
+@pytest.mark.parametrize("into", ["out", "in place"])
+def test_a_call_preempted_midway_goes_on_with_a_sender_thread_and_the_same_bits(
+    make: Any, monkeypatch: pytest.MonkeyPatch, into: str
+) -> None:
+    _path(monkeypatch, threaded=False)
+    backends = make(2)
+    xs = _nan_payloads(inputs(2, 1001, np.float64, seed=9))
+    plain = run_all(backends, lambda b: b.allreduce(xs[b.rank]))  # one thread throughout
+    monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64)
+    looks: list[int] = []  # lost() calls, over both ranks
+    preempted = [True]
+
+    def lost(self: laneexchange._Preemption) -> bool:
+        looks.append(1)
+        return preempted[0] and len(looks) > 2  # each rank's first look (first turn): no
+
+    switched: list[tuple[int, int]] = []  # (rank, payload bytes sent) at the switch
+    real_threaded = laneexchange._Exchange._threaded
+
+    def threaded(self: laneexchange._Exchange, deadline: Any, what: str) -> Any:
+        switched.append((self.lanes.rank, self.sent))
+        return real_threaded(self, deadline, what)
+
+    monkeypatch.setattr(laneexchange._Preemption, "lost", lost)
+    monkeypatch.setattr(laneexchange._Exchange, "_threaded", threaded)
+
+    def each(src: list[np.ndarray]) -> list[np.ndarray]:
+        outs = src if into == "in place" else [np.empty_like(x) for x in src]
+        _each_into(backends, src, outs, "sum")
+        return outs
+
+    midway = each([x.copy() for x in xs])
+    assert sorted(r for r, _ in switched) == [0, 1] and all(sent > 0 for _, sent in switched)
+    assert {bits(o) for o in midway} == {bits(plain[0])}
+    assert all(b._lanes.preempted_until > time.monotonic() for b in backends)
+    switched.clear()
+    held = each([x.copy() for x in xs])
+    assert sorted(switched) == [(0, 0), (1, 0)], "while the hold lasts, threaded at once"
+    assert {bits(o) for o in held} == {bits(plain[0])}
+    switched.clear()
+    looks.clear()
+    preempted[0] = False
+    for b in backends:
+        b._lanes.preempted_until = 0.0  # the hold is over
+    again = each([x.copy() for x in xs])
+    assert switched == [] and len(looks) >= 2, "watched again, on one thread"
+    assert {bits(o) for o in again} == {bits(plain[0])}
