@@ -28,17 +28,18 @@ demo gradient) costs one send, one poll and one read.
 The lockstep holds only while both ranks get their cores. On a loaded host (other processes
 on the same cores) a rank that waits for a descheduled peer cannot send past its lead, and
 a rank with one thread gets one share of the cores. So a call of :data:`THREAD_MIN_BYTES` or
-more watches its thread: once it has lost more than :data:`PREEMPTED_MS`, and more than
-:data:`PREEMPTED_SHARE` of the call's time so far, neither running nor waiting on its socket,
-a helper thread sends the rest of the buffer while the caller's thread receives and adds (as
-a threaded raw exchange would), and the rank's large calls of the next
-:data:`PREEMPTED_HOLD_S` start that way. (16 and 64 MiB on two cores: quiet, the lockstep
-reached 79-89 % of a raw exchange against 71-74 % for the sender thread; with two busy
-processes beside the ranks, the lockstep 50-76 %, the sender thread 77-114 %, and the
-watching call the sender thread's figure.) The helper is joined before the call returns and
-stops within :data:`SENDER_SLICE_MS` of an abort. In place, a full ring then waits for the
-helper's sends. The bytes that cross each way are exactly the buffer's (plus a header of
-about 40 bytes per :data:`FRAME_MAX_BYTES`).
+more watches its thread: once it has waited for a core (runnable while another thread or
+process held it: the kernel's ``/proc/thread-self/schedstat``) more than
+:data:`PREEMPTED_MS` and more than :data:`PREEMPTED_SHARE` of the call so far, a helper
+thread sends the rest of the buffer while the caller's thread receives and adds (as a
+threaded raw exchange would), and the rank's large calls of the next
+:data:`PREEMPTED_HOLD_S` start that way. (16 and 64 MiB on two cores, interleaved in one run:
+quiet, the lockstep reached 76-89 % of a raw exchange, the sender thread 62-74 %; with two
+busy processes beside the ranks, the lockstep 50-76 %, the sender thread 76-114 %, the
+watching call 78-95 %.) Without schedstat a call stays in lockstep. The helper is joined
+before the call returns and stops within :data:`SENDER_SLICE_MS` of an abort. In place, a
+full ring then waits for the helper's sends. The bytes that cross each way are exactly the
+buffer's (plus a header of about 40 bytes per :data:`FRAME_MAX_BYTES`).
 
 On the wire a message is frames ``[FRAME header, group, meta, payload]`` (see
 :mod:`~ms_recover.comm.laneframe`). A frame of another call (a different group, sequence or
@@ -50,6 +51,7 @@ of :mod:`~ms_recover.comm.lanesmall` instead: the same frames, the same bits.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -78,11 +80,12 @@ IOV_MAX = 64  # buffers handed to one sendmsg
 RECV_MAX = 1 << 20  # read at most this much at once (the ring bounds it too)
 SEND_AHEAD_BYTES = 512 << 10  # one thread sends at most this (at least 2 spans) past its adds
 THREAD_MIN_BYTES = 4 << 20  # from this size a call may hand its sends to a helper thread
-# ... once its thread lost this much of the call to other threads (quiet two-core host: up to
-# 1.6 ms, rarely 4.6 ms of a 23 ms call, 20 %), and this share of the call's time so far:
-PREEMPTED_MS = 3.0
-PREEMPTED_SHARE = 1 / 3  # two busy processes beside two ranks on two cores: about a half
-PREEMPTED_HOLD_S = 10.0  # a preempted call's rank starts its large calls threaded this long
+# ... once its thread waited this long for a core, and this share of the call so far (a
+# quiet two-core host: up to 3.3 ms of 4.4-13 ms calls, a woken rank queued behind its waker):
+PREEMPTED_MS = 5.0
+PREEMPTED_SHARE = 0.25
+SCHEDSTAT = "/proc/thread-self/schedstat"  # on-core ns, run-queue ns, time slices
+PREEMPTED_HOLD_S = 5.0  # a preempted call's rank starts its large calls threaded this long
 WATCH_TURNS = 16  # a call that keeps moving looks at the clocks every this many turns
 RING_BYTES = 1 << 20  # larger calls and in place: the peer's values wait in a ring of about this
 SENDER_SLICE_MS = 50
@@ -126,18 +129,37 @@ def exchange(
     return out
 
 
+def run_queue_s() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a core (the kernel's schedstat:
+    preempted, or woken with every core busy); None where the kernel does not say."""
+    try:
+        fd = os.open(SCHEDSTAT, os.O_RDONLY)
+        try:
+            return int(os.read(fd, 128).split()[1]) / 1e9
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Preemption:
-    """How much of a call its thread has spent neither running nor waiting on its socket:
-    descheduled for other threads and processes (or waiting for the GIL)."""
+    """How long a call's thread has waited for a core since the call began. Neither its own
+    waits on the socket nor the kernel's interrupt work count, only other threads and
+    processes holding the cores (a quiet two-core host: mostly under 1 ms per 16 MiB call;
+    two busy processes beside the two ranks: 4-16 ms, 30-50 % of each call)."""
 
     def __init__(self) -> None:
-        self.start, self.cpu, self.idle = time.monotonic(), time.thread_time(), 0.0
+        self.start, self.queued = time.monotonic(), run_queue_s()
 
     def lost(self) -> bool:
         """Whether that is over PREEMPTED_MS and over PREEMPTED_SHARE of the call so far."""
-        wall = time.monotonic() - self.start
-        lost = wall - (time.thread_time() - self.cpu) - self.idle
-        return lost > PREEMPTED_MS / 1000 and lost > wall * PREEMPTED_SHARE
+        if self.queued is None:
+            return False  # no schedstat: the lockstep throughout
+        now = run_queue_s()
+        if now is None:
+            return False
+        waited, wall = now - self.queued, time.monotonic() - self.start
+        return waited > PREEMPTED_MS / 1000 and waited > wall * PREEMPTED_SHARE
 
 
 class _Exchange:
@@ -228,11 +250,8 @@ class _Exchange:
             events = (select.POLLOUT if self.outbox and not self._ahead() else 0) | (
                 select.POLLIN if self.got < self.total and self._room() else 0
             )
-            waited = time.monotonic()
             self.lanes.wait(self.sock, events, deadline, what)
-            if watch is not None:
-                watch.idle += time.monotonic() - waited
-                turns = 0  # look again after a wait
+            turns = 0  # look again after a wait
         self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
