@@ -12,6 +12,11 @@ a byte to a second pipe), exited, or :data:`SETTLE_TIMEOUT_S` passed. A new spar
 MindSpore and compiles its graphs, seconds of CPU; started at once it would compete with the
 recovery it is meant to shorten (measured on a 2-core host: resume 0.9-1.0 s instead of a few
 steps).
+
+A spare that dies while it waits (killed, out of memory) is replaced, after
+:data:`RESPAWN_MIN_S`; each death within :data:`RESPAWN_RESET_S` of its start doubles that
+pause, up to :data:`RESPAWN_MAX_S`, so a command that cannot start costs one process start
+a minute, not one per agent loop.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import time
@@ -27,9 +33,14 @@ from typing import IO
 
 from ms_recover.env import SPARE_FD, SPARE_SETTLED_FD
 
+log = logging.getLogger(__name__)
+
 #: Refill anyway this long after a spare was taken, if it neither committed a step nor exited
 #: (a program that never commits through the session would otherwise never get a new spare).
 SETTLE_TIMEOUT_S = 30.0
+RESPAWN_MIN_S = 1.0  # a dead waiting spare is replaced this long after it was seen dead ...
+RESPAWN_MAX_S = 60.0  # ... doubled per early death up to this
+RESPAWN_RESET_S = 60.0  # a spare that lived this long died late: the pause starts over
 
 
 @dataclasses.dataclass
@@ -38,6 +49,7 @@ class Spare:
     pipe: int  # write end; the spare reads its rank environment from the other end
     settled: int  # read end; the spare writes a byte once it committed its first step
     taken_at: float = 0.0
+    started_at: float = dataclasses.field(default_factory=lambda: time.monotonic())
 
 
 class SparePool:
@@ -55,6 +67,9 @@ class SparePool:
         self._preexec = preexec
         self.spares: list[Spare] = []
         self.settling: list[Spare] = []  # taken, not yet settled: no refill meanwhile
+        self.respawns = 0  # waiting spares that died and were replaced
+        self._pause = 0.0  # before the next replacement of a dead one (0: none yet)
+        self._respawn_at = 0.0  # monotonic time of the next replacement, if one is due
 
     def fill(self) -> None:
         """Start spares until ``count`` are alive, unless a taken one has not settled yet."""
@@ -78,9 +93,34 @@ class SparePool:
             self.spares.append(Spare(proc, write, settled_r))
 
     def poll(self) -> None:
-        """Refill once every taken spare has settled (called from the agent's loop)."""
-        if self.settling and not self._settling():
+        """Refill once every taken spare has settled, and replace a waiting spare that died
+        once its pause is over (called from the agent's loop)."""
+        if self.settling:
+            if not self._settling():
+                self.fill()
+            return
+        if not self._respawn_at:
+            dead = [s for s in self.spares if s.proc.poll() is not None]
+            if not dead:
+                return
+            now = time.monotonic()
+            if any(now - s.started_at < RESPAWN_RESET_S for s in dead):  # an early death
+                self._pause = min(RESPAWN_MAX_S, 2 * self._pause) if self._pause else RESPAWN_MIN_S
+            else:
+                self._pause = RESPAWN_MIN_S
+            self._respawn_at = now + self._pause
+            for spare in dead:
+                log.warning(
+                    "spare pid %d died while waiting (exit code %s); a new one in %.0f s",
+                    spare.proc.pid,
+                    spare.proc.returncode,
+                    self._pause,
+                )
+        if time.monotonic() >= self._respawn_at:
+            self._respawn_at = 0.0
+            alive = sum(1 for s in self.spares if s.proc.poll() is None)
             self.fill()
+            self.respawns += len(self.spares) - alive
 
     def activate(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """Hand ``env`` (a rank's variables) to a live spare; None if none is left."""

@@ -128,6 +128,25 @@ def test_an_unused_standby_is_killed_and_reaped_at_once(tmp_path: Path) -> None:
     os.environ.pop("OUT", None)
 
 
+def test_a_standby_killed_while_it_waits_is_replaced(tmp_path: Path) -> None:
+    ranks, _ = _ranks(tmp_path)
+    try:
+        ranks.training()
+        first = ranks.spares.spares[0].proc
+        first.kill()
+        first.wait()
+
+        def replaced() -> bool:
+            ranks.poll()  # the agent's loop
+            return ranks.spares.spares[0].proc is not first
+
+        wait_for(replaced, 30, "a new standby")
+        assert ranks.spares.spares[0].proc.poll() is None and ranks.spares.respawns == 1
+    finally:
+        ranks.close()
+        os.environ.pop("OUT", None)
+
+
 def test_a_standby_released_unused_exits_zero(tmp_path: Path) -> None:
     """The spare protocol's release (its pipe closed empty), once it is waiting."""
     ranks, _ = _ranks(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 from ms_recover import env as E
 from ms_recover.agent import spares
@@ -211,3 +212,39 @@ def test_a_spare_blocked_reading_another_pipe_is_not_warm_yet():
         proc.wait(timeout=30)
         for fd in (assignment, unused, read, write):
             os.close(fd)
+
+
+def test_a_waiting_spare_that_dies_is_replaced_after_a_pause_that_doubles(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(spares, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    pool = _pool(1)
+    pool.fill()
+    try:
+        first = pool.spares[0].proc
+        first.kill()
+        first.wait()
+        pool.poll()  # seen dead: a new one after RESPAWN_MIN_S
+        assert [s.proc for s in pool.spares] == [first] and pool.respawns == 0
+        clock[0] += spares.RESPAWN_MIN_S
+        pool.poll()
+        second = pool.spares[0].proc
+        assert second is not first and second.poll() is None and pool.respawns == 1
+        second.kill()
+        second.wait()
+        pool.poll()  # died early again: twice the pause
+        clock[0] += spares.RESPAWN_MIN_S
+        pool.poll()
+        assert pool.spares[0].proc is second, "still pausing"
+        clock[0] += spares.RESPAWN_MIN_S
+        pool.poll()
+        third = pool.spares[0].proc
+        assert third is not second and pool.respawns == 2
+        clock[0] += spares.RESPAWN_RESET_S  # this one lived long: the pause starts over
+        third.kill()
+        third.wait()
+        pool.poll()
+        clock[0] += spares.RESPAWN_MIN_S
+        pool.poll()
+        assert pool.spares[0].proc is not third and pool.respawns == 3
+    finally:
+        pool.close(kill=True)
