@@ -50,6 +50,12 @@ log = logging.getLogger("ms_recover.agent")
 _BUDGET = 4096  # frames read per drain: a bound, not a limit that real traffic reaches
 
 
+def next_report_at(now: float, report_s: float, beat_s: float) -> float:
+    """When an agent's heartbeat next carries its ranks' steps, after one that did at ``now``:
+    a report period on, less half a beat, so the first beat at or after it carries them."""
+    return now + report_s - beat_s / 2
+
+
 class LocalRelay:
     """The ROUTER the node's ranks connect to, and what they sent since the last batch."""
 
@@ -155,8 +161,9 @@ class LocalRelay:
         then the node's liveness alone, and the steps wait for the next report)."""
         if now < self._report_at:
             return {}
-        cfg = self.config
-        self._report_at = now + cfg.rank_report_s - cfg.agent_heartbeat_s / 2
+        self._report_at = next_report_at(
+            now, self.config.rank_report_s, self.config.agent_heartbeat_s
+        )
         return self.take_steps()
 
     def take_steps(self) -> dict[int, int]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgpack
 
+from ms_recover.agent.relay import next_report_at
 from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member
 from ms_recover.protocol import messages as M
 
@@ -117,7 +118,9 @@ class RelayCluster(FakeCluster):
         now = time.monotonic()
         if now >= self._report_at.get(m.node, 0.0):  # as a real agent (rank_report_s)
             steps = {r.rank: r.committed for r in self.of_node[m.node] if r.alive and r.welcomed}
-            self._report_at[m.node] = now + self.spec.rank_report_s - self.spec.agent_s / 2
+            self._report_at[m.node] = next_report_at(
+                now, self.spec.rank_report_s, self.spec.agent_s
+            )
         self.send(m, M.AgentHeartbeat(m.node, steps))
 
     # ------------------------------------------------------------------ down
