@@ -49,7 +49,7 @@ class Spare:
     pipe: int  # write end; the spare reads its rank environment from the other end
     settled: int  # read end; the spare writes a byte once it committed its first step
     taken_at: float = 0.0
-    started_at: float = dataclasses.field(default_factory=lambda: time.monotonic())
+    started_at: float = dataclasses.field(default_factory=lambda: time.monotonic())  # module clock
 
 
 class SparePool:

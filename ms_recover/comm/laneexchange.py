@@ -153,11 +153,9 @@ class _Preemption:
 
     def lost(self) -> bool:
         """Whether that is over PREEMPTED_MS and over PREEMPTED_SHARE of the call so far."""
-        if self.queued is None:
-            return False  # no schedstat: the lockstep throughout
         now = run_queue_s()
-        if now is None:
-            return False
+        if self.queued is None or now is None:
+            return False  # no schedstat: the lockstep throughout
         waited, wall = now - self.queued, time.monotonic() - self.start
         return waited > PREEMPTED_MS / 1000 and waited > wall * PREEMPTED_SHARE
 

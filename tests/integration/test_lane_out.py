@@ -384,12 +384,12 @@ def test_a_call_preempted_midway_goes_on_with_a_sender_thread_and_the_same_bits(
     xs = _nan_payloads(inputs(2, 1001, np.float64, seed=9))
     plain = run_all(backends, lambda b: b.allreduce(xs[b.rank]))  # one thread throughout
     monkeypatch.setattr(laneexchange, "THREAD_MIN_BYTES", 64)
-    looks: list[int] = []  # lost() calls, over both ranks
+    looks: list[laneexchange._Preemption] = []  # one per lost() call, each call's own watch
     preempted = [True]
 
     def lost(self: laneexchange._Preemption) -> bool:
-        looks.append(1)
-        return preempted[0] and len(looks) > 2  # each rank's first look (first turn): no
+        looks.append(self)
+        return preempted[0] and looks.count(self) > 1  # a call's first look (first turn): no
 
     switched: list[tuple[int, int]] = []  # (rank, payload bytes sent) at the switch
     real_threaded = laneexchange._Exchange._threaded
