@@ -86,7 +86,7 @@ PREEMPTED_MS = 5.0
 PREEMPTED_SHARE = 0.25
 SCHEDSTAT = "/proc/thread-self/schedstat"  # on-core ns, run-queue ns, time slices
 PREEMPTED_HOLD_S = 5.0  # a preempted call's rank starts its large calls threaded this long
-WATCH_TURNS = 16  # a call that keeps moving looks at the clocks every this many turns
+WATCH_TURNS = 16  # a call looks at schedstat (7 us) every this many turns (a wait is one)
 RING_BYTES = 1 << 20  # larger calls and in place: the peer's values wait in a ring of about this
 SENDER_SLICE_MS = 50
 
@@ -241,15 +241,16 @@ class _Exchange:
             moved = self._send()
             if self.got < self.total:
                 moved = self._recv() or moved
-            added = self.added  # in place, a send may have made spans summable
-            self._add(self.got // self.flat.itemsize)
-            if moved or self.added != added:
+            if self.inplace:  # a send may have made spans summable (others add as they land)
+                added = self.added
+                self._add(self.got // self.flat.itemsize)
+                moved = moved or self.added != added
+            if moved:
                 continue
             events = (select.POLLOUT if self.outbox and not self._ahead() else 0) | (
                 select.POLLIN if self.got < self.total and self._room() else 0
             )
             self.lanes.wait(self.sock, events, deadline, what)
-            turns = 0  # look again after a wait
         self._add(self.flat.size)  # in place: the spans that waited for the send
         return self.out
 
