@@ -12,8 +12,10 @@ Guarantees:
   (:meth:`Codec.decode <ms_recover.protocol.codec.Codec.decode>`, a replay guard); a bad frame,
   a kind that is not worker -> manager, or a rank that is not this node's is dropped and logged
   (rate limited), never raised;
-* what arrives is passed on at once, one :class:`~ms_recover.protocol.messages.RelayUp` frame
-  per wake-up for everything that was ready (a STOPPED waits for no timer);
+* what arrives is passed on at once and in order, per wake-up for everything that was ready
+  (a STOPPED waits for no timer): a run of STOPPED, REBUILT or RESUME-closing reports of one
+  epoch as one :class:`~ms_recover.protocol.messages.RelayAcks` (columns, no map per rank),
+  anything else as :class:`~ms_recover.protocol.messages.RelayUp` frames;
 * a rank's periodic heartbeat is folded into the agent's own (``AgentHeartbeat.steps``, once
   per ``JobConfig.rank_report_s``: :meth:`LocalRelay.report`), except the first one at or
   after the step a RESUME named, which the manager waits for to close a recovery: that one is
@@ -28,6 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from typing import Any
 
 import zmq
 
@@ -35,7 +38,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope, message_of
-from ms_recover.protocol.relay import DOWN_KINDS, UP_KINDS, rank_of
+from ms_recover.protocol.relay import ACK_COLUMNS, ACK_FIELDS, DOWN_KINDS, UP_KINDS, rank_of
 from ms_recover.protocol.replay import ReplayGuard
 from ms_recover.protocol.transport import (
     SLACK,
@@ -48,6 +51,12 @@ from ms_recover.protocol.transport import (
 log = logging.getLogger("ms_recover.agent")
 
 _BUDGET = 4096  # frames read per drain: a bound, not a limit that real traffic reaches
+
+
+def _run(env: Envelope) -> tuple[str, int] | None:
+    """The (kind, epoch) of a RelayAcks batch that may carry ``env``, None for a RelayUp."""
+    kind = env.msg.KIND.decode()
+    return (kind, env.epoch) if kind in ACK_COLUMNS else None
 
 
 def next_report_at(now: float, report_s: float, beat_s: float) -> float:
@@ -127,14 +136,16 @@ class LocalRelay:
         del self._urgent[ident]
         return True
 
-    def batches(self) -> list[M.RelayUp]:
-        """What arrived since the last call, as RelayUp messages under the frame limit."""
-        out: list[M.RelayUp] = []
+    def batches(self) -> list[M.RelayUp | M.RelayAcks]:
+        """What arrived since the last call, in order, as messages under the frame limit: a
+        run of one answer kind and epoch (:data:`~ms_recover.protocol.relay.ACK_COLUMNS`) as
+        one RelayAcks, anything else as RelayUp."""
+        out: list[M.RelayUp | M.RelayAcks] = []
         items, self._items = self._items, []
         limit = self.codec.max_bytes - SLACK
         start, size = 0, 0
-        for i, (_, _, n) in enumerate(items):
-            if i > start and size + n > limit:
+        for i, (_, env, n) in enumerate(items):
+            if i > start and (size + n > limit or _run(env) != _run(items[start][1])):
                 out.append(self._batch(items[start:i]))
                 start, size = i, 0
             size += n + 64
@@ -142,11 +153,29 @@ class LocalRelay:
             out.append(self._batch(items[start:]))
         return out
 
-    def _batch(self, items: list[tuple[bytes, Envelope, int]]) -> M.RelayUp:
+    def _batch(self, items: list[tuple[bytes, Envelope, int]]) -> M.RelayUp | M.RelayAcks:
+        idents = [ident for ident, _, _ in items]
         envs = [env for _, env, _ in items]
+        run = _run(envs[0])
+        if run is not None:
+            kind, epoch = run
+            msgs: list[Any] = [e.msg for e in envs]
+            names = ACK_COLUMNS[kind]
+            columns = [[getattr(m, f) for m in msgs] if f in names else [] for f in ACK_FIELDS]
+            return M.RelayAcks(
+                self.node_rank,
+                kind,
+                epoch,
+                idents,
+                [e.sender for e in envs],
+                [e.nonce for e in envs],
+                [e.seq for e in envs],
+                [m.rank for m in msgs],
+                *columns,
+            )
         return M.RelayUp(
             self.node_rank,
-            [ident for ident, _, _ in items],
+            idents,
             [e.sender for e in envs],
             [e.nonce for e in envs],
             [e.seq for e in envs],

@@ -7,7 +7,9 @@ So the agent stands for its ranks and speaks exactly what a real agent's relay
 (:mod:`ms_recover.agent.relay`) sends the manager:
 
 * its ranks' registrations and answers as :class:`~ms_recover.protocol.messages.RelayUp`
-  batches, one per agent per wake-up, each item signed with the rank's own sender name and seq;
+  batches, and their STOPPED, REBUILT and RESUME-closing reports in the columns of a
+  :class:`~ms_recover.protocol.messages.RelayAcks`, per agent per wake-up, each item with the
+  rank's own sender name and seq;
 * their heartbeats folded into the agent's heartbeat (``AgentHeartbeat.steps``), except the
   report that closes a RESUME, which goes at once (as the real relay sends it);
 * the manager's :class:`~ms_recover.protocol.messages.RelayDown` batches answered per target
@@ -19,6 +21,7 @@ Incoming bodies are read only where the answer needs them (REPAIR, RESUME), as i
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -27,6 +30,7 @@ import msgpack
 from ms_recover.agent.relay import next_report_at
 from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member
 from ms_recover.protocol import messages as M
+from ms_recover.protocol.relay import ACK_COLUMNS, ACK_FIELDS
 
 _NEED = frozenset({"repair", "resume"})
 
@@ -57,6 +61,12 @@ def _peek_relay(payload: bytes) -> tuple[int, Any]:
     return epoch, (parsed["kinds"], parsed["epochs"], parsed["targets"], parsed["bodies"])
 
 
+def _run(item: tuple[_Member, M.Message, int]) -> tuple[str, int] | None:
+    """The (kind, epoch) of the RelayAcks batch that carries ``item``, None for a RelayUp."""
+    kind = item[1].KIND.decode()
+    return (kind, item[2]) if kind in ACK_COLUMNS else None
+
+
 class RelayCluster(FakeCluster):
     """The agents of one fake process, each standing for its ranks through the relay."""
 
@@ -80,22 +90,32 @@ class RelayCluster(FakeCluster):
         self._items.setdefault(rank.node, []).append((rank, msg, epoch))
 
     def _flush(self, node: int) -> None:
+        """Send what the node's ranks answered since the last flush, in order, as the real
+        relay batches it: a run of one answer kind and epoch as one RelayAcks, the rest as
+        RelayUp (:meth:`LocalRelay.batches <ms_recover.agent.relay.LocalRelay.batches>`)."""
         items = self._items.pop(node, [])
-        if not items:
-            return
         for rank, _, _ in items:
             rank.seq += 1
-        batch = M.RelayUp(
-            node,
-            [self._local(r) for r, _, _ in items],
-            [r.sender for r, _, _ in items],
-            [self.codec.nonce] * len(items),
-            [r.seq for r, _, _ in items],
-            [e for _, _, e in items],
-            [msg.KIND.decode() for _, msg, _ in items],
-            [msg.to_wire() for _, msg, _ in items],
+        for run, batch in itertools.groupby(items, key=_run):
+            self.send(self.agents[node], self._batch(node, run, list(batch)))
+
+    def _batch(
+        self, node: int, run: tuple[str, int] | None, items: list[tuple[_Member, M.Message, int]]
+    ) -> M.Message:
+        ranks = [r for r, _, _ in items]
+        idents, senders = [self._local(r) for r in ranks], [r.sender for r in ranks]
+        nonces, seqs = [self.codec.nonce] * len(items), [r.seq for r in ranks]
+        msgs: list[Any] = [msg for _, msg, _ in items]
+        if run is None:
+            epochs, kinds = [e for _, _, e in items], [m.KIND.decode() for m in msgs]
+            bodies = [m.to_wire() for m in msgs]
+            return M.RelayUp(node, idents, senders, nonces, seqs, epochs, kinds, bodies)
+        kind, epoch = run
+        names = ACK_COLUMNS[kind]
+        columns = [[getattr(m, f) for m in msgs] if f in names else [] for f in ACK_FIELDS]
+        return M.RelayAcks(
+            node, kind, epoch, idents, senders, nonces, seqs, [r.rank for r in ranks], *columns
         )
-        self.send(self.agents[node], batch)
 
     def hello(self, m: _Member) -> None:
         super().hello(m)

@@ -1,16 +1,22 @@
 """Relayed acknowledgements in one pass: the common case of a node's STOPPED, REBUILT,
 REPAIRED and the heartbeat that closes a RESUME.
 
-A stop-all at 16,384 ranks brings the manager 16,384 STOPPED items in 2,048
-:class:`~ms_recover.protocol.messages.RelayUp` batches (DESIGN.md §1c), and formation as many
-REBUILT. Each item on the general path becomes an envelope and a message object and goes
+A stop-all at 16,384 ranks brings the manager 16,384 STOPPED items from 2,048 agents
+(DESIGN.md §1c), and formation as many REBUILT. An agent sends a run of such answers in the
+columns of one :class:`~ms_recover.protocol.messages.RelayAcks` (no map per rank: 402 bytes
+for 8 STOPPED instead of 676, decoded in 13 % less time), and
+:meth:`FastAcks.columns` records them; anything else arrives as
+:class:`~ms_recover.protocol.messages.RelayUp` items, which :meth:`FastAcks.take` records where
+it can (a REPAIRED). Each item on the general path becomes an envelope and a message object and goes
 through the server's dispatch (replay check, handler table, handler), about 9 us of Python per
 item. :class:`FastAcks` records such an item in one function instead, **only** when every check
 of the general path passes and its outcome is known: the body has exactly the message's fields
 and each passes the codec's own compiled check, the local identity is set and the sender name
 short enough, the rank is the node's and is registered, alive and known under this very virtual
-identity, the item is of the current epoch, and it is not a replay. The replay check comes last,
-so an item that fails it is dropped with the general path's reason and nothing else was done.
+identity, the item is of the current epoch, and (for a RelayUp item) it is not a replay. The
+replay check comes last, so an item that fails it is dropped with the general path's reason
+and nothing else was done. (RelayAcks items are not checked for replay again: see
+:meth:`FastAcks.columns`.)
 
 Whatever else an item holds (a stale epoch, an unregistered rank, a bad body) is left to the
 general path, untouched: its drops, logs and answers (a ``Rejoin``) stay exactly those of the
@@ -36,14 +42,37 @@ def _call(test: Callable[[Any], bool], value: Any) -> bool:
     return test(value)  # operator.call, which Python 3.10 (still supported) lacks
 
 
-def _stopped(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
+def _stop(info: RankInfo, epoch: int, step: int, digest: str) -> None:
     info.ack(Ack.STOP, epoch)
-    info.committed_step = body["committed_step"]
-    info.stop_digest = body["digest"]
+    info.committed_step = step
+    info.stop_digest = digest
 
 
-def _rebuilt(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
+def _rebuild(info: RankInfo, epoch: int, step: int, digest: str) -> None:
     info.ack(Ack.REBUILD, epoch)
+
+
+def _beat(info: RankInfo, epoch: int, step: int, digest: str) -> None:
+    if step > info.committed_step:  # ``last_progress`` follows ``last_seen``, set just before
+        info.committed_step, info.last_progress = step, info.last_seen
+
+
+#: kind -> (message class, what its handler records for a current, registered rank, given
+#: the message's ``committed_step`` and ``digest`` where it has them). A relayed heartbeat is
+#: one that closes a RESUME (the agent folds the others into its own).
+COLUMNS: dict[str, tuple[type[M.Message], Callable[[RankInfo, int, int, str], None]]] = {
+    "stopped": (M.Stopped, _stop),
+    "rebuilt": (M.Rebuilt, _rebuild),
+    "worker_hb": (M.WorkerHeartbeat, _beat),
+}
+
+
+def _from_body(
+    column: Callable[[RankInfo, int, int, str], None],
+) -> Callable[[RankInfo, int, dict[str, Any]], None]:
+    return lambda info, epoch, body: column(
+        info, epoch, body.get("committed_step", -1), body.get("digest", "")
+    )
 
 
 def _repaired(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
@@ -54,19 +83,10 @@ def _repaired(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
         info.repair_failure = (body["attempt"], body["failed_peer"], body["reason"])
 
 
-def _heartbeat(info: RankInfo, epoch: int, body: dict[str, Any]) -> None:
-    step = body["committed_step"]
-    if step > info.committed_step:  # ``last_progress`` follows ``last_seen``, set just before
-        info.committed_step, info.last_progress = step, info.last_seen
-
-
-#: kind -> (message class, what its handler records for a current, registered rank). A
-#: relayed heartbeat is one that closes a RESUME (the agent folds the others into its own).
+#: kind -> (message class, what its handler records for a current, registered rank).
 RECORD: dict[str, tuple[type[M.Message], Callable[[RankInfo, int, dict[str, Any]], None]]] = {
-    "stopped": (M.Stopped, _stopped),
-    "rebuilt": (M.Rebuilt, _rebuilt),
+    **{kind: (cls, _from_body(column)) for kind, (cls, column) in COLUMNS.items()},
     "repaired": (M.Repaired, _repaired),
-    "worker_hb": (M.WorkerHeartbeat, _heartbeat),
 }
 
 
@@ -133,3 +153,38 @@ class FastAcks:
         info.last_seen = self.clock()
         record(info, epoch, body)
         return True
+
+    def columns(self, prefix: bytes, mine: set[int], msg: M.RelayAcks) -> list[int]:
+        """Record the items of a RelayAcks batch whose columns passed
+        :func:`~ms_recover.protocol.relay.ack_columns`, relayed by the agent whose virtual
+        identities start with ``prefix`` for the ranks ``mine``; the indices of the items left
+        to the general path (nothing was done for those), as :meth:`take` leaves them.
+
+        No replay check per item here: the agent checked each of these frames when its rank
+        sent it (:class:`~ms_recover.agent.relay.LocalRelay`), and the batch itself passed the
+        manager's check as the agent's frame. The second check would stop nothing: whoever
+        can sign an agent's frame holds the job's secret and can sign any rank's."""
+        n = len(msg.ranks)
+        epoch = msg.epoch
+        if epoch != self.model.epoch or max(map(len, msg.senders), default=0) > MAX_SENDER:
+            return list(range(n))
+        cls, record = COLUMNS[msg.kind]
+        steps = msg.steps or [-1] * n
+        digests = msg.digests or [""] * n
+        get, now, left = self.model.ranks.get, self.clock(), []
+        for i, (local, rank, step, digest) in enumerate(
+            zip(msg.idents, msg.ranks, steps, digests, strict=True)
+        ):
+            info = get(rank)
+            if (
+                info is None
+                or rank not in mine
+                or not (info.registered and info.alive)
+                or info.identity != prefix + local
+            ):
+                left.append(i)
+                continue
+            info.last_seen = now
+            record(info, epoch, step, digest)
+        self.cadence.heard(cls, epoch, n - len(left))
+        return left

@@ -97,14 +97,14 @@ class Cadence:
             self._owed, self._owed_epoch = {}, self.model.epoch
         self._owed[answer] = self._owed.get(answer, 0) + n
 
-    def heard(self, kind: type[M.Message], epoch: int = -1) -> None:
-        """A frame of ``kind`` (sent in ``epoch``) was handled."""
-        if kind not in QUIET:
+    def heard(self, kind: type[M.Message], epoch: int = -1, n: int = 1) -> None:
+        """``n`` frames of ``kind`` (sent in ``epoch``) were handled."""
+        if kind not in QUIET and n > 0:
             self._dirty = True
             left = self._owed.get(kind) if epoch == self._owed_epoch else None
             if left is not None:  # a hint, not a count of valid answers: decide checks them
-                self._owed[kind] = left - 1
-                if left == 1:
+                self._owed[kind] = left - n
+                if left - n <= 0 < left:
                     self.answered = True
 
     def _steady(self) -> bool:

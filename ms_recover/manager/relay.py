@@ -9,7 +9,11 @@ and job model exactly as they are for a directly connected rank:
   and handled by the server's ordinary path (replay check, handler) under the rank's **virtual
   identity**, which names the agent and the rank's identity at the agent. A bad item is dropped
   and logged; the others are still handled. A claimant agent (a new pod incarnation whose slot
-  is not yet decided) may only relay registrations, which the slot rule then holds.
+  is not yet decided) may only relay registrations, which the slot rule then holds. A
+  :class:`~ms_recover.protocol.messages.RelayAcks` batch (one answer kind, column by column)
+  is recorded in one pass where each item's outcome is known
+  (:meth:`~ms_recover.manager.acks.FastAcks.columns`); its other items take the same
+  per-item path as a RelayUp's.
 * **Heartbeats.** The ranks' heartbeats arrive folded into their agent's heartbeat
   (``AgentHeartbeat.steps``): :meth:`ManagerRelay.fold` records them for ranks registered
   through that very agent, as the rank's own heartbeat would.
@@ -40,6 +44,8 @@ from ms_recover.protocol.relay import (
     PREFIX,
     UNEQUAL,
     RawItem,
+    ack_columns,
+    ack_item,
     check_item,
     rank_of,
     raw_items,
@@ -52,6 +58,7 @@ log = logging.getLogger("ms_recover.manager")
 
 Handle = Callable[[bytes, Envelope], None]
 Fast = Callable[[bytes, set[int], RawItem], bool]
+Columns = Callable[[bytes, set[int], M.RelayAcks], list[int]]
 _Item = list[Any]  # [message, epoch, [local identities]]
 
 
@@ -100,30 +107,71 @@ class ManagerRelay:
         is known (:class:`~ms_recover.manager.acks.FastAcks`), in the same order."""
         node = msg.node_rank
         claimant = self.slots.claimant(node, ident) is not None
-        if not claimant:
-            if not agent_ok():
-                return
-            self.model.agents[node].last_seen = self._clock()
-        mine = set(self.model.config.ranks_of(node)) if node in self.model.agents else set()
+        if not claimant and not self._heard_from(node, agent_ok):
+            return
         raw = raw_items(msg)
         if raw is None:
             self.drops.drop(UNEQUAL, f"agent of node {node}")
             return
+        mine = self._mine(node)
         prefix = PREFIX + bytes([len(ident)]) + ident
         for one in raw:
             if fast is not None and not claimant and fast(prefix, mine, one):
                 self.items_in += 1
                 continue
-            local, item = one[0], check_item(self.codec.job_id, one)
-            if isinstance(item, str):
-                self.drops.drop(item, f"agent of node {node}")
-            elif rank_of(item.msg) not in mine:
-                self.drops.drop(f"rank {rank_of(item.msg)} relayed by node {node}", item.sender)
-            elif claimant and not isinstance(item.msg, M.WorkerHello):
-                self.drops.drop("relayed by an agent whose slot is undecided", item.sender)
-            else:
-                self.items_in += 1
-                handle(virtual_identity(ident, local), item)
+            self._general(ident, node, mine, claimant, one, handle)
+
+    def on_relay_acks(
+        self,
+        ident: bytes,
+        msg: M.RelayAcks,
+        agent_ok: Callable[[], bool],
+        handle: Handle,
+        columns: Columns,
+    ) -> None:
+        """Handle a RelayAcks batch from the agent ``ident``: ``columns`` records the items
+        whose outcome is known (:meth:`FastAcks.columns
+        <ms_recover.manager.acks.FastAcks.columns>`), the others take :meth:`on_relay_up`'s
+        general path, each as its own RelayUp item would."""
+        node = msg.node_rank
+        if self.slots.claimant(node, ident) is not None:  # may only relay registrations
+            self.drops.drop("answers relayed by an agent whose slot is undecided", f"node {node}")
+            return
+        if not self._heard_from(node, agent_ok):
+            return
+        bad = ack_columns(msg)
+        if bad is not None:
+            self.drops.drop(bad, f"agent of node {node}")
+            return
+        mine = self._mine(node)
+        left = columns(PREFIX + bytes([len(ident)]) + ident, mine, msg)
+        self.items_in += len(msg.ranks) - len(left)
+        for i in left:
+            self._general(ident, node, mine, False, ack_item(msg, i), handle)
+
+    def _heard_from(self, node: int, agent_ok: Callable[[], bool]) -> bool:
+        if not agent_ok():
+            return False
+        self.model.agents[node].last_seen = self._clock()
+        return True
+
+    def _mine(self, node: int) -> set[int]:
+        return set(self.model.config.ranks_of(node)) if node in self.model.agents else set()
+
+    def _general(
+        self, ident: bytes, node: int, mine: set[int], claimant: bool, one: RawItem, handle: Handle
+    ) -> None:
+        """One relayed item as its rank's own frame: checked, then ``handle``d or dropped."""
+        local, item = one[0], check_item(self.codec.job_id, one)
+        if isinstance(item, str):
+            self.drops.drop(item, f"agent of node {node}")
+        elif rank_of(item.msg) not in mine:
+            self.drops.drop(f"rank {rank_of(item.msg)} relayed by node {node}", item.sender)
+        elif claimant and not isinstance(item.msg, M.WorkerHello):
+            self.drops.drop("relayed by an agent whose slot is undecided", item.sender)
+        else:
+            self.items_in += 1
+            handle(virtual_identity(ident, local), item)
 
     def fold(self, ident: bytes, steps: dict[int, int], now: float | None = None) -> None:
         """The heartbeats of ranks registered through agent ``ident``, folded into its own:

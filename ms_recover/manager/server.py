@@ -8,6 +8,7 @@ this server (:meth:`ManagerServer.send`).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
@@ -130,6 +131,7 @@ class ManagerServer:
             M.AgentHeartbeat: self._on_agent_heartbeat,
             M.RankExited: self._on_rank_exited,
             M.RelayUp: self._on_relay_up,
+            M.RelayAcks: self._on_relay_acks,
             **self.workers.handlers(),
         }
         self.events.write(
@@ -447,6 +449,10 @@ class ManagerServer:
         self.relay.on_relay_up(
             ident, msg, lambda: self._relay_ok(ident, msg.node_rank), self._handle, self._acks.take
         )
+
+    def _on_relay_acks(self, ident: bytes, env: Envelope, msg: M.RelayAcks) -> None:
+        ok = functools.partial(self._relay_ok, ident, msg.node_rank)
+        self.relay.on_relay_acks(ident, msg, ok, self._handle, self._acks.columns)
 
     def _on_rank_exited(self, ident: bytes, env: Envelope, msg: M.RankExited) -> None:
         m, now = self.model, self.clock()

@@ -40,7 +40,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 
 #: The length of each str field by name that is shorter than :data:`MAX_STR`: a state digest
 #: is a hex CRC-32 (8 characters) or SHA-256 (64), and the manager keeps a few per rank.
-STR_LIMITS: dict[str, int] = {"digest": 64}
+STR_LIMITS: dict[str, int] = {"digest": 64, "digests": 64}
 
 #: msgpack's own caps for one frame: strings, binaries, lists and maps; no extension types.
 UNPACK_LIMITS: dict[str, int] = {

@@ -88,6 +88,32 @@ class RelayUp(Message):
     bodies: list[dict[str, Any]]
 
 
+@dataclasses.dataclass(frozen=True)
+class RelayAcks(Message):
+    """agent -> manager: one kind of answer from several of this node's ranks, column by
+    column (DESIGN.md §1c): the commonest relayed frames (every rank's STOPPED in a stop-all,
+    REBUILT in a rebuild, the heartbeat that closes a RESUME) without a map per rank.
+
+    Item ``i`` is one rank frame the agent authenticated and replay-checked: the rank's local
+    identity at the agent (``idents[i]``), its envelope (``senders``, ``nonces``, ``seqs``,
+    and ``epoch``, shared by the items) and its message of ``kind``: ``ranks[i]``, with
+    ``steps[i]`` (the ``committed_step``) and ``digests[i]`` where ``kind`` has those fields;
+    a column ``kind`` does not have is empty (:data:`ms_recover.protocol.relay.ACK_COLUMNS`).
+    """
+
+    KIND: ClassVar[bytes] = b"relay_acks"
+    node_rank: int
+    kind: str
+    epoch: int
+    idents: list[bytes]
+    senders: list[str]
+    nonces: list[int]
+    seqs: list[int]
+    ranks: list[int]
+    steps: list[int]
+    digests: list[str]
+
+
 # ----------------------------------------------------------------------------- manager -> agent
 @dataclasses.dataclass(frozen=True)
 class AgentWelcome(Message):
@@ -411,6 +437,7 @@ KINDS: dict[bytes, type[Message]] = {
         AgentHeartbeat,
         RankExited,
         RelayUp,
+        RelayAcks,
         AgentWelcome,
         ManagerBeat,
         Rejoin,

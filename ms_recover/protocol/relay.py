@@ -1,7 +1,9 @@
 """The relay's wire rules, shared by the agent and the manager (DESIGN.md §1c). Pure: no I/O.
 
 Ranks launched by ``ms-recover agent`` talk to their node's agent, which relays their frames to
-the manager in :class:`~ms_recover.protocol.messages.RelayUp` batches and fans the manager's
+the manager in :class:`~ms_recover.protocol.messages.RelayUp` batches (runs of STOPPED,
+REBUILT and RESUME-closing reports in the columns of a
+:class:`~ms_recover.protocol.messages.RelayAcks`: :data:`ACK_COLUMNS`) and fans the manager's
 :class:`~ms_recover.protocol.messages.RelayDown` batches out to them. The manager addresses a
 relayed rank by a **virtual identity** that names the agent's ROUTER identity and the rank's
 own identity at the agent (:func:`virtual_identity`), so its handlers, epochs and replay rules
@@ -78,6 +80,43 @@ def split_identity(identity: bytes) -> tuple[bytes, bytes] | None:
 
 #: One relayed item as it travels: (local identity, sender, nonce, seq, epoch, kind, body).
 RawItem = tuple[bytes, str, int, int, int, str, Any]
+
+#: The fields after ``rank`` that :class:`~ms_recover.protocol.messages.RelayAcks` carries in
+#: its ``steps`` and ``digests`` columns, in that order.
+ACK_FIELDS = ("committed_step", "digest")
+
+#: What an agent sends in RelayAcks columns: kind -> its fields after ``rank`` (a prefix of
+#: :data:`ACK_FIELDS`; the columns past them are empty).
+ACK_COLUMNS: dict[str, tuple[str, ...]] = {
+    "stopped": ACK_FIELDS,
+    "rebuilt": (),
+    "worker_hb": ACK_FIELDS[:1],
+}
+
+
+def ack_columns(msg: M.RelayAcks) -> str | None:
+    """Why a RelayAcks batch cannot be read item by item (a kind it may not carry, columns of
+    unequal length), or None."""
+    fields = ACK_COLUMNS.get(msg.kind)
+    if fields is None:
+        return f"{msg.kind[:32]!r} is not relayed in columns (only {sorted(ACK_COLUMNS)})"
+    n = len(msg.ranks)
+    sizes = {len(msg.idents), len(msg.senders), len(msg.nonces), len(msg.seqs)}
+    filled = [len(col) == (n if i < len(fields) else 0) for i, col in enumerate(_extra(msg))]
+    return None if sizes <= {n} and all(filled) else f"{UNEQUAL} ({msg.kind})"
+
+
+def ack_item(msg: M.RelayAcks, i: int) -> RawItem:
+    """Item ``i`` of a checked (:func:`ack_columns`) RelayAcks batch, as a RelayUp item."""
+    body: dict[str, Any] = {"rank": msg.ranks[i]}
+    for name, col in zip(ACK_COLUMNS[msg.kind], _extra(msg), strict=False):
+        body[name] = col[i]
+    return (msg.idents[i], msg.senders[i], msg.nonces[i], msg.seqs[i], msg.epoch, msg.kind, body)
+
+
+def _extra(msg: M.RelayAcks) -> tuple[list[Any], ...]:
+    return msg.steps, msg.digests  # in the order of ACK_FIELDS
+
 
 #: Why a whole batch is dropped.
 UNEQUAL = "relay batch with lists of unequal length"

@@ -235,7 +235,7 @@ def _rank(ctx: zmq.Context, relay: LocalRelay, rank: int, secret: bytes | None =
     return Peer(ctx, relay.endpoint, f"r{rank}".encode(), f"rank:{rank}", key)
 
 
-def _drained(relay: LocalRelay, frames: int) -> list[M.RelayUp]:
+def _drained(relay: LocalRelay, frames: int) -> list[M.RelayUp | M.RelayAcks]:
     """Wait until ``frames`` more frames were accepted or dropped; the batches since."""
     seen = {"n": 0}
 
@@ -261,8 +261,9 @@ def test_the_relay_authenticates_like_the_manager(ctx, relay) -> None:
     good.sock.send_multipart(good.sent[-1])  # a replay
     batches = _drained(relay, 7)
     assert relay.drops.total == 6
-    assert len(batches) == 1 and batches[0].kinds == ["stopped"]
-    assert batches[0].idents == [b"r2"] and batches[0].bodies[0]["digest"] == "ab"
+    assert batches == [
+        M.RelayAcks(1, "stopped", 0, [b"r2"], ["rank:2"], [good.codec.nonce], [3], [2], [3], ["ab"])
+    ]
 
 
 def test_heartbeats_are_folded_except_the_one_that_closes_a_resume(ctx, relay) -> None:
@@ -275,7 +276,9 @@ def test_heartbeats_are_folded_except_the_one_that_closes_a_resume(ctx, relay) -
     assert _drained(relay, 1) == []
     rank.send(M.WorkerHeartbeat(2, 13))  # the report the manager waits for: at once
     batches = _drained(relay, 1)
-    assert [b.kinds for b in batches] == [["worker_hb"]] and batches[0].epochs == [0]
+    assert [(b.kind, b.epoch, b.ranks, b.steps, b.digests) for b in batches] == [
+        ("worker_hb", 0, [2], [13], [])
+    ]
     assert relay.take_steps() == {2: 12}
 
 
@@ -491,3 +494,100 @@ def test_the_drain_stops_at_a_stop_alls_last_answer(ctx, server, monkeypatch) ->
     assert server.model.ranks[1].acked(Ack.STOP, 1) and server.cadence.answered
     assert len(queue) == 1  # the status request waits for the next read
     assert server.cadence.run(lambda: None) and not server.cadence.answered
+
+
+def _acks(kind: str, epoch: int, items: list[tuple[bytes, int, int]], **bad: Any) -> M.RelayAcks:
+    """Node 0's RelayAcks of ``(local identity, rank, seq)`` items (steps 7+rank, digest "d")."""
+    fields: dict[str, Any] = {
+        "node_rank": 0,
+        "kind": kind,
+        "epoch": epoch,
+        "idents": [i[0] for i in items],
+        "senders": [f"rank:{i[1]}" for i in items],
+        "nonces": [7] * len(items),
+        "seqs": [i[2] for i in items],
+        "ranks": [i[1] for i in items],
+        "steps": [7 + i[1] for i in items] if kind != "rebuilt" else [],
+        "digests": ["d"] * len(items) if kind == "stopped" else [],
+    }
+    fields.update(bad)
+    return M.RelayAcks(**fields)
+
+
+def test_columnar_acks_are_recorded_without_a_dispatch_each(ctx, server) -> None:
+    """A node's STOPPED, REBUILT and RESUME-closing reports in RelayAcks columns are recorded
+    as their own frames would be, with no per-rank dispatch, and count as the phase's
+    answers; an item whose identity is not the registered one takes the general path."""
+    agent, handled = _acks_job(ctx, server, fast=True)
+    server.send([server.model.ranks[r].identity for r in (0, 1)], M.Stop("test"))
+    agent.send(_acks("stopped", 1, [(b"L0", 0, 2), (b"L1", 1, 2)]))
+    _pump(server, 1)
+    r0, r1 = server.model.ranks[0], server.model.ranks[1]
+    assert r0.acked(Ack.STOP, 1) and (r0.committed_step, r0.stop_digest) == (7, "d")
+    assert r1.acked(Ack.STOP, 1) and (r1.committed_step, r1.stop_digest) == (8, "d")
+    assert server.cadence.answered  # the last STOPPED owed: decide before reading on
+    agent.send(_acks("rebuilt", 1, [(b"L0", 0, 3), (b"Lx", 1, 3)]))  # Lx: not rank 1's
+    agent.send(_acks("worker_hb", 1, [(b"L0", 0, 4), (b"L1", 1, 4)], steps=[30, 5]))
+    drops = server.drops.total
+    _pump(server, 2)
+    assert r0.acked(Ack.REBUILD, 1) and not r1.acked(Ack.REBUILD, 1)
+    assert server.drops.total == drops + 1  # "message from unregistered rank 1"
+    assert (r0.committed_step, r1.committed_step) == (30, 8)  # no step goes back
+    assert [k for k in handled if k != M.RelayAcks.KIND] == [b"rebuilt"]
+
+
+def test_stale_columnar_acks_take_the_general_path(ctx, server) -> None:
+    """A batch of another epoch is left, item by item, to the rank's own path: a stale
+    STOPPED is dropped there with its reason, a replayed item as a replay."""
+    agent, handled = _acks_job(ctx, server, fast=True)
+    drops = server.drops.total
+    agent.send(_acks("stopped", 0, [(b"L0", 0, 2), (b"L1", 1, 2)]))
+    _pump(server, 1)
+    assert not server.model.ranks[0].acked(Ack.STOP, 0)
+    assert handled.count(b"stopped") == 2 and server.drops.total == drops + 2
+    agent.send(_acks("stopped", 0, [(b"L0", 0, 2)]))  # the same seq again: a replay
+    _pump(server, 1)
+    assert server.drops.total == drops + 3
+
+
+def test_malformed_columnar_acks_are_dropped_whole(ctx, server) -> None:
+    """Columns of unequal length, a kind that is not sent in columns, a claimant agent, a
+    rank of another node: dropped and logged, nothing recorded, the manager goes on."""
+    agent, handled = _acks_job(ctx, server, fast=True)
+    before = server.drops.total + server.relay.drops.total
+    agent.send(_acks("stopped", 1, [(b"L0", 0, 2), (b"L1", 1, 2)], steps=[7]))
+    agent.send(_acks("rebuilt", 1, [(b"L0", 0, 3)], steps=[1]))
+    agent.send(_acks("repaired", 1, [(b"L0", 0, 4)]))
+    agent.send(_acks("stopped", 1, [(b"L2", 2, 5)]))  # rank 2 is node 1's
+    _pump(server, 4)
+    assert server.drops.total + server.relay.drops.total == before + 4
+    assert not any(server.model.ranks[r].acks for r in (0, 1, 2, 3))
+    assert server.errors.total == 0
+
+
+def test_the_agent_sends_runs_of_answers_in_columns_and_the_rest_in_order(ctx, relay) -> None:
+    """A rank's STOPPED, fault and REBUILT: three batches in that order (the manager sees a
+    rank's frames in the order it sent them); two ranks' STOPPED of one epoch: one batch."""
+    ranks = {r: _rank(ctx, relay, r) for r in (2, 3)}
+    ranks[2].send(M.Stopped(2, 5, "a"), epoch=1)
+    ranks[2].send(M.WorkerFault(2, "comm", "x"), epoch=1)
+    ranks[2].send(M.Rebuilt(2), epoch=1)
+    batches = _drained(relay, 3)
+    assert [type(b).__name__ for b in batches] == ["RelayAcks", "RelayUp", "RelayAcks"]
+    assert [(b.kind, b.ranks) for b in batches if isinstance(b, M.RelayAcks)] == [
+        ("stopped", [2]),
+        ("rebuilt", [2]),
+    ]
+    for r, peer in ranks.items():
+        peer.send(M.Stopped(r, 6, ""), epoch=2)
+    (batch,) = _drained(relay, 2)
+    assert isinstance(batch, M.RelayAcks) and sorted(batch.ranks) == [2, 3]
+    assert (batch.epoch, batch.steps, batch.digests) == (2, [6, 6], ["", ""])
+
+
+def test_ack_columns_name_the_messages_fields() -> None:
+    """What RelayAcks carries per kind is exactly that message's fields after ``rank``."""
+    from ms_recover.protocol.relay import ACK_COLUMNS
+
+    for kind, fields in ACK_COLUMNS.items():
+        assert tuple(M.field_types(M.KINDS[kind.encode()])) == ("rank", *fields)

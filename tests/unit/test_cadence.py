@@ -176,3 +176,20 @@ def test_the_last_answer_owed_is_decided_on_at_once(running: JobModel) -> None:
     cadence.owed(M.Rebuild, 1)
     cadence.heard(M.Rebuilt, 4)
     assert cadence.answered
+
+
+def test_answers_heard_in_one_batch_count_each(running: JobModel) -> None:
+    """A node's answers recorded in one pass (a RelayAcks batch) count as that many: the
+    batch that brings the last one owed ends the reading, and an empty batch changes nothing."""
+    cadence = Cadence(running, 0.02, Clock())
+    running.state, running.epoch = JobState.STOPPING, 3
+    cadence.owed(M.Stop, 5)
+    cadence.heard(M.Stopped, 3, 0)
+    assert not cadence.answered
+    cadence.heard(M.Stopped, 3, 3)
+    assert not cadence.answered
+    cadence.heard(M.Stopped, 3, 4)  # two more than owed: the last owed was among them
+    assert cadence.answered
+    assert _decides(cadence) and not cadence.answered
+    cadence.heard(M.Stopped, 3, 2)  # past the count: no new trigger
+    assert not cadence.answered

@@ -35,6 +35,18 @@ SAMPLES: dict[bytes, M.Message] = {
             kinds=["stopped"],
             bodies=[{"rank": 2, "committed_step": 12, "digest": "deadbeef"}],
         ),
+        M.RelayAcks(
+            node_rank=1,
+            kind="stopped",
+            epoch=3,
+            idents=[b"r2.0.77", b"r3.0.78"],
+            senders=["rank:2", "rank:3"],
+            nonces=[2**62, 5],
+            seqs=[5, 9],
+            ranks=[2, 3],
+            steps=[12, 12],
+            digests=["deadbeef", ""],
+        ),
         M.RelayDown(
             kinds=["stop", "resume"],
             epochs=[3, 3],
