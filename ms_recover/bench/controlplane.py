@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import itertools
 import multiprocessing as mp
 import os
 import resource
@@ -56,6 +57,8 @@ from ms_recover.config import JobConfig
 from ms_recover.manager.model import JobState
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Codec
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.wait import Timeout, wait_for
 
@@ -148,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         f"agents' manager-silence grace {DEFAULT_GRACE_S:g} s (the job default, not the "
         "bench's 900 s phase timeout)"
     )
+    beat_us = beat_cost_us()
     scales, skipped = [], []
     for n in sorted(set(args.ranks)):
         sockets = n // args.ranks_per_agent + (n if args.direct else 0)
@@ -155,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             skipped.append(n)
         else:
             scales.append(_run_scale(n, args, limit))
-    return _report(args, scales, skipped, limit).emit(args.json)
+    return _report(args, scales, skipped, limit, beat_us).emit(args.json)
 
 
 def _raise_fd_limit() -> int:
@@ -454,6 +458,35 @@ def _frames_out(srv: ManagerServer) -> int:
     return srv.frames_out + srv.relay.frames_out
 
 
+def beat_cost_us(batches: int = 5, per_batch: int = 2000) -> float:
+    """This host's cost of the manager's commonest frame: one agent heartbeat (no steps)
+    through :meth:`ManagerServer.dispatch`, in-process (no socket), median of ``batches``
+    batches, in microseconds. The manager's CPU between faults is about the agents' beat rate
+    times this (plus the socket's receive), so it says how fast this host runs that path."""
+    cfg = JobConfig(job_id="beat", node_nums=2, proc_per_node=8, manager_port=0, secret=b"x")
+    srv = ManagerServer(cfg, events=EventLog(), bind="127.0.0.1")
+    try:
+        codec = Codec(cfg.job_id, cfg.effective_secret())
+        agent = [b"a0", *codec.encode(M.AgentHello(0, "127.0.0.1", [0], 1, True), 0, "agent:0", 1)]
+        srv.dispatch(agent)
+        seq = itertools.count(2)
+        times = []
+        for _ in range(batches):
+            beats = [
+                [b"a0", *codec.encode(M.AgentHeartbeat(0), 0, "agent:0", next(seq))]
+                for _ in range(per_batch)
+            ]
+            t0 = time.perf_counter()
+            for frames in beats:
+                srv.dispatch(frames)
+            times.append((time.perf_counter() - t0) / per_batch * 1e6)
+        if srv.drops.total or srv.errors.total:
+            raise RuntimeError(f"calibration heartbeats dropped: {srv.drops.total}")
+        return sorted(times)[batches // 2]
+    finally:
+        srv.close()
+
+
 def _target(within: bool, op: str, limit: float) -> dict[str, Any]:
     """DESIGN.md §8's targets hold up to 16,384 ranks; beyond is a simulation for context."""
     if within:
@@ -508,13 +541,25 @@ def scale_rows(s: dict[str, Any]) -> list[Measure]:
 
 
 def _report(
-    args: argparse.Namespace, scales: list[dict[str, Any]], skipped: list[int], fd_limit: int
+    args: argparse.Namespace,
+    scales: list[dict[str, Any]],
+    skipped: list[int],
+    fd_limit: int,
+    beat_us: float,
 ) -> Report:
     default = "the job default" if args.heartbeat == DEFAULT_HEARTBEAT_S else "not the job default"
     rep = Report(
         "controlplane",
         f"ms-recover bench controlplane: real ManagerServer, simulated peers over ZeroMQ/TCP, "
         f"heartbeat {args.heartbeat:g} s ({default})",
+    )
+    rep.add(
+        Measure(
+            "this host: one agent heartbeat handled by the manager (in-process)",
+            beat_us,
+            "us",
+            note="ManagerServer.dispatch, median of 5 x 2000; CPU between faults ~ beats/s x this",
+        )
     )
     for s in scales:
         rep.add(*scale_rows(s))

@@ -102,6 +102,8 @@ def test_controlplane_small_scale_at_the_default_heartbeat(tmp_path: Path) -> No
     assert m["32 ranks / 4 agents: formation (connect -> running)"]["value"] > 0
     extrapolated = m["stop-all at 16384 ranks, extrapolated"]
     assert extrapolated["value"] is None  # one scale: no trend to extrapolate
+    beat = m["this host: one agent heartbeat handled by the manager (in-process)"]
+    assert 0 < beat["value"] < 10_000 and beat["pass"] is None  # a reading of the host
 
 
 def test_controlplane_a_scale_that_does_not_form_is_a_miss_not_a_crash(tmp_path: Path) -> None:
