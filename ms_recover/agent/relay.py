@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Any
 
 import zmq
 
@@ -38,7 +37,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope, message_of
-from ms_recover.protocol.relay import ACK_COLUMNS, ACK_FIELDS, DOWN_KINDS, UP_KINDS, rank_of
+from ms_recover.protocol.relay import ACK_COLUMNS, DOWN_KINDS, UP_KINDS, rank_of, relay_acks
 from ms_recover.protocol.replay import ReplayGuard
 from ms_recover.protocol.transport import (
     SLACK,
@@ -158,21 +157,8 @@ class LocalRelay:
         envs = [env for _, env, _ in items]
         run = _run(envs[0])
         if run is not None:
-            kind, epoch = run
-            msgs: list[Any] = [e.msg for e in envs]
-            names = ACK_COLUMNS[kind]
-            columns = [[getattr(m, f) for m in msgs] if f in names else [] for f in ACK_FIELDS]
-            return M.RelayAcks(
-                self.node_rank,
-                kind,
-                epoch,
-                idents,
-                [e.sender for e in envs],
-                [e.nonce for e in envs],
-                [e.seq for e in envs],
-                [m.rank for m in msgs],
-                *columns,
-            )
+            heads = [(i, e.sender, e.nonce, e.seq) for i, e in zip(idents, envs, strict=True)]
+            return relay_acks(self.node_rank, *run, heads, [e.msg for e in envs])
         return M.RelayUp(
             self.node_rank,
             idents,

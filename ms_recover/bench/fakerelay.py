@@ -30,7 +30,7 @@ import msgpack
 from ms_recover.agent.relay import next_report_at
 from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.relay import ACK_COLUMNS, ACK_FIELDS
+from ms_recover.protocol.relay import ACK_COLUMNS, relay_acks
 
 _NEED = frozenset({"repair", "resume"})
 
@@ -110,12 +110,7 @@ class RelayCluster(FakeCluster):
             epochs, kinds = [e for _, _, e in items], [m.KIND.decode() for m in msgs]
             bodies = [m.to_wire() for m in msgs]
             return M.RelayUp(node, idents, senders, nonces, seqs, epochs, kinds, bodies)
-        kind, epoch = run
-        names = ACK_COLUMNS[kind]
-        columns = [[getattr(m, f) for m in msgs] if f in names else [] for f in ACK_FIELDS]
-        return M.RelayAcks(
-            node, kind, epoch, idents, senders, nonces, seqs, [r.rank for r in ranks], *columns
-        )
+        return relay_acks(node, *run, list(zip(idents, senders, nonces, seqs, strict=True)), msgs)
 
     def hello(self, m: _Member) -> None:
         super().hello(m)

@@ -94,6 +94,18 @@ ACK_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def relay_acks(
+    node: int, kind: str, epoch: int, envelopes: list[tuple[bytes, str, int, int]], msgs: list[Any]
+) -> M.RelayAcks:
+    """The RelayAcks of ``msgs``, all of ``kind`` (in :data:`ACK_COLUMNS`) and ``epoch``, each
+    with its ``(local identity, sender, nonce, seq)``."""
+    names = ACK_COLUMNS[kind]
+    idents, senders, nonces, seqs = (list(col) for col in zip(*envelopes, strict=True))
+    columns = [[getattr(m, f) for m in msgs] if f in names else [] for f in ACK_FIELDS]
+    ranks = [m.rank for m in msgs]
+    return M.RelayAcks(node, kind, epoch, idents, senders, nonces, seqs, ranks, *columns)
+
+
 def ack_columns(msg: M.RelayAcks) -> str | None:
     """Why a RelayAcks batch cannot be read item by item (a kind it may not carry, columns of
     unequal length), or None."""
