@@ -37,7 +37,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope, message_of
-from ms_recover.protocol.relay import ACK_COLUMNS, DOWN_KINDS, UP_KINDS, rank_of, relay_acks
+from ms_recover.protocol.relay import DOWN_KINDS, UP_KINDS, ack_run, rank_of, relay_acks
 from ms_recover.protocol.replay import ReplayGuard
 from ms_recover.protocol.transport import (
     SLACK,
@@ -53,9 +53,7 @@ _BUDGET = 4096  # frames read per drain: a bound, not a limit that real traffic 
 
 
 def _run(env: Envelope) -> tuple[str, int] | None:
-    """The (kind, epoch) of a RelayAcks batch that may carry ``env``, None for a RelayUp."""
-    kind = env.msg.KIND.decode()
-    return (kind, env.epoch) if kind in ACK_COLUMNS else None
+    return ack_run(env.msg, env.epoch)
 
 
 def next_report_at(now: float, report_s: float, beat_s: float) -> float:
@@ -137,7 +135,7 @@ class LocalRelay:
 
     def batches(self) -> list[M.RelayUp | M.RelayAcks]:
         """What arrived since the last call, in order, as messages under the frame limit: a
-        run of one answer kind and epoch (:data:`~ms_recover.protocol.relay.ACK_COLUMNS`) as
+        run of one answer kind and epoch (:func:`~ms_recover.protocol.relay.ack_run`) as
         one RelayAcks, anything else as RelayUp."""
         out: list[M.RelayUp | M.RelayAcks] = []
         items, self._items = self._items, []

@@ -30,7 +30,7 @@ import msgpack
 from ms_recover.agent.relay import next_report_at
 from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.relay import ACK_COLUMNS, relay_acks
+from ms_recover.protocol.relay import ack_run, relay_acks
 
 _NEED = frozenset({"repair", "resume"})
 
@@ -62,9 +62,7 @@ def _peek_relay(payload: bytes) -> tuple[int, Any]:
 
 
 def _run(item: tuple[_Member, M.Message, int]) -> tuple[str, int] | None:
-    """The (kind, epoch) of the RelayAcks batch that carries ``item``, None for a RelayUp."""
-    kind = item[1].KIND.decode()
-    return (kind, item[2]) if kind in ACK_COLUMNS else None
+    return ack_run(item[1], item[2])
 
 
 class RelayCluster(FakeCluster):

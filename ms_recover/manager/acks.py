@@ -135,15 +135,8 @@ class FastAcks:
         # Every field's compiled check, in one C-level pass: all(test(body[name]) ...).
         if body.keys() != names or not all(map(_call, tests, map(body.__getitem__, order))):
             return False
-        rank = body["rank"]
-        info = self.model.ranks.get(rank)
-        if (
-            info is None
-            or rank not in mine
-            or epoch != self.model.epoch
-            or not (info.registered and info.alive)
-            or info.identity != prefix + local
-        ):
+        info = self._member(body["rank"], mine, prefix + local)
+        if info is None or epoch != self.model.epoch:
             return False
         replayed = self.replay.check(sender, nonce, seq)
         if replayed:
@@ -171,20 +164,23 @@ class FastAcks:
         cls, record = COLUMNS[msg.kind]
         steps = msg.steps or [-1] * n
         digests = msg.digests or [""] * n
-        get, now, left = self.model.ranks.get, self.clock(), []
+        member, now, left = self._member, self.clock(), []
         for i, (local, rank, step, digest) in enumerate(
             zip(msg.idents, msg.ranks, steps, digests, strict=True)
         ):
-            info = get(rank)
-            if (
-                info is None
-                or rank not in mine
-                or not (info.registered and info.alive)
-                or info.identity != prefix + local
-            ):
+            info = member(rank, mine, prefix + local)
+            if info is None:
                 left.append(i)
                 continue
             info.last_seen = now
             record(info, epoch, step, digest)
         self.cadence.heard(cls, epoch, n - len(left))
         return left
+
+    def _member(self, rank: int, mine: set[int], identity: bytes) -> RankInfo | None:
+        """``rank``'s record if it is one of ``mine``, registered, alive and known under this
+        very virtual ``identity``, else None."""
+        info = self.model.ranks.get(rank)
+        if info is None or rank not in mine or not (info.registered and info.alive):
+            return None
+        return info if info.identity == identity else None

@@ -114,7 +114,7 @@ class ManagerRelay:
             self.drops.drop(UNEQUAL, f"agent of node {node}")
             return
         mine = self._mine(node)
-        prefix = PREFIX + bytes([len(ident)]) + ident
+        prefix = self._prefix(ident)
         for one in raw:
             if fast is not None and not claimant and fast(prefix, mine, one):
                 self.items_in += 1
@@ -144,7 +144,7 @@ class ManagerRelay:
             self.drops.drop(bad, f"agent of node {node}")
             return
         mine = self._mine(node)
-        left = columns(PREFIX + bytes([len(ident)]) + ident, mine, msg)
+        left = columns(self._prefix(ident), mine, msg)
         self.items_in += len(msg.ranks) - len(left)
         for i in left:
             self._general(ident, node, mine, False, ack_item(msg, i), handle)
@@ -154,6 +154,15 @@ class ManagerRelay:
             return False
         self.model.agents[node].last_seen = self._clock()
         return True
+
+    def _prefix(self, ident: bytes) -> bytes:
+        """The first bytes of the virtual identities of agent ``ident``'s ranks."""
+        prefix = self._prefixes.get(ident)
+        if prefix is None:
+            if len(self._prefixes) > 2 * len(self.model.agents) + 64:  # old incarnations' names
+                self._prefixes.clear()
+            prefix = self._prefixes[ident] = PREFIX + bytes([len(ident)]) + ident
+        return prefix
 
     def _mine(self, node: int) -> set[int]:
         return set(self.model.config.ranks_of(node)) if node in self.model.agents else set()
@@ -182,11 +191,7 @@ class ManagerRelay:
             return
         now = self._clock() if now is None else now
         get, heard = self.model.ranks.get, 0
-        prefix = self._prefixes.get(ident)
-        if prefix is None:
-            if len(self._prefixes) > 2 * len(self.model.agents) + 64:  # old incarnations' names
-                self._prefixes.clear()
-            prefix = self._prefixes[ident] = PREFIX + bytes([len(ident)]) + ident
+        prefix = self._prefix(ident)
         for rank, step in steps.items():
             info = get(rank)
             if info is not None and info.alive and info.identity.startswith(prefix):

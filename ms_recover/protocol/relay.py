@@ -94,6 +94,13 @@ ACK_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def ack_run(msg: M.Message, epoch: int) -> tuple[str, int] | None:
+    """The (kind, epoch) of the RelayAcks batch that carries ``msg`` of ``epoch``, None if it
+    travels in a RelayUp: consecutive items with one such key share a batch."""
+    kind = msg.KIND.decode()
+    return (kind, epoch) if kind in ACK_COLUMNS else None
+
+
 def relay_acks(
     node: int, kind: str, epoch: int, envelopes: list[tuple[bytes, str, int, int]], msgs: list[Any]
 ) -> M.RelayAcks:
