@@ -13,6 +13,10 @@ take the slot only on evidence that the old one is gone:
   as soon as the old agent is heard again, which is what a replayed or forged hello of a live
   agent meets. The hellos of the claimed node's ranks wait with the claim and are handled
   after the decide that follows its acceptance;
+* a rank's hello while a fault naming it or its node waits for the manager's decision (a
+  recreated pod's ranks start before the manager decided on its restart) is handled after
+  that decide too (:meth:`Slots.defer`): the round it starts counts the rank among those to
+  replace, and would otherwise drop a registration made just before it;
 * for a rank still counted alive: never (its agent or its silence will report it gone first).
 
 This class holds only the bookkeeping; :class:`~ms_recover.manager.server.ManagerServer`
@@ -50,7 +54,7 @@ class Slots:
         self.rank_nonce: dict[int, int] = {}
         self.claims: dict[int, Pending] = {}  # node -> the hello of a new agent incarnation
         self.held: dict[int, list[Pending]] = {}  # node -> its ranks' hellos, with the claim
-        self.released: list[Pending] = []  # held hellos of an accepted claim, for after decide
+        self.released: list[Pending] = []  # hellos to handle after the next decide
 
     def agent_hello(self, node: int, pending: Pending, alive: bool, silent_s: float) -> Hello:
         """The verdict on an agent hello for ``node``, whose agent is ``alive`` and was last
@@ -91,6 +95,10 @@ class Slots:
     def rank_taken(self, rank: int, alive: bool, pid: int, hello_pid: int, nonce: int) -> bool:
         """Whether rank ``rank``'s slot belongs to another live process than the hello's."""
         return alive and (pid != hello_pid or self.rank_nonce.get(rank) != nonce)
+
+    def defer(self, pending: Pending) -> None:
+        """Handle a rank's hello after the next decide, with the released ones."""
+        self.released.append(pending)
 
     def take_released(self) -> list[Pending]:
         released, self.released = self.released, []

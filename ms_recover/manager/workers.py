@@ -73,6 +73,9 @@ class WorkerHandlers:
         m, now = self.model, self.clock()
         if self.slots.hold_worker(msg.node_rank, (ident, env)):  # decided with its agent's claim
             return
+        if self._undecided(msg.rank, msg.node_rank):
+            self.slots.defer((ident, env))
+            return
         reason = self._reject(msg, env.nonce)
         if reason:
             self.send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
@@ -110,6 +113,17 @@ class WorkerHandlers:
             reboot=reboot,
             rejoin=env.epoch > 0,
         )
+
+    def _undecided(self, rank: int, node: int) -> bool:
+        """Whether a fault naming ``rank`` or its node waits for the next decision. A
+        recreated pod's ranks may register before the manager decided on the pod's restart
+        (both arrive in one drain); the round that decision starts replaces the node's ranks
+        and would drop their registrations, and they never say hello again. A restarted
+        manager's faults wait for its members (``phases._restoring``): not then."""
+        m = self.model
+        if m.restore is not None and m.state is JobState.FORMING:
+            return False
+        return any(f.rank == rank or (f.rank < 0 and f.node_rank == node) for f in m.pending)
 
     def _welcome(self, reboot: bool) -> M.Welcome:
         """The Welcome of a registered rank: one object while its content stays the same, so

@@ -95,7 +95,9 @@ def test_fault(name: str, tmp_path, reference: str, scenario) -> None:
 def test_killed_agent(tmp_path, reference: str, scenario) -> None:
     """SIGKILL one agent: its ranks die with it, its pod is recreated, the node recovers."""
     out = str(tmp_path)
-    with trainer_job(out, extra=("--step-time", "0.1")) as job:
+    # Ranks' steps reach the status once per rank_report_s (2.5 s here): 0.2 s steps keep
+    # the job running over a few reports, also on a loaded host.
+    with trainer_job(out, extra=("--step-time", "0.2")) as job:
         wait_for(
             lambda: (
                 job.status()["state"] == "running"
