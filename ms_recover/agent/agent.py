@@ -22,6 +22,9 @@ Guarantees:
   manager's messages for them fanned out, so the manager's load grows with nodes, not ranks.
   Ranks launched by msrun (the TaskD shim, :mod:`ms_recover.agent.taskd`) keep their own
   connection to the manager;
+* it beats every ``agent_heartbeat_s``, except when it relayed a frame to the manager and heard
+  from it within that interval (the relayed frame already says the node is alive); a beat that
+  carries its ranks' steps is always sent;
 * if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
   ranks are killed and the agent exits 1: without a manager nothing can be recovered.
 """
@@ -29,6 +32,7 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -84,6 +88,8 @@ class Agent:
         self._exits: dict[int, tuple[Exited, bool]] = {}
         self._drain: tuple[float, int] | None = None  # (deadline, exit code) at the job's end
         self._last_heard = time.monotonic()
+        self._sent_at = -math.inf  # when a frame other than a beat last went to the manager
+        self._welcomed = False  # the manager accepted this agent's (last) hello
         self._poller = zmq.Poller()
         self._poller.register(self.chan.sock, zmq.POLLIN)
         if self.relay is not None:
@@ -155,7 +161,8 @@ class Agent:
                 now = time.monotonic()
                 if now >= next_beat:
                     steps = self.relay.report(now) if self.relay is not None else {}
-                    self.chan.send(M.AgentHeartbeat(cfg.node_rank, steps), self._epoch)
+                    if steps or not self._exchanging(now):
+                        self.chan.send(M.AgentHeartbeat(cfg.node_rank, steps), self._epoch)
                     next_beat = now + cfg.agent_heartbeat_s
                 self._note_training()
                 self._wait(self.poll_s)
@@ -168,6 +175,17 @@ class Agent:
             self.ranks.close()
             self.close()
         return self.exit_code if self.exit_code is not None else 128 + 15
+
+    def _exchanging(self, now: float) -> bool:
+        """Whether a beat would tell the manager nothing new: this agent is registered, sent
+        it another frame (which the manager counts as the node heard) and heard from it within
+        the last beat interval. Then the beat is skipped; one that carries steps never is. At
+        2,048 nodes this takes most beats off the manager while it stops, rebuilds or forms the
+        job, when every node relays answers anyway. Both directions must be fresh: an agent
+        relaying to a manager that answers nothing (a digest per rank every few steps) still
+        beats every other interval, and hears the beat's answer."""
+        beat = self.config.agent_heartbeat_s
+        return self._welcomed and now - self._sent_at < beat and now - self._last_heard < beat
 
     def _note_training(self) -> None:
         """Tell the hands once every local rank's heartbeat named a committed step (within a
@@ -192,6 +210,7 @@ class Agent:
         if self.relay is not None and self.relay.sock in ready and self.relay.drain():
             for batch in self.relay.batches():
                 self.chan.send(batch, self._epoch)
+            self._sent_at = time.monotonic()
         env = self.chan.recv_ready() if self.chan.sock in ready else None
         while env is not None:
             if not self._stale(env):
@@ -223,6 +242,7 @@ class Agent:
         """A restarted manager does not know this node: register again, then report the last
         exit of each local rank that is not running (it may have died while no one listened)."""
         log.warning("%s: registering again", reason)
+        self._welcomed = False
         self.hello()
         if self.relay is not None:
             self.relay.rejoin_all(reason)
@@ -284,9 +304,11 @@ class Agent:
         return False
 
     def _handle(self, msg: M.Message) -> None:
-        if isinstance(msg, M.AgentWelcome) and not msg.ok:
-            log.error("manager rejected this agent: %s", msg.reason)
-            self.exit_code = exitcodes.USAGE
+        if isinstance(msg, M.AgentWelcome):
+            self._welcomed = msg.ok
+            if not msg.ok:
+                log.error("manager rejected this agent: %s", msg.reason)
+                self.exit_code = exitcodes.USAGE
         elif isinstance(msg, M.KillRanks):
             self._report(self.ranks.kill(self._local(msg.ranks)), requested=True)
         elif isinstance(msg, M.StartRanks):

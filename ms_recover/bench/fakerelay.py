@@ -11,7 +11,9 @@ So the agent stands for its ranks and speaks exactly what a real agent's relay
   :class:`~ms_recover.protocol.messages.RelayAcks`, per agent per wake-up, each item with the
   rank's own sender name and seq;
 * their heartbeats folded into the agent's heartbeat (``AgentHeartbeat.steps``), except the
-  report that closes a RESUME, which goes at once (as the real relay sends it);
+  report that closes a RESUME, which goes at once (as the real relay sends it); the agent's
+  beat skipped while it relayed a frame and heard the manager within the beat interval,
+  unless it carries steps (as a real agent: ``Agent._exchanging``);
 * the manager's :class:`~ms_recover.protocol.messages.RelayDown` batches answered per target
   rank at once: STOPPED, REBUILT, REPAIRED, and the RESUME step committed immediately.
 
@@ -22,6 +24,7 @@ Incoming bodies are read only where the answer needs them (REPAIR, RESUME), as i
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from typing import Any
 
@@ -77,6 +80,8 @@ class RelayCluster(FakeCluster):
             self.by_local[self._local(rank)] = rank
         self._items: dict[int, list[tuple[_Member, M.Message, int]]] = {}
         self._report_at: dict[int, float] = {}  # node -> when its next beat carries steps
+        self._sent_at: dict[int, float] = {}  # node -> when its agent last relayed a frame
+        self._heard_at: dict[int, float] = {}  # node -> when its agent last heard the manager
 
     @staticmethod
     def _local(rank: _Member) -> bytes:
@@ -96,6 +101,8 @@ class RelayCluster(FakeCluster):
             rank.seq += 1
         for run, batch in itertools.groupby(items, key=_run):
             self.send(self.agents[node], self._batch(node, run, list(batch)))
+        if items:
+            self._sent_at[node] = time.monotonic()
 
     def _batch(
         self, node: int, run: tuple[str, int] | None, items: list[tuple[_Member, M.Message, int]]
@@ -134,6 +141,13 @@ class RelayCluster(FakeCluster):
             self._report_at[m.node] = next_report_at(
                 now, self.spec.rank_report_s, self.spec.agent_s
             )
+        beat = self.spec.agent_s
+        if (
+            not steps
+            and now - self._sent_at.get(m.node, -math.inf) < beat
+            and now - self._heard_at.get(m.node, -math.inf) < beat
+        ):
+            return  # exchanging with the manager anyway: no beat (as Agent._exchanging)
         self.send(m, M.AgentHeartbeat(m.node, steps))
 
     # ------------------------------------------------------------------ down
@@ -143,6 +157,7 @@ class RelayCluster(FakeCluster):
         return super().peek(kind, payload)
 
     def _on(self, m: _Member, kind: bytes, epoch: int, body: Any) -> None:
+        self._heard_at[m.node] = time.monotonic()
         if kind != M.RelayDown.KIND:
             super()._on(m, kind, epoch, body)
             return

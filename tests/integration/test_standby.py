@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,5 +200,27 @@ def test_a_heartbeat_with_a_committed_step_marks_its_rank_stepped() -> None:
             frames = codec.encode(M.WorkerHeartbeat(rank, step), 0, f"worker:{rank}", 1)
             relay._accept([f"r{rank}".encode(), *frames])
         assert relay.stepped == {1}
+    finally:
+        agent.close()
+
+
+def test_a_registered_agent_skips_beats_only_while_it_exchanges_with_the_manager() -> None:
+    config = JobConfig(node_nums=1, proc_per_node=2, manager_port=1)
+    agent = Agent(config, [sys.executable, "t.py"])
+    beat = config.agent_heartbeat_s
+    try:
+        now = time.monotonic()
+        agent._sent_at = agent._last_heard = now
+        assert not agent._exchanging(now)  # not registered yet: a claimant's beats ask again
+        agent._handle(M.AgentWelcome(True, ""))
+        assert agent._exchanging(now + beat / 2)
+        assert not agent._exchanging(now + beat + 0.01)  # nothing either way for an interval
+        agent._last_heard = now - beat - 0.01
+        assert not agent._exchanging(now)  # the manager answered nothing: beat, hear its answer
+        agent._last_heard, agent._sent_at = now, now - beat - 0.01
+        assert not agent._exchanging(now)  # nothing relayed: the beat is the node's liveness
+        agent._sent_at = now
+        agent._rejoin("manager restarted")  # registering again: beats until welcomed again
+        assert not agent._exchanging(now)
     finally:
         agent.close()
