@@ -105,7 +105,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="also run 2 ranks of GraphStep against msrun's in-graph mccl DistributedGradReducer "
         "step of the same job (default on)",
     )
-    p.add_argument("--msrun2-steps", type=int, default=400, help="timed steps of each 2-rank run")
+    p.add_argument(
+        "--msrun2-steps",
+        type=int,
+        default=4000,
+        help="timed steps of each 2-rank run (default 4000: the first few hundred can be a "
+        "start-up; the first 400 are also compared alone, as context)",
+    )
     p.add_argument(
         "--msrun2-repeats", type=int, default=1, help="2-rank run pairs, ABBA order (default 1)"
     )

@@ -56,3 +56,27 @@ def test_a_cluster_that_gave_no_time_is_a_miss_naming_why() -> None:
     got = {"ours_s": [0.002], "msrun_s": [], "reason": "did not form within 60 s", "steps": 300}
     ratio = {m.name: m for m in vsmsrun.rows(got)}[RATIO]
     assert ratio.verdict == "MISS" and "did not form within 60 s" in ratio.failed
+
+
+def test_the_first_steps_are_compared_alone_as_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow start of one arm shows in its own row, without a target; the ratio with the
+    target stays the whole runs'."""
+    early, later = vsmsrun.EARLY, 2 * vsmsrun.EARLY
+
+    def fake_measure(plan: mscluster.Plan, workdir: Path, limits: Any) -> mscluster.Outcome:
+        return mscluster.Outcome({9352: [[0.004] * (early + later)] * 2})
+
+    class SlowStart(FakeRunner):
+        def job(self, mode: str, procs: int, extra: list[str] | None = None) -> list[dict]:
+            return [{"elements": 9352, "step_times": [0.008] * early + [0.002] * later}] * procs
+
+    monkeypatch.setattr(mscluster, "measure", fake_measure)
+    got = vsmsrun.measure(SlowStart([], []), tmp_path, steps=early + later, repeats=1, timeout_s=9)
+    rows = {m.name: m for m in vsmsrun.rows(got)}
+    assert rows[RATIO].value == pytest.approx(0.5) and rows[RATIO].verdict == "PASS"
+    (first,) = [m for name, m in rows.items() if "first 400 timed steps" in name]
+    assert first.value == pytest.approx(2.0) and first.target == "-"
+    older = {k: v for k, v in got.items() if not k.endswith("_early_s")}  # an older run's JSON
+    assert len(vsmsrun.rows(older)) == len(rows) - 1
