@@ -212,6 +212,7 @@ class GraphStep:
             inplace_bytes,
         )
         self._cell: Any = None
+        self._target = ""  # the device target, read once when the cell is built
         self._warmed: set[Any] = set()  # the batch signatures (_tensors) warmed up
 
     @property
@@ -280,6 +281,7 @@ class GraphStep:
             cell.grad_reducer = _HostGradReducer(self._slot.func, self._slot.index)
         if mindspore.get_context("mode") != mindspore.GRAPH_MODE:
             cell.construct = mindspore.jit(cell.construct)
+        self._target = mindspore.get_context("device_target")  # read once (see device_sync)
         self._cell = cell
         self._warmed.clear()
         return cell
@@ -287,7 +289,7 @@ class GraphStep:
     def _run(self, cell: Any, tensors: tuple[Tensor, ...]) -> float:
         try:
             loss = cell(*tensors)
-            device_sync()
+            device_sync(self._target)
             value = float(loss.asnumpy())
         except Exception as exc:
             # The graph is unusable after a failed kernel; the next call compiles a new one.

@@ -46,7 +46,6 @@ from mindspore import nn
 from numpy.typing import NDArray
 
 from ms_recover.mindspore.graphstep import GraphStep, floor_cell
-from ms_recover.mindspore.state import device_sync
 from ms_recover.mindspore.step import DataParallelStep
 
 Flat = NDArray[np.float32]
@@ -93,8 +92,7 @@ def interleave(
         if kind in cells:
             x, y = data.batch(i)
             loss = cells[kind](mindspore.Tensor(x), mindspore.Tensor(y))
-            device_sync()  # wait for the step's end and read the loss, as GraphStep does
-            float(loss.asnumpy())
+            float(loss.asnumpy())  # a user's loop: no ms_recover call (not even device_sync)
         elif kind == "gsession":
             s = next(steps)
             with session.guard():
