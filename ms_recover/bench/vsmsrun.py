@@ -14,7 +14,7 @@ after the other, in ABBA order over ``repeats`` pairs; a run's figure is the med
 ranks of each rank's median step, and each arm's figure the median over its runs. Target
 (DESIGN §8): ours faster. A context row compares the first :data:`EARLY` timed steps of the
 same runs alone: on some hosts our first few hundred steps run much slower than the rest
-(4000-step runs on 2026-12-02: ours 3.6-3.8 ms against mccl's 4.7-5.2 ms over the whole run,
+(4000-step runs on 2026-12-02: ours 3.6-3.8 ms against mccl's 4.7-5.5 ms over the whole run,
 while 400-step runs read 5.1-7.8 ms against 3.5-5.5 ms), so a short run measures start-up.
 """
 
@@ -106,26 +106,24 @@ def rows(got: dict[str, Any]) -> list[Measure]:
             )
         ]
     theirs = statistics.median(got["msrun_s"])
-    return (
-        out
-        + [
-            Measure(
-                f"{WHAT}: msrun + mccl DistributedGradReducer TrainOneStepCell, step",
-                theirs * 1e3,
-                "ms",
-                note=f"MindSpore's own data parallelism, no ms_recover; {note}",
-            ),
-            Measure(
-                f"{WHAT}: ours vs msrun's mccl DistributedGradReducer step",
-                ours / theirs,
-                "x",
-                "<",
-                1.0,
-                "our step time / msrun's: below 1 is faster; same model, batches, 2 ranks",
-            ),
-        ]
-        + _early(got)
-    )
+    return [
+        *out,
+        Measure(
+            f"{WHAT}: msrun + mccl DistributedGradReducer TrainOneStepCell, step",
+            theirs * 1e3,
+            "ms",
+            note=f"MindSpore's own data parallelism, no ms_recover; {note}",
+        ),
+        Measure(
+            f"{WHAT}: ours vs msrun's mccl DistributedGradReducer step",
+            ours / theirs,
+            "x",
+            "<",
+            1.0,
+            "our step time / msrun's: below 1 is faster; same model, batches, 2 ranks",
+        ),
+        *_early(got),
+    ]
 
 
 def _early(got: dict[str, Any]) -> list[Measure]:
