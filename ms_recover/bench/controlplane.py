@@ -25,7 +25,8 @@ DESIGN.md §8 holds stop-all at 16,384 ranks on 2,048 agents to 1 s.
 On one 2-core host the simulated ranks share the CPU with the manager (decoding STOP and
 encoding STOPPED for thousands of ranks), which a real cluster spreads over thousands of
 machines, so these times are an upper bound; the manager thread's own CPU time in the window
-is reported next to them.
+is reported next to them, and so is the fake processes' (every thread: the simulated nodes'
+share of the same cores).
 
 The simulated members heartbeat at the job's default interval (``JobConfig.heartbeat_s``,
 0.5 s) unless ``--heartbeat`` says otherwise; the output says which. Between formation and the
@@ -313,6 +314,13 @@ class _Scale:
         assert got == what, (got, what)
         return value
 
+    def nodes_cpu(self) -> float:
+        """CPU seconds the fake processes (every thread) have used so far: the work of the
+        simulated nodes, which shares this host's cores with the manager."""
+        for conn in self.conns:
+            conn.send(("stats", None))
+        return sum(float(self._reply(conn, "stats")["cpu_s"]) for conn in self.conns)
+
     def _wait(self, cond: Any, what: str) -> Any:
         return wait_for(cond, self.timeout, what, poll_s=0.002)
 
@@ -321,6 +329,7 @@ class _Scale:
         m, thread = self.server.model, self.thread
         assert thread is not None
         epoch0, state0 = m.epoch, m.state.value
+        nodes0 = self.nodes_cpu()
         cpu0 = _thread_cpu(thread)
         conn = self.conns[self.owner[self.config.node_of(rank)]]
         conn.send(("fault", rank))
@@ -332,6 +341,7 @@ class _Scale:
 
         rnd = self._wait(stopped, f"every STOPPED of epoch {epoch0 + 1}")
         cpu = _thread_cpu(thread) - cpu0
+        nodes = self.nodes_cpu() - nodes0
         fault = next(e for e in reversed(self.events.recent("fault")) if e["rank"] == rank)
         survivors = sum(1 for r, i in m.ranks.items() if r not in rnd.replace_ranks and not i.done)
         return {
@@ -340,6 +350,7 @@ class _Scale:
             "stop_all_s": rnd.stop_done - t0,
             "fault_event_s": fault["ts"] - t0,
             "manager_cpu_s": cpu,
+            "nodes_cpu_s": nodes,
             "survivors": survivors,
         }
 
@@ -433,6 +444,7 @@ def _summarise(result: dict[str, Any]) -> dict[str, Any]:
     samples = result["repeats"]
     result["stop_all"] = summary(s["stop_all_s"] for s in samples)
     result["manager_cpu"] = summary(s["manager_cpu_s"] for s in samples)
+    result["nodes_cpu"] = summary(s["nodes_cpu_s"] for s in samples)
     result["fault_event"] = summary(s["fault_event_s"] for s in samples)
     return result
 
@@ -503,7 +515,7 @@ def scale_rows(s: dict[str, Any]) -> list[Measure]:
     failed = s["failed"]
     formed = s["formation_s"] is not None
     idle = s["idle"] or {}
-    stop, cpu = s["stop_all"], s["manager_cpu"]
+    stop, cpu, nodes = s["stop_all"], s["manager_cpu"], s.get("nodes_cpu", {})
     why = failed if failed and (not formed or not stop["n"]) else ""
     return [
         Measure(
@@ -532,6 +544,13 @@ def scale_rows(s: dict[str, Any]) -> list[Measure]:
         ),
         Measure(f"{label}: stop-all (max)", stop["max"], "s"),
         Measure(f"{label}: manager thread CPU during stop-all", cpu["median"], "s"),
+        Measure(
+            f"{label}: simulated nodes' CPU during stop-all",
+            nodes.get("median"),
+            "s",
+            note=f"{s.get('fake_processes', '?')} fake processes standing for {s['agents']} "
+            "nodes, every thread: a cluster spreads this over its nodes",
+        ),
         Measure(
             f"{label}: rebuild phase of the final round",
             s.get("final_round", {}).get("phases", {}).get("rebuild"),

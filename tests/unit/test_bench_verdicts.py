@@ -116,6 +116,8 @@ def _scale(ranks: int, formed: bool) -> dict[str, Any]:
         "idle": {"cpu_pct": 12.0, "in_per_s": 900.0, "out_per_s": 10.0} if formed else None,
         "stop_all": stop,
         "manager_cpu": {"n": 2, "median": 0.1, "min": 0.1, "max": 0.1} if formed else empty,
+        "nodes_cpu": {"n": 2, "median": 0.2, "min": 0.2, "max": 0.2} if formed else empty,
+        "fake_processes": 2,
         "final_round": {"phases": {"rebuild": 1.0}} if formed else {},
     }
 
@@ -130,6 +132,9 @@ def test_full_scale_rows_carry_design_targets() -> None:
     cpu = rows[f"{label}: manager CPU between faults"]
     assert (cpu.op, cpu.limit, cpu.verdict) == ("<", 10.0, "MISS")  # 12 %
     assert rows[f"{label}: manager frames received"].value == 900.0
+    nodes = rows[f"{label}: simulated nodes' CPU during stop-all"]
+    assert (nodes.value, nodes.verdict) == (0.2, "-")  # context: the fakes share the cores
+    assert "2 fake processes standing for 2048 nodes" in nodes.note
 
 
 def test_a_scale_that_did_not_form_is_a_miss_with_the_reason_under_the_same_names() -> None:
