@@ -160,14 +160,47 @@ class RelayCluster(FakeCluster):
         self._heard_at[m.node] = time.monotonic()
         if kind != M.RelayDown.KIND:
             super()._on(m, kind, epoch, body)
+        elif body[0] == ["stop"]:
+            self._stop(m.node, body[1][0], body[2][0])
+        else:
+            self._down(m.node, body)
+
+    def _stop(self, node: int, epoch: int, targets: list[bytes]) -> None:
+        """A stop-all's one STOP item for ``targets``: the RelayAcks of their STOPPED, the very
+        frame :meth:`_down` sends for it (the same columns, seqs and epochs), built at once.
+        The simulated nodes share this host's cores with the manager they stand beside, so
+        what a real agent spends on its own machine is kept small here."""
+        ranks = [r for r in map(self.by_local.get, targets) if r is not None and r.alive]
+        if not ranks:
             return
+        for r in ranks:
+            r.epoch = max(r.epoch, epoch)
+            r.seq += 1
+        n = len(ranks)
+        acks = M.RelayAcks(
+            node,
+            "stopped",
+            epoch,
+            [self._local(r) for r in ranks],
+            [r.sender for r in ranks],
+            [self.codec.nonce] * n,
+            [r.seq for r in ranks],
+            [r.rank for r in ranks],
+            [r.committed for r in ranks],
+            [""] * n,
+        )
+        self.send(self.agents[node], acks)
+        self._sent_at[node] = time.monotonic()
+
+    def _down(self, node: int, body: Any) -> None:
+        """A RelayDown's items, each target rank answering as a real rank would."""
         for kind_i, epoch_i, targets, body_i in zip(*body, strict=True):
             for local in targets:
                 rank = self.by_local.get(local)
                 if rank is not None and rank.alive:
                     rank.epoch = max(rank.epoch, epoch_i)
                     self._answer(rank, kind_i, epoch_i, body_i)
-        self._flush(m.node)
+        self._flush(node)
 
     def _answer(self, r: _Member, kind: str, epoch: int, body: Any) -> None:
         if kind == "welcome":
