@@ -15,7 +15,8 @@ So the agent stands for its ranks and speaks exactly what a real agent's relay
   beat skipped while it relayed a frame and heard the manager within the beat interval,
   unless it carries steps (as a real agent: ``Agent._exchanging``);
 * the manager's :class:`~ms_recover.protocol.messages.RelayDown` batches answered per target
-  rank at once: STOPPED, REBUILT, REPAIRED, and the RESUME step committed immediately.
+  rank at once: STOPPED, REBUILT, REPAIRED, and the RESUME step committed immediately (a
+  stop-all's lone STOP item: its RelayAcks built directly, the same frame).
 
 Incoming bodies are read only where the answer needs them (REPAIR, RESUME), as in
 :mod:`ms_recover.bench.fakecluster`.
