@@ -125,10 +125,22 @@ class Agent:
 
         True once it answered; a refusal sets the exit code, so :meth:`serve` returns at once.
         False when nothing came: no manager is reachable.
+
+        It beats while it waits, as :meth:`serve` does: a new incarnation's hello whose node
+        the manager still counts as held by the old agent (a pod recreated before its loss
+        was noticed) is decided when the claimant speaks again, once the old agent has been
+        silent long enough (:mod:`ms_recover.manager.slots`). Without the beats the claim
+        would wait for nothing and the node would run without fault recovery.
         """
-        deadline = time.monotonic() + timeout_s
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            env = self.chan.recv(int(min(0.1, max(0.0, deadline - time.monotonic())) * 1000))
+        now = time.monotonic()
+        deadline, next_beat = now + timeout_s, now + self.config.agent_heartbeat_s
+        while not self._stop.is_set() and now < deadline:
+            if now >= next_beat:
+                self.chan.send(M.AgentHeartbeat(self.config.node_rank, {}), self._epoch)
+                next_beat = now + self.config.agent_heartbeat_s
+            wait_s = min(0.1, max(0.0, min(deadline, next_beat) - now))
+            env = self.chan.recv(int(wait_s * 1000))
+            now = time.monotonic()
             if env is not None:
                 self._epoch = max(self._epoch, env.epoch)
                 self._handle(env.msg)
