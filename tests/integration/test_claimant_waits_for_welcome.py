@@ -23,13 +23,11 @@ from ms_recover.agent.hands import Exited
 from ms_recover.config import JobConfig
 from ms_recover.events import EventLog
 from ms_recover.manager.server import ManagerServer
-from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import Codec
 from ms_recover.testing.wait import wait_for
+from tests.integration.test_saturated_manager import JOB
+from tests.integration.test_saturated_manager import Agent as RawAgent
 
 pytestmark = pytest.mark.timeout(60)
-
-JOB = "claimant"
 
 
 class _NoHands:
@@ -57,21 +55,6 @@ class _NoHands:
         pass
 
 
-class _OldAgent:
-    """The node's first agent: a raw DEALER that registers and beats on demand."""
-
-    def __init__(self, ctx: zmq.Context, srv: ManagerServer, node: int) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"tcp://127.0.0.1:{srv.port}")
-        self.codec = Codec(JOB, srv.config.effective_secret())
-        self.node, self.seq = node, 0
-
-    def send(self, msg: M.Message) -> None:
-        self.seq += 1
-        self.sock.send_multipart(self.codec.encode(msg, 0, f"agent:{self.node}", self.seq))
-
-
 @pytest.fixture
 def running() -> Iterator[tuple[ManagerServer, zmq.Context]]:
     cfg = JobConfig(
@@ -89,10 +72,10 @@ def running() -> Iterator[tuple[ManagerServer, zmq.Context]]:
 
 def test_a_held_claim_is_decided_while_the_new_agent_waits_for_its_welcome(running) -> None:
     srv, ctx = running
-    old = _OldAgent(ctx, srv, 1)
-    old.send(M.AgentHello(1, "127.0.0.1", [1], 4242, False))
+    old = RawAgent(ctx, srv, 1)  # the node's first agent
+    old.hello()
     wait_for(lambda: srv.model.agents[1].alive, 10, "the old agent registered")
-    old.send(M.AgentHeartbeat(1, {}))  # heard just now: a new incarnation's claim is held
+    old.beat()  # heard just now: a new incarnation's claim is held
     new = Agent(srv.config.replace(node_rank=1, manager_port=srv.port), [], hands=_NoHands())
     try:
         new.hello()
