@@ -20,12 +20,10 @@ import zmq
 
 from ms_recover.agent.agent import Agent
 from ms_recover.agent.hands import Exited
-from ms_recover.config import JobConfig
-from ms_recover.events import EventLog
 from ms_recover.manager.server import ManagerServer
 from ms_recover.testing.wait import wait_for
-from tests.integration.test_saturated_manager import JOB
 from tests.integration.test_saturated_manager import Agent as RawAgent
+from tests.integration.test_saturated_manager import serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,17 +55,8 @@ class _NoHands:
 
 @pytest.fixture
 def running() -> Iterator[tuple[ManagerServer, zmq.Context]]:
-    cfg = JobConfig(
-        job_id=JOB, node_nums=2, proc_per_node=1, manager_port=0, heartbeat_s=0.25, liveness=4
-    )
-    srv = ManagerServer(cfg, events=EventLog(), bind="127.0.0.1")
-    thread = srv.start_thread()
-    ctx = zmq.Context()
-    yield srv, ctx
-    srv.stop()
-    thread.join(10)
-    assert not thread.is_alive()
-    ctx.destroy(linger=0)
+    with serving() as got:
+        yield got
 
 
 def test_a_held_claim_is_decided_while_the_new_agent_waits_for_its_welcome(running) -> None:

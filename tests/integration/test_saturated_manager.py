@@ -9,6 +9,7 @@ heartbeats still queued. Nothing is lost; an agent that really goes quiet still 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -48,22 +49,32 @@ class Agent:
         self.send(M.AgentHeartbeat(self.node, {}))
 
 
-@pytest.fixture
-def running() -> Iterator[tuple[ManagerServer, zmq.Context]]:
+@contextlib.contextmanager
+def serving(drain_budget: int | None = None) -> Iterator[tuple[ManagerServer, zmq.Context]]:
+    """A manager thread on 127.0.0.1 (2 nodes x 1 rank) and a context for agents' DEALERs."""
     # A 1 s silence window, beaten every 0.25 s: a loaded host may deschedule this test for
     # most of a second without an agent looking silent (0.1 s x 2 failed under load once).
     cfg = JobConfig(
         job_id=JOB, node_nums=2, proc_per_node=1, manager_port=0, heartbeat_s=0.25, liveness=4
     )
     srv = ManagerServer(cfg, events=EventLog(), bind="127.0.0.1")
-    srv.DRAIN_BUDGET = 1  # decide between any two frames, as a saturated manager does
+    if drain_budget is not None:
+        srv.DRAIN_BUDGET = drain_budget
     thread = srv.start_thread()
     ctx = zmq.Context()
-    yield srv, ctx
-    srv.stop()
-    thread.join(10)
+    try:
+        yield srv, ctx
+    finally:
+        srv.stop()
+        thread.join(10)
+        ctx.destroy(linger=0)
     assert not thread.is_alive()
-    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[ManagerServer, zmq.Context]]:
+    with serving(drain_budget=1) as got:  # decide between any two frames, as a saturated one
+        yield got
 
 
 def _lost(srv: ManagerServer) -> list[int]:
