@@ -13,8 +13,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ms_recover import _moved
-
 if TYPE_CHECKING:
     from ms_recover.config import JobConfig
     from ms_recover.errors import (
@@ -31,8 +29,6 @@ if TYPE_CHECKING:
     from ms_recover.worker.session import Session
 
 __version__ = "0.1.0"
-
-_moved.install()  # old paths of moved modules (ms_recover.api, ms_recover.hooks, ...)
 
 # Public name -> the module that defines it.
 _HOMES = {

@@ -32,6 +32,7 @@ COMMANDS: list[tuple[str, str, str]] = [
         "print a recovery timeline from a manager event log",
     ),
     ("bench", "ms_recover.bench.main", "measure recovery, detection, overhead and bandwidth"),
+    ("hook", "ms_recover.scheduler.hooks", "start, stop or check the manager on the scheduler pod"),
     (
         "shim-path",
         "ms_recover.shimpath",

@@ -6,7 +6,4 @@
 - :mod:`~ms_recover.jobcheck.schema`: the AscendJob CRD's OpenAPI schema, as the API server
   checks it;
 - :mod:`~ms_recover.jobcheck.rules`: ms_recover's own rules on top of the schema.
-
-The old flat modules ``ms_recover.checkjob``, ``ms_recover.crdschema`` and
-``ms_recover.jobrules`` re-export these.
 """

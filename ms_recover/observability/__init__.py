@@ -5,6 +5,4 @@
 * :mod:`.report`: ``ms-recover report``, timelines and plots from an event log;
 * :mod:`.metrics`: Prometheus metrics of a running manager;
 * :mod:`.status`: ``ms-recover status``, a running manager's state.
-
-The old top-level paths (``ms_recover.events`` and so on) stay.
 """

@@ -27,7 +27,7 @@ from ms_recover.errors import ConfigError
 from ms_recover.manager.main import hold_sigterm, serve_in_foreground
 from ms_recover.manager.server import ManagerServer
 
-log = logging.getLogger("ms_recover.api")
+log = logging.getLogger("ms_recover.scheduler.api")
 
 # taskd key -> JobConfig field
 KEYS = {

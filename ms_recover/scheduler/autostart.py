@@ -1,6 +1,6 @@
 """Opt-in autostart of the manager from the MindSpore scheduler process, with no script change.
 
-``python -m ms_recover.hooks install-pth`` puts ``ms_recover_autostart.pth`` into site-packages.
+``ms-recover hook install-pth`` puts ``ms_recover_autostart.pth`` into site-packages.
 Python runs its one line at every interpreter start; the line itself checks the two environment
 variables first, so this module is imported only in a process that has both
 ``MS_RECOVER_AUTOSTART=1`` and ``MS_ROLE=MS_SCHED`` (the operator sets ``MS_ROLE=MS_SCHED`` on

@@ -1,6 +1,7 @@
-"""Start and stop the job's manager on the scheduler pod: ``python -m ms_recover.hooks CMD``.
+"""Start and stop the job's manager on the scheduler pod: ``ms-recover hook CMD``.
 
-``scheduler_hooks/ms_recover_hook.sh`` calls this from a job's ``train_start.sh``:
+``scheduler_hooks/ms_recover_hook.sh`` calls this from a job's ``train_start.sh`` as
+``python -m ms_recover hook CMD`` (the same command, with the interpreter the job chose):
 
 - ``start``: only where ``MS_ROLE=MS_SCHED`` or ``MS_SCHED_HOST == POD_IP``, runs
   ``ms-recover manager`` detached, logging to ``manager.log`` in the run directory, records its
@@ -11,7 +12,7 @@
 - ``status``: exit 0 when the manager runs, 3 when it does not.
 - ``install-pth``: writes ``ms_recover_autostart.pth`` into site-packages, so a MindSpore
   scheduler process started with ``MS_RECOVER_AUTOSTART=1`` starts the manager itself
-  (see :mod:`ms_recover.autostart`).
+  (see :mod:`ms_recover.scheduler.autostart`).
 
 The run directory is ``MS_RECOVER_RUN_DIR``, default ``/tmp/ms-recover/<MINDX_TASK_ID>``.
 Exit status: 0 done or nothing to do, 1 failed, 2 usage error, 3 (status) not running.
@@ -42,7 +43,8 @@ DEFAULT_PORT = 9601
 PTH_NAME = "ms_recover_autostart.pth"
 PTH_LINE = (
     'import os; os.environ.get("MS_RECOVER_AUTOSTART") == "1" and os.environ.get("MS_ROLE") '
-    '== "MS_SCHED" and __import__("ms_recover.autostart").autostart.maybe_start()\n'
+    '== "MS_SCHED" and __import__("ms_recover.scheduler.autostart").scheduler.autostart'
+    ".maybe_start()\n"
 )
 NOT_RUNNING = 3
 
@@ -332,12 +334,9 @@ def cmd_install_pth(site_dir: str | None) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m ms_recover.hooks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The hook's commands, as ``ms-recover hook`` (and :func:`main`) parse them."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="start the manager on the scheduler pod")
     start.add_argument(
@@ -351,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="exit 0 if the manager runs, 3 if not")
     pth = sub.add_parser("install-pth", help=f"install {PTH_NAME} into site-packages")
     pth.add_argument("--site-dir", default=None, help="target directory (default: purelib)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ms-recover hook", description=__doc__)
+    configure(parser)
     return parser
 
 
@@ -365,7 +369,15 @@ def _env_timeout(environ: Mapping[str, str]) -> float | None:
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run one hook command; return its exit status. File-system failures are reported, not
     raised (exit 1)."""
-    args = build_parser().parse_args(argv)
+    return _run(build_parser().parse_args(argv), environ)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``ms-recover hook CMD``: :func:`main` on the parsed arguments and this environment."""
+    return _run(args, None)
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str] | None) -> int:
     env = dict(os.environ if environ is None else environ)
     try:
         return _dispatch(args, env)

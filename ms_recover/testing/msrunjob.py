@@ -4,7 +4,7 @@ Each "pod" is one ``msrun --node_rank N`` in its own process group, with the env
 of an AscendJob would have: ``POD_IP`` 127.0.0.(N+1) (so only node 0 matches
 ``MS_SCHED_HOST``), ``MS_NODE_RANK``, ``MS_LOCAL_WORKER``, ``MS_WORKER_NUM``, ``MINDX_TASK_ID``,
 ``MS_ENABLE_TFT={ARF:1}`` (msrun hands its workers to the taskd agent) and the shim directory
-first on ``PYTHONPATH``. :class:`~ms_recover.agent.pods.LocalPods` supervises them: a pod
+first on ``PYTHONPATH``. :class:`~ms_recover.testing.pods.LocalPods` supervises them: a pod
 whose msrun exits 86 or dies from a signal is recreated, as Kubernetes would.
 
 msrun starts ``python`` from ``PATH``: this interpreter's directory is put first.

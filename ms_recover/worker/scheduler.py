@@ -44,7 +44,7 @@ def hosts_manager(environ: Mapping[str, str]) -> tuple[bool, str]:
     host, pod_ip = environ.get(E.SCHED_HOST, ""), environ.get(E.POD_IP, "")
     if pod_ip and host and pod_ip != host:
         return False, f"{E.POD_IP}={pod_ip} != {E.SCHED_HOST}={host} (not the manager's pod)"
-    from ms_recover import hooks
+    from ms_recover.scheduler import hooks
 
     pid = hooks.read_pid(hooks.run_files(environ))
     if pid is not None and hooks.is_manager(pid):

@@ -13,8 +13,8 @@ from typing import Any
 
 from ms_recover.bench.mscluster import _Cluster, free_port
 from ms_recover.config import JobConfig
-from ms_recover.events import EventLog
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import EventLog
 from ms_recover.shims import path as shim_path
 from ms_recover.strategy import parse_strategies
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ms_recover.config import JobConfig
-from ms_recover.status import query
+from ms_recover.observability.status import query
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
@@ -38,7 +38,7 @@ def _config() -> JobConfig:
 
 
 def _command(out: str, step_time: float = 0.0) -> list[str]:
-    argv = [sys.executable, "-m", "ms_recover.mindspore.demo_train", "--steps", str(STEPS)]
+    argv = [sys.executable, "-m", "ms_recover.mindspore.programs.demo_train", "--steps", str(STEPS)]
     return argv + ["--out", out, "--step-time", str(step_time)]
 
 

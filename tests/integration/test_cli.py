@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ms_recover import api
 from ms_recover.cli import COMMANDS, main
 from ms_recover.errors import ConfigError
+from ms_recover.scheduler import api
 from ms_recover.testing.wait import wait_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ms_recover import autostart, hooks
+from ms_recover.scheduler import autostart, hooks
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -126,7 +126,7 @@ def test_start_twice_gives_one_manager_then_stop_reaps_it(
 
 
 def test_concurrent_starts_share_one_manager(env: dict[str, str], procs: list[int]) -> None:
-    command = [sys.executable, "-m", "ms_recover.hooks", "start"]
+    command = [sys.executable, "-m", "ms_recover", "hook", "start"]
     runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [run.communicate(timeout=DEADLINE_S * 2)[0] for run in runs]
     procs.append(manager_pid(env))
@@ -227,7 +227,7 @@ def test_shell_hook_and_train_start(env: dict[str, str], tmp_path: pathlib.Path)
     agent = fake_bin / "ms-recover"
     agent.write_text(
         '#!/usr/bin/env bash\necho "agent $*"\n'
-        f'"{sys.executable}" -m ms_recover.hooks status\nexit 86\n'
+        f'"{sys.executable}" -m ms_recover hook status\nexit 86\n'
     )
     agent.chmod(0o755)
     env.update(MS_RECOVER_PYTHON=sys.executable, MS_NODE_RANK="0", PATH=f"{fake_bin}:{env['PATH']}")

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
-from ms_recover.events import EventLog
 from ms_recover.manager.model import Ack
 from ms_recover.manager.server import ManagerServer
 from ms_recover.manager.slots import TAKEOVER_BEATS
+from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
 from ms_recover.protocol.relay import PREFIX, virtual_identity

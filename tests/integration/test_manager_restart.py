@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ms_recover.status import query
+from ms_recover.observability.status import query
 from ms_recover.testing.wait import wait_for
 
 from .jobs import job_config, results, run_to_end, trainer_job

@@ -16,9 +16,9 @@ import pytest
 
 from ms_recover import exitcodes
 from ms_recover.config import JobConfig
-from ms_recover.events import EventLog
 from ms_recover.manager.model import JobState
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
 from ms_recover.testing.wait import wait_for

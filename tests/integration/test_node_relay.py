@@ -17,9 +17,9 @@ import zmq
 
 from ms_recover.agent.relay import LocalRelay
 from ms_recover.config import JobConfig
-from ms_recover.events import EventLog
 from ms_recover.manager.model import Ack
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import MAGIC, Codec, Envelope
 from ms_recover.protocol.relay import virtual_identity

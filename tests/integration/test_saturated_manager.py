@@ -17,8 +17,8 @@ import pytest
 import zmq
 
 from ms_recover.config import JobConfig
-from ms_recover.events import EventLog
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
 from ms_recover.testing.wait import wait_for

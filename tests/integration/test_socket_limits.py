@@ -18,9 +18,9 @@ from ms_recover.comm.host import HostBackend
 from ms_recover.comm.hostlane import split_endpoint
 from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES
 from ms_recover.config import JobConfig
+from ms_recover.observability.status import query
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
-from ms_recover.status import query
 from ms_recover.testing.wait import wait_for
 
 pytestmark = pytest.mark.timeout(120)

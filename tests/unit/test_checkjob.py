@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ms_recover import cli, crdschema
+from ms_recover import cli
+from ms_recover.jobcheck import schema as crdschema
 from tests.shared_data import shared_data
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,6 @@ import pytest
 
 from ms_recover import exitcodes
 from ms_recover.config import JobConfig
-from ms_recover.events import EventLog
 from ms_recover.manager import actions as A
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import PHASES, Executor
@@ -27,6 +26,7 @@ from ms_recover.manager.model import (
     JobModel,
     JobState,
 )
+from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
 

@@ -14,10 +14,10 @@ import pytest
 from ms_recover import demo
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
-from ms_recover.events import EventLog
 from ms_recover.manager.server import ManagerServer
-from ms_recover.metrics import ManagerCollector
-from ms_recover.status import render
+from ms_recover.observability.events import EventLog
+from ms_recover.observability.metrics import ManagerCollector
+from ms_recover.observability.status import render
 
 
 def _server(**changes: object) -> ManagerServer:

@@ -65,7 +65,7 @@ def test_all_pure_layers_together_stay_light() -> None:
 def test_the_package_loads_its_public_names_on_first_use() -> None:
     loaded = _loaded_after("import ms_recover")
     assert loaded["heavy"] == []
-    assert loaded["ours"] == ["ms_recover", "ms_recover._moved"]
+    assert loaded["ours"] == ["ms_recover"]
     names = _loaded_after(
         "import ms_recover\n"
         "missing = [n for n in ms_recover.__all__ if getattr(ms_recover, n, None) is None]\n"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ms_recover.events import EventLog
-from ms_recover.metrics import ManagerCollector
+from ms_recover.observability.events import EventLog
+from ms_recover.observability.metrics import ManagerCollector
 
 
 def _status() -> dict:

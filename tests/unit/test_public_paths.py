@@ -1,22 +1,22 @@
-"""Every import path a user can see keeps working, also after modules moved to new homes.
+"""Every import path a user can see resolves, and each module has one name.
 
-The paths are read from README.md, docs/, samples/ and scheduler_hooks/ (so a path added to
-the docs is checked too), plus the ones public docstrings and installed files name.
+The paths are read from docs/, samples/ and scheduler_hooks/ (so a path added to the docs is
+checked too; README.md's on their own), plus the ones public docstrings and installed files
+name. The old paths of moved modules are gone: no alias finder, stub or re-export serves them.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pathlib
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "samples").glob("*")]
+DOCS = [*(ROOT / "docs").glob("*.md"), *(ROOT / "samples").glob("*")]
 DOCS += list((ROOT / "scheduler_hooks").glob("*"))
 # Named by docstrings, by the installed autostart .pth, or by MindCluster users' scripts.
 NAMED = [
@@ -26,10 +26,10 @@ NAMED = [
     "ms_recover.worker.sampler.make_dataset",
     "ms_recover.worker.sampler.shard_indices",
     "ms_recover.worker.sampler.split_indices",
-    "ms_recover.api.init_taskd_manager",
-    "ms_recover.api.start_taskd_manager",
-    "ms_recover.hooks.main",
-    "ms_recover.autostart.maybe_start",
+    "ms_recover.scheduler.api.init_taskd_manager",
+    "ms_recover.scheduler.api.start_taskd_manager",
+    "ms_recover.scheduler.hooks.main",
+    "ms_recover.scheduler.autostart.maybe_start",
     "ms_recover.comm.ascend.AscendBackend",
     "ms_recover.mindspore.state.MindSporeState",
     "ms_recover.mindspore.step.DataParallelStep",
@@ -38,23 +38,33 @@ NAMED = [
     "ms_recover.mindspore.sharded.ShardedArrays",
     "ms_recover.mindspore.checkpoint.load_dump",
 ]
-# Old path -> new home: the old path must be the very same module.
-MOVED = {
-    "ms_recover.hooks": "ms_recover.scheduler.hooks",
-    "ms_recover.autostart": "ms_recover.scheduler.autostart",
+# Old paths of moved modules (each one's home is on the right): none of them imports any more.
+GONE = {
     "ms_recover.api": "ms_recover.scheduler.api",
+    "ms_recover.autostart": "ms_recover.scheduler.autostart",
+    "ms_recover.hooks": "ms_recover.scheduler.hooks",
     "ms_recover.events": "ms_recover.observability.events",
-    "ms_recover.timeline": "ms_recover.observability.timeline",
-    "ms_recover.report": "ms_recover.observability.report",
     "ms_recover.metrics": "ms_recover.observability.metrics",
+    "ms_recover.report": "ms_recover.observability.report",
     "ms_recover.status": "ms_recover.observability.status",
+    "ms_recover.timeline": "ms_recover.observability.timeline",
     "ms_recover.transport": "ms_recover.protocol.transport",
+    "ms_recover.checkjob": "ms_recover.jobcheck.check",
+    "ms_recover.crdschema": "ms_recover.jobcheck.schema",
+    "ms_recover.jobrules": "ms_recover.jobcheck.rules",
+    "ms_recover.mindspore.demo_train": "ms_recover.mindspore.programs.demo_train",
+    "ms_recover.mindspore.fit_train": "ms_recover.mindspore.programs.fit_train",
+    "ms_recover.mindspore.allreduce_bench": "ms_recover.mindspore.programs.allreduce_bench",
+    "ms_recover.bench.overhead_train": "ms_recover.mindspore.programs.overhead_train",
+    "ms_recover.testing.record": "ms_recover.worker.record",
+    "ms_recover.agent.pods": "ms_recover.testing.pods",
 }
+README = ROOT / "README.md"
 
 
-def documented_paths() -> list[str]:
+def documented_paths(docs: list[pathlib.Path] = DOCS) -> list[str]:
     found: set[str] = set()
-    for path in DOCS:
+    for path in docs:
         if path.is_file():
             text = path.read_text(encoding="utf-8", errors="replace")
             found.update(re.findall(r"\bms_recover(?:\.[A-Za-z_]\w*)+", text))
@@ -79,7 +89,7 @@ def resolve(path: str) -> Any:
 
 def test_the_docs_name_paths_to_check() -> None:
     paths = documented_paths()
-    assert "ms_recover.init" in paths and "ms_recover.api" in paths
+    assert "ms_recover.init" in paths and "ms_recover.scheduler.api" in paths
     assert any(p.startswith("ms_recover.mindspore.") for p in paths)
 
 
@@ -108,25 +118,20 @@ def test_mindspore_fit_is_the_function_on_both_paths() -> None:
     assert msr.fit is fit and callable(fit)
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()))
-def test_an_old_path_is_the_moved_module_itself(old: str, new: str) -> None:
-    assert importlib.import_module(old) is importlib.import_module(new)
-    package, _, name = old.rpartition(".")
-    assert getattr(importlib.import_module(package), name) is importlib.import_module(new)
+@pytest.mark.parametrize("old", sorted(GONE))
+def test_an_old_path_of_a_moved_module_does_not_import(old: str) -> None:
+    assert importlib.util.find_spec(GONE[old]) is not None, f"{GONE[old]} is the home"
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
-def test_every_old_path_is_served_and_has_no_file_left() -> None:
-    from ms_recover import _moved
-
-    assert set(MOVED.items()) <= set(_moved.MOVED.items())
+def test_no_alias_layer_is_left() -> None:
     package = ROOT / "ms_recover"
-    for old, new in _moved.MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new)
+    assert not (package / "_moved.py").exists()
+    assert sorted(p.name for p in package.glob("*.pyi")) == []
+    for old in GONE:
         relative = old.split(".", 1)[1].replace(".", "/")
-        assert not (package / f"{relative}.py").exists(), f"{old}: a file would hide the move"
-    for old in MOVED:  # the public old paths keep their names for type checkers
-        stub = package / f"{old.split('.', 1)[1]}.pyi"
-        assert f"from {MOVED[old]} import *" in stub.read_text(encoding="utf-8")
+        assert not (package / f"{relative}.py").exists(), f"{old} still has a module"
 
 
 def test_an_unknown_submodule_is_still_not_found() -> None:
@@ -134,25 +139,22 @@ def test_an_unknown_submodule_is_still_not_found() -> None:
         importlib.import_module("ms_recover.no_such_module")
 
 
-def test_old_paths_resolve_in_a_fresh_interpreter() -> None:
-    code = (
-        "import ms_recover.events, ms_recover.api, ms_recover.hooks\n"
-        "from ms_recover.status import run\n"
-        "from ms_recover.transport import DealerChannel\n"
-        "import ms_recover.observability.events as e\n"
-        "assert ms_recover.events is e\n"
-        "__import__('ms_recover.autostart').autostart.maybe_start\n"  # the .pth's own line
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+def test_the_docs_name_no_old_path() -> None:
+    """docs/, samples/ and scheduler_hooks/ use each module's one name (README.md: below)."""
+    named = set(documented_paths())
+    assert sorted(p for p in named if p in GONE or p.rsplit(".", 1)[0] in GONE) == []
 
 
-def test_python_m_old_hooks_path_runs_the_hooks() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "ms_recover.hooks", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "install-pth" in out.stdout and "python -m ms_recover.hooks" in out.stdout
+@pytest.mark.xfail(
+    reason="README.md is rewritten by the lead (issue 27 item 2); the old one still names "
+    "ms_recover.api / ms_recover.hooks / ms_recover.events",
+    strict=False,
+)
+def test_the_readme_names_only_paths_that_resolve() -> None:
+    unresolved = []
+    for path in documented_paths([README]):
+        try:
+            resolve(path)
+        except (ImportError, AttributeError):
+            unresolved.append(path)
+    assert unresolved == []

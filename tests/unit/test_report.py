@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ms_recover import cli, report
+from ms_recover import cli
+from ms_recover.observability import report
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -2,8 +2,8 @@
 
 Every name of MindCluster's ``taskd.api.__all__`` is here:
 
-* ``init_taskd_manager`` / ``start_taskd_manager``: ms_recover's manager (:mod:`ms_recover.api`),
-  so the documented ``manager.py`` runs unchanged;
+* ``init_taskd_manager`` / ``start_taskd_manager``: ms_recover's manager
+  (:mod:`ms_recover.scheduler.api`), so the documented ``manager.py`` runs unchanged;
 * ``init_taskd_agent`` / ``register_func`` / ``start_taskd_agent``: the msrun agent
   (:mod:`ms_recover.agent.taskd`);
 * ``init_taskd_worker`` / ``start_taskd_worker`` / ``init_taskd_proxy`` / ``destroy_taskd_proxy``:
