@@ -48,7 +48,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, just that subcommand's module is imported and
+    configured (the others are listed by name and help), so one command starts fast."""
     parser = _Parser(
         prog="ms-recover",
         description="Process-level fault recovery for MindSpore training jobs.",
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for name, module_name, help_text in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
         module = importlib.import_module(module_name)
         child = sub.add_parser(name, help=help_text, description=module.__doc__)
         module.configure(child)
@@ -63,9 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option), if it is one."""
+    words = [a for a in argv if not a.startswith("-")]
+    names = {name for name, _, _ in COMMANDS}
+    return words[0] if words and words[0] in names else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_chosen(argv)).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

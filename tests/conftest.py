@@ -1,15 +1,32 @@
-"""Suite-wide fixtures: the fault matrix's tally (issue 9).
+"""Suite-wide fixtures: the tiers' markers, the leak check, and the fault matrix's tally.
 
-A test that takes the ``scenario`` fixture is one fault-matrix scenario: it survived if it
-passed, and it reports the committed steps its recoveries lost (``scenario.lost_steps``). The
-terminal summary ends with ``N scenarios, S survived, L lost steps``.
+**Tiers.** A test is marked by the directory it lives in: ``tests/unit`` (``unit``: no
+subprocess, no real network), ``tests/integration`` (``integration``: threads, real ZeroMQ on
+127.0.0.1 ephemeral ports, numpy worker processes) and ``tests/e2e`` (``e2e``: real MindSpore
+processes). Choose with ``-m``: ``python -m pytest -m unit`` runs the fast tier alone.
+
+**Leaks.** Every test must leave the pytest process as it found it: no thread, no child process,
+no socket and no signal handler of its own left behind (:func:`no_leaks`). A leak fails the test
+at teardown with a message naming what leaked; the leaked handler is put back and leaked children
+are killed, so the next test starts clean.
+
+**Fault matrix.** A test that takes the ``scenario`` fixture is one fault-matrix scenario: it
+survived if it passed, and it reports the committed steps its recoveries lost
+(``scenario.lost_steps``). The terminal summary ends with ``N scenarios, S survived, L lost
+steps``; under pytest-xdist each scenario travels to the controller in its report.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Generator, Iterator
+import pathlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -21,6 +38,206 @@ from ms_recover import env as E
 # (tests/integration/test_standby.py, tests/e2e/test_demo_job.py).
 os.environ.setdefault(E.STANDBY, "off")
 
+TIERS = ("unit", "integration", "e2e")
+TIER_HELP = (
+    "tests/unit: no subprocess, no real network (the whole tier in seconds)",
+    "tests/integration: threads, ZeroMQ on 127.0.0.1, numpy worker processes",
+    "tests/e2e: real MindSpore processes (needs the [mindspore] extra)",
+)
+HERE = pathlib.Path(__file__).resolve().parent
+
+# How long a test's own clean-up may still run after it returned (a server thread joining, a
+# child being reaped, ZeroMQ closing a socket in its I/O thread) before it counts as a leak.
+LEAK_GRACE_S = float(os.environ.get("MSR_TEST_LEAK_GRACE_S", "5"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in zip(TIERS, TIER_HELP, strict=True):
+        config.addinivalue_line("markers", f"{tier}: {what}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with the tier of the directory it lives in, and keep the tests that share
+    a module-scoped fixture (one whole job asserted several ways) on one xdist worker, so the
+    job runs once."""
+    for item in items:
+        try:
+            parts = pathlib.Path(str(item.path)).resolve().relative_to(HERE).parts
+        except ValueError:
+            continue
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
+        if _shares_a_wide_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(name=str(item.path)))
+
+
+def _shares_a_wide_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)  # pytest has no public accessor for this
+    if info is None:
+        return False
+    wide = ("module", "package", "class")
+    return any(d.scope in wide for defs in info.name2fixturedefs.values() for d in defs)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core, at most 4, and at most one per 3 GiB of available
+    memory (an e2e job is a few MindSpore processes of 0.5 GiB each)."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, min(cores, 4, _available_gib() // 3))
+
+
+def _available_gib() -> int:
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // (1024 * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 3
+
+
+# --- leaks -------------------------------------------------------------------------------------
+
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessState:
+    """What a test can leak in this process, at one moment."""
+
+    threads: frozenset[threading.Thread]
+    children: dict[int, str]  # pid -> command line (or state)
+    sockets: frozenset[str]  # "socket:[inode]" of the open descriptors
+    handlers: dict[int, Handler]
+
+    @classmethod
+    def now(cls) -> ProcessState:
+        return cls(
+            frozenset(t for t in threading.enumerate() if t.is_alive()),
+            _children(),
+            _sockets(),
+            _handlers(),
+        )
+
+
+def _handlers() -> dict[int, Handler]:
+    """Every signal's handler, except pytest-timeout's SIGALRM: it is armed around each test and
+    cancelled as soon as a test fails (before the fixtures' teardown), by design."""
+    found: dict[int, Handler] = {}
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+        except (OSError, ValueError):
+            continue
+        if getattr(handler, "__module__", None) != "pytest_timeout":
+            found[int(signum)] = handler
+    return found
+
+
+def _children() -> dict[int, str]:
+    """Child processes of this process (zombies included: a child must be reaped too)."""
+    me, found = os.getpid(), {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = pathlib.Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[1]) != me:
+            continue
+        pid = int(entry.name)
+        if fields[0] == "Z":
+            found[pid] = f"(zombie, never waited for) {stat[stat.find('(') : stat.rfind(')') + 1]}"
+            continue
+        try:
+            raw = pathlib.Path(entry.path, "cmdline").read_bytes()
+        except OSError:
+            raw = b""
+        found[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    return found
+
+
+def _sockets() -> frozenset[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return frozenset(found)
+
+
+def _describe(before: ProcessState, after: ProcessState) -> list[str]:
+    leaks = []
+    threads = sorted(t.name for t in after.threads - before.threads)
+    if threads:
+        leaks.append(f"{len(threads)} thread(s) still running: {', '.join(threads)}")
+    children = {p: c for p, c in after.children.items() if p not in before.children}
+    if children:
+        named = "; ".join(f"pid {p}: {c}" for p, c in sorted(children.items()))
+        leaks.append(f"{len(children)} child process(es) not reaped: {named}")
+    sockets = after.sockets - before.sockets
+    if sockets:
+        leaks.append(f"{len(sockets)} socket(s) left open: {', '.join(sorted(sockets)[:8])}")
+    changed = [s for s, h in after.handlers.items() if s in before.handlers]
+    changed = [s for s in changed if before.handlers[s] is not after.handlers[s]]
+    if changed:
+        named = ", ".join(f"{signal.Signals(s).name} -> {after.handlers[s]!r}" for s in changed)
+        leaks.append(f"signal handler(s) not restored: {named}")
+    return leaks
+
+
+def _clean_up(before: ProcessState, after: ProcessState) -> None:
+    """Put back the handlers and end the children a leaking test left, so the next test and
+    the suite itself (Ctrl-C, SIGTERM) are not affected by it."""
+    for signum, handler in before.handlers.items():
+        if after.handlers.get(signum) is not handler and handler is not None:
+            try:
+                signal.signal(signum, handler)
+            except (OSError, ValueError):
+                pass
+    for pid in after.children:
+        if pid in before.children:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # someone else's to wait for (a subprocess.Popen object)
+            pass
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a thread, a child process, a socket or a signal handler behind.
+
+    Compared with the state before the test's function-scoped fixtures ran, after they were
+    torn down; clean-up still in flight gets :data:`LEAK_GRACE_S` seconds.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = ProcessState.now()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    after = ProcessState.now()
+    while _describe(before, after) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = ProcessState.now()
+    leaks = _describe(before, after)
+    if leaks:
+        _clean_up(before, after)
+        pytest.fail(f"{request.node.nodeid} leaked: " + " | ".join(leaks), pytrace=False)
+
+
+# --- the fault matrix's tally -------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Scenario:
@@ -29,7 +246,9 @@ class Scenario:
     survived: bool = False
 
 
-_SCENARIOS: dict[str, Scenario] = {}
+_SCENARIOS: dict[str, Scenario] = {}  # where the test runs (a worker under xdist)
+_TALLY: dict[str, Scenario] = {}  # where the terminal summary is written
+_KEY = "fault-matrix-scenario"
 
 
 @pytest.fixture
@@ -47,12 +266,19 @@ def pytest_runtest_makereport(
     found = _SCENARIOS.get(item.nodeid)
     if found is not None and report.when == "call":
         found.survived = report.passed
+        report.user_properties.append((_KEY, dataclasses.asdict(found)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:
+        if key == _KEY and isinstance(value, dict):
+            _TALLY[report.nodeid] = Scenario(**value)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _SCENARIOS:
+    if not _TALLY:
         return
-    found = list(_SCENARIOS.values())
+    found = list(_TALLY.values())
     survived = sum(s.survived for s in found)
     lost = sum(s.lost_steps or 0 for s in found)
     unknown = [s.name for s in found if s.lost_steps is None]

@@ -284,3 +284,31 @@ def test_pth_autostart_from_a_scheduler_process(
     wait_for(lambda: hooks.port_open("127.0.0.1", port), "the autostarted manager's port")
     assert hooks.main(["stop"], env) == 0
     assert not hooks.is_alive(pid)
+
+
+def test_python_m_ms_recover_hook_imports_only_the_hook(env: dict[str, str]) -> None:
+    """The hook script's ``python -m ms_recover hook CMD`` is ``ms-recover hook CMD``, and it
+    imports the hook's module alone, not the manager, the agent, the demo or the bench."""
+    code = (
+        "import sys\n"
+        "from ms_recover import cli\n"
+        "status = cli.main(['hook', 'status'])\n"
+        "print(status, *sorted(m for m in sys.modules if m.startswith('ms_recover.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    status, *loaded = out.stdout.splitlines()[-1].split()
+    assert int(status) == hooks.NOT_RUNNING, out.stderr
+    assert "ms_recover.scheduler.hooks" in loaded
+    heavy = ("ms_recover.manager", "ms_recover.agent", "ms_recover.bench", "ms_recover.demo")
+    assert [m for m in loaded if m.startswith(heavy)] == []
+    by_module = subprocess.run(
+        [sys.executable, "-m", "ms_recover", "hook", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert by_module.returncode == hooks.NOT_RUNNING
+    assert "no manager running" in by_module.stdout + by_module.stderr
