@@ -113,7 +113,7 @@ class ManagerServer:
         self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
         self._poller.register(self._sock, zmq.POLLIN)
         self._beat = SharedBeat(self.model, self.codec, lambda: self._seq, self._next_seq)
-        # Ranks behind a node agent: their frames arrive batched per node (DESIGN.md §1c).
+        # Ranks behind a node agent: their frames arrive batched per node (docs/design.md §1c).
         self.relay = ManagerRelay(
             self.model, self.slots, self.codec, self._sock, self._next_seq, clock
         )

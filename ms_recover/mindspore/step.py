@@ -11,7 +11,7 @@ reduction between them is a plain numpy call, ``reduce_fn``, through which the a
    array of the same shape and dtype (the buffer may be reduced in place and returned).
 3. ``apply(flat)``: the buffer is split back into per-parameter Tensors and the optimizer
    update runs (also jit-compiled), then the device is synchronised, so a step that returned is
-   **committed** (DESIGN §3).
+   **committed** (docs/design.md §3).
 
 Why the reduction is outside the grad function: a collective that fails *inside*
 ``value_and_grad`` leaves PyNative's grad state poisoned for the rest of the process. Here the

@@ -1,6 +1,6 @@
 """The job's event log: one JSON object per line, with a wall-clock timestamp.
 
-Every fault, decision, phase and recovery is written here (DESIGN.md §2). Listeners (the demo's
+Every fault, decision, phase and recovery is written here (docs/design.md §2). Listeners (the demo's
 timeline printer, the Prometheus exporter) see each event as it is written.
 """
 
