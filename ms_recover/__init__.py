@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ms_recover.worker.bootstrap import init
     from ms_recover.worker.session import Session
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version source: pyproject reads it (dynamic)
 
 _moved.install()  # old paths of moved modules (ms_recover.api, ms_recover.hooks, ...)
 
