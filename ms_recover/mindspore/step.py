@@ -58,6 +58,7 @@ from typing import Any
 import mindspore
 import numpy as np
 from mindspore import Tensor
+from mindspore.common.dtype import _dtype_to_nptype  # its public alias logs a deprecation
 from numpy.typing import NDArray
 
 from ms_recover.errors import CommError
@@ -85,7 +86,7 @@ class _Layout:
 
     def __init__(self, params: Sequence[Any]) -> None:
         self.shapes = [tuple(int(d) for d in p.shape) for p in params]
-        self.dtypes = [np.dtype(mindspore.dtype_to_nptype(p.dtype)) for p in params]
+        self.dtypes = [np.dtype(_dtype_to_nptype(p.dtype)) for p in params]
         sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
         self.size = int(self.offsets[-1])

@@ -119,8 +119,10 @@ def test_doc_is_created_then_only_its_block_is_replaced(tmp_path: Path) -> None:
     assert everything.run(_args(render=str(out), doc=str(doc))) == 0
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n") and "docs/design.md" in text
-    assert text.index(everything.BEGIN) < text.index("| detect | rank kill") < text.index(
-        everything.END
+    assert (
+        text.index(everything.BEGIN)
+        < text.index("| detect | rank kill")
+        < text.index(everything.END)
     )
     doc.write_text(text.replace("# Benchmarks\n", "# Benchmarks\n\nkept by hand\n"))
     assert everything.run(_args(render=str(out), doc=str(doc))) == 0

@@ -1,12 +1,12 @@
-"""One version source: ``ms_recover.__version__``, read by setuptools and ``ms-recover --version``."""
+"""One version source: ``ms_recover.__version__``, read by setuptools and ``--version``."""
 
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import ms_recover
 from ms_recover import cli
