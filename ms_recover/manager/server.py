@@ -76,6 +76,7 @@ class ManagerServer:
     ) -> None:
         self.config = config
         self.events = events or EventLog(config.events_path)
+        self.events.job_id = self.events.job_id or config.job_id  # on every event line
         self.clock = clock
         self.tick_s = tick_s
         self.model = JobModel(config)
