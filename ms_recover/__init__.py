@@ -2,6 +2,9 @@
 
 A training script calls :func:`init` once, then runs its steps through the returned
 :class:`Session` (``session.steps(n)`` with ``session.guard()``, or ``session.run(fn, n)``).
+:func:`shard_indices` positions its data by (step, rank, world), so a resumed rank reads what an
+uninterrupted run would; :func:`make_dataset` is a small synthetic dataset for samples. The
+MindSpore pieces (``GraphStep``, ``MindSporeState``, ``fit``) are in :mod:`ms_recover.mindspore`.
 
 The names below load on first use (PEP 562), so importing a pure layer such as
 ``ms_recover.manager.decide`` or ``ms_recover.config`` does not drag in the worker, ZeroMQ or
@@ -26,9 +29,10 @@ if TYPE_CHECKING:
     )
     from ms_recover.strategy import Strategy, parse_strategies
     from ms_recover.worker.bootstrap import init
+    from ms_recover.worker.sampler import make_dataset, shard_indices, split_indices
     from ms_recover.worker.session import Session
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version source: pyproject reads it (dynamic)
 
 # Public name -> the module that defines it.
 _HOMES = {
@@ -43,7 +47,10 @@ _HOMES = {
     "Session": "ms_recover.worker.session",
     "Strategy": "ms_recover.strategy",
     "init": "ms_recover.worker.bootstrap",
+    "make_dataset": "ms_recover.worker.sampler",
     "parse_strategies": "ms_recover.strategy",
+    "shard_indices": "ms_recover.worker.sampler",
+    "split_indices": "ms_recover.worker.sampler",
 }
 
 __all__ = [
@@ -58,7 +65,10 @@ __all__ = [
     "Session",
     "Strategy",
     "init",
+    "make_dataset",
     "parse_strategies",
+    "shard_indices",
+    "split_indices",
     "__version__",
 ]
 

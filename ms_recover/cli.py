@@ -13,6 +13,7 @@ import os
 import sys
 from typing import NoReturn
 
+from ms_recover import __version__
 from ms_recover.errors import MsRecoverError
 
 # (name, module, one-line help). Modules are imported lazily and must stay light at import.
@@ -56,6 +57,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Process-level fault recovery for MindSpore training jobs.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"ms-recover {__version__}")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for name, module_name, help_text in COMMANDS:
         if only is not None and name != only:

@@ -186,7 +186,7 @@ class JobConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> JobConfig:
-        """Defaults, then the environment (DESIGN.md §6), then ``overrides``."""
+        """Defaults, then the environment (docs/design.md §6), then ``overrides``."""
         _check_keys(overrides)
         environ = os.environ if environ is None else environ
         inputs.check_env_text(environ, _ENV_KEYS)

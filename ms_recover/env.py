@@ -1,4 +1,4 @@
-"""Names of the environment variables ms_recover reads or sets (DESIGN.md §6).
+"""Names of the environment variables ms_recover reads or sets (docs/design.md §6).
 
 The MindCluster / msrun names come first; ours are prefixed ``MS_RECOVER_``. Only
 :func:`ms_recover.config.JobConfig.from_env`, the agent's child-env builder and the MindSpore

@@ -20,7 +20,8 @@ parser.add_argument("--steps", type=int, default=1000)
 parser.add_argument("--global-batch", type=int, default=64)
 args = parser.parse_args()
 
-mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+mindspore.set_device("CPU")
+mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
 mindspore.set_seed(0)  # every rank starts from the same weights
 net = nn.SequentialCell(nn.Dense(32, 64), nn.ReLU(), nn.Dense(64, 4))
 loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")

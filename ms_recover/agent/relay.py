@@ -1,4 +1,4 @@
-"""The agent's local relay: its ranks talk to it, not to the manager (DESIGN.md §1c).
+"""The agent's local relay: its ranks talk to it, not to the manager (docs/design.md §1c).
 
 The agent binds a ZeroMQ ROUTER on ``127.0.0.1`` (an ephemeral port, so nothing outside the
 pod can reach it) and gives each rank it launches the endpoint in ``MS_RECOVER_RELAY_ENDPOINT``.

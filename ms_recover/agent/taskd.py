@@ -23,7 +23,7 @@ runs the workers without recovery, as plain msrun would, after one loud warning;
 agent down at ``init_taskd_agent``, so msrun keeps control of its workers itself.
 
 msrun starts the workers, not this agent, so they do not get a relay endpoint: they keep their
-own DEALER connection to the manager (the node relay of DESIGN.md §1c serves the ranks that
+own DEALER connection to the manager (the node relay of docs/design.md §1c serves the ranks that
 ``ms-recover agent`` launches itself).
 """
 

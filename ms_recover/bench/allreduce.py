@@ -1,6 +1,6 @@
 """Host allreduce against MindSpore's CPU AllReduce and raw sockets moving the same bytes.
 
-This is ``ms-recover bench allreduce``. DESIGN.md §8 holds the host allreduce to three targets
+This is ``ms-recover bench allreduce``. docs/design.md §8 holds the host allreduce to three targets
 on the same float32 tensors:
 
 * at least 5x the bus bandwidth of MindSpore's own CPU AllReduce (every size);

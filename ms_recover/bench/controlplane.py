@@ -20,7 +20,7 @@ exactly as for the first (new epoch, STOP to every survivor, wait for every STOP
 full rebuild in between, which at full scale costs tens of seconds (see below). After the last
 repeat the restarts are released and the round is let to finish (re-registration, REBUILD to
 every rank, repair, resume); its phases are reported.
-DESIGN.md §8 holds stop-all at 16,384 ranks on 2,048 agents to 1 s.
+docs/design.md §8 holds stop-all at 16,384 ranks on 2,048 agents to 1 s.
 
 On one 2-core host the simulated ranks share the CPU with the manager (decoding STOP and
 encoding STOPPED for thousands of ranks), which a real cluster spreads over thousands of
@@ -32,7 +32,7 @@ The simulated members heartbeat at the job's default interval (``JobConfig.heart
 0.5 s) unless ``--heartbeat`` says otherwise; the output says which. Between formation and the
 first fault the bench watches the running job for ``--idle`` seconds: the manager thread's CPU
 as a share of one core, and the frames it received and sent per second (counters in
-:class:`~ms_recover.manager.server.ManagerServer`). DESIGN.md §8, at 16,384 ranks on 2,048
+:class:`~ms_recover.manager.server.ManagerServer`). docs/design.md §8, at 16,384 ranks on 2,048
 agents and the default heartbeat: forms in <= 5 s, stop-all <= 0.3 s, manager CPU < 10 % of
 one core between faults. A scale that does not form within ``--form-timeout`` is a MISS row
 with that reason, and the bench goes on with the next scale.
@@ -74,14 +74,14 @@ DEFAULT_HEARTBEAT_S = float(
 #: at the default while its long phase timeout (large scales form slowly here) would not.
 DEFAULT_GRACE_S = JobConfig().lost_manager_grace_s
 FULL_RANKS = 16384
-SIMULATED_RANKS = 65536  # beyond the targets: how the relay shape grows (DESIGN.md §1c)
+SIMULATED_RANKS = 65536  # beyond the targets: how the relay shape grows (docs/design.md §1c)
 FDS_PER_SOCKET = 2  # the TCP connection and the socket's mailbox
 FD_SPARE = 512
 MAX_RSS_BYTES = 3 << 30  # a shared 2-core CI host: a scale that needs more is reported, not run
 
 
 SHAPE_NOTE = {
-    False: "Ranks behind their node agent (DESIGN.md §1c): each simulated agent is one socket to "
+    False: "Ranks behind node agents (docs/design.md §1c): each simulated agent is one socket to "
     "the manager and stands for its ranks at every scale (no socket per rank: the rank -> agent "
     "hop is local to a node, not the manager's load, and the open-file limit here is 20,000); "
     "it relays their messages in batches and folds their heartbeats into its own.",
@@ -500,7 +500,7 @@ def beat_cost_us(batches: int = 5, per_batch: int = 2000) -> float:
 
 
 def _target(within: bool, op: str, limit: float) -> dict[str, Any]:
-    """DESIGN.md §8's targets hold up to 16,384 ranks; beyond is a simulation for context."""
+    """docs/design.md §8's targets hold up to 16,384 ranks; beyond is a simulation for context."""
     if within:
         return {"op": op, "limit": limit}
     return {"note": f"targets apply up to {FULL_RANKS} ranks"}

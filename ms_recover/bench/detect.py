@@ -5,7 +5,7 @@ long job. The benchmark then, one at a time, and only once the job is back to ru
 
 * SIGKILLs one rank process (by its pid, rotating over ranks 1, 2, 3, 0). The latency is the
   ``fault`` event's wall-clock ``ts`` minus the wall-clock time just before ``kill()``;
-  DESIGN.md §8 holds it to 200 ms (an agent polls its children every 20 ms);
+  docs/design.md §8 holds it to 200 ms (an agent polls its children every 20 ms);
 * SIGKILLs node 1's whole process group (agent and both ranks, ``LocalPods.kill_node``), with
   the pod supervisor's reschedule delay longer than the loss timeout, so the loss is noticed
   by silence and not by the pod coming back. The latency is to the ``node_lost`` fault; the

@@ -9,8 +9,10 @@ because on a shared host a figure means little without it.
 the value, the target and PASS/MISS (a row without a target is context and shows ``-``). With
 ``--readme PATH`` the table also replaces what stands between the two marker lines
 ``<!-- bench-all:begin -->`` and ``<!-- bench-all:end -->`` in that file, so the README's
-figures always come from one run. ``--render DIR`` does only that last part, from the JSON files
-of an earlier run.
+figures always come from one run. ``--doc PATH`` writes the same table into the benchmarks
+document (``docs/benchmarks.md``): a new file gets a short preamble and the marked block, an
+existing one has only its marked block replaced. ``--render DIR`` does only these last parts,
+from the JSON files of an earlier run.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--readme", metavar="PATH", help="replace the Measured table in this file")
     p.add_argument(
+        "--doc",
+        metavar="PATH",
+        help="write the table into this benchmarks document, e.g. docs/benchmarks.md "
+        "(created if missing, else its marked block replaced)",
+    )
+    p.add_argument(
         "--render",
         metavar="DIR",
         help="run nothing: render DIR's JSON files of an earlier run (with --readme to splice)",
@@ -85,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     print(table, end="")
     if args.readme:
         splice(args.readme, table)
+    if getattr(args, "doc", None):
+        write_doc(args.doc, table)
     return 0
 
 
@@ -136,11 +146,24 @@ def _run_all(out: str, names: Sequence[str], extra: dict[str, list[str]]) -> Non
 
 
 def _meta(started: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "started": started,
-        "cores": os.cpu_count(),
-        "runs": runs,
-    }
+    meta: dict[str, Any] = {"started": started, "cores": os.cpu_count(), "runs": runs}
+    commit = _commit()
+    if commit:
+        meta["commit"] = commit
+    return meta
+
+
+def _commit() -> str | None:
+    """The checkout's short commit, when the run starts inside a git work tree."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def _write(path: str, payload: dict[str, Any]) -> None:
@@ -171,7 +194,8 @@ def render(out: str) -> str:
     )
     foot = [
         "",
-        f"One run of `ms-recover bench all`, started {meta['started']} on {meta['cores']} cores.",
+        f"One run of `ms-recover bench all`, started {meta['started']} on {meta['cores']} cores"
+        + (f", commit {meta['commit']}." if meta.get("commit") else "."),
         f"Load average (1 min) before -> after each bench: {load}.",
     ]
     return "\n".join(lines + foot + ([""] + notes if notes else [])) + "\n"
@@ -194,13 +218,39 @@ def _row(bench: str, m: dict[str, Any]) -> str:
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
-def splice(path: str, table: str) -> None:
+def splice(path: str, table: str, flag: str = "--readme") -> None:
     """Replace the text between the marker lines in ``path`` with ``table``."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ConfigError(f"--readme: {path!r} has no {BEGIN} ... {END} block to replace")
+        raise ConfigError(f"{flag}: {path!r} has no {BEGIN} ... {END} block to replace")
     new = text[: start + len(BEGIN)] + "\n" + table + text[end:]
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(new)
+
+
+DOC_HEAD = """# Benchmarks
+
+Written by `ms-recover bench all --out DIR --doc docs/benchmarks.md` from one run of every
+benchmark; edit the text outside the markers, never the table. Each row's name is stable from
+run to run; each figure stands next to its target from `docs/design.md` §8 with PASS or MISS
+(a row without a target is context, `-`). Each benchmark compares against what a user would run
+instead, side by side in the same run: a plain `TrainOneStepCell` step, msrun's own restart and
+its mccl `DistributedGradReducer` step, MindSpore's CPU AllReduce, a raw socket exchange. The
+load average before and after each benchmark is under the table: on a shared host a figure
+means little without it.
+
+"""
+
+
+def write_doc(path: str, table: str) -> None:
+    """Create the benchmarks document at ``path`` with ``table``, or splice it into one."""
+    if os.path.isfile(path):
+        splice(path, table, "--doc")
+        return
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        raise ConfigError(f"--doc: no such directory {parent!r}")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(f"{DOC_HEAD}{BEGIN}\n{table}{END}\n")

@@ -56,7 +56,7 @@ class FakeSpec:
     proc_per_node: int
     heartbeat_s: float
     max_frame_bytes: int
-    #: Ranks behind their agent's relay (DESIGN.md §1c): only agents have sockets, and
+    #: Ranks behind their agent's relay (docs/design.md §1c): only agents have sockets, and
     #: :class:`~ms_recover.bench.fakerelay.RelayCluster` speaks for their ranks.
     relay: bool = False
     #: How often the simulated agents beat (``JobConfig.agent_heartbeat_s``, as real agents);

@@ -1,4 +1,4 @@
-"""Simulated node agents that relay for their ranks (DESIGN.md §1c), for ``bench controlplane``.
+"""Simulated node agents relaying for their ranks (docs/design.md §1c), for ``bench controlplane``.
 
 Each simulated agent is one DEALER socket to the manager, as a real ``ms-recover agent`` is.
 Its ranks have no socket of their own: the rank -> agent hop is local to a node and is not the

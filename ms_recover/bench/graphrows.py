@@ -5,7 +5,7 @@ in one process, on one model, (g), (gc) and (gb) on one GraphStep (one compiled 
 fresh random order each round; each row is
 the median of the differences of the same round's steps, relative to the cell's median step.
 The null row (a second TrainOneStepCell) is the method's own noise. The (g) and (gb) rows
-carry DESIGN §8's targets: <= +10 % at the demo's ~1 ms step, <= +2 % at the wide MLP's
+carry docs/design.md §8's targets: <= +10 % at the demo's ~1 ms step, <= +2 % at the wide MLP's
 ~10 ms one.
 """
 

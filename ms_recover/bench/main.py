@@ -1,4 +1,4 @@
-"""Measure ms_recover against the numbers DESIGN.md §8 holds it to.
+"""Measure ms_recover against the numbers docs/design.md §8 holds it to.
 
 Each benchmark prints a table of measured values next to their targets with PASS or MISS, and
 ``--json PATH`` writes the same as JSON. Speed targets are checked here, never by timed tests.

@@ -5,7 +5,7 @@ The cluster is formed the way msrun forms one: a scheduler process (``MS_ROLE=MS
 ``MS_SCHED_HOST=127.0.0.1``, ``MS_SCHED_PORT=<a free ephemeral port>``, ``MS_WORKER_NUM=<world>``
 and ``MS_TOPO_TIMEOUT=<the formation deadline>``. Each runs
 :mod:`ms_recover.mindspore.programs.allreduce_bench`, which calls
-``mindspore.set_context(device_target="CPU")`` and ``mindspore.communication.init()``; on CPU
+``mindspore.set_device("CPU")`` and ``mindspore.communication.init()``; on CPU
 the backend is mccl.
 
 A worker appends JSON lines to ``rank-<r>.jsonl`` in the attempt's directory: ``formed`` when

@@ -265,7 +265,7 @@ class Restarts:
         return float(b["t"] - a["t"]) / max(1, int(b["step"]) - int(a["step"]))
 
 
-TARGET_RATIO_PCT = 5.0  # DESIGN.md §8: MTTR <= 5 % of msrun's restart
+TARGET_RATIO_PCT = 5.0  # docs/design.md §8: MTTR <= 5 % of msrun's restart
 
 
 def rows(mttr_s: float | None, result: dict[str, Any] | None, ckpt_every: int) -> list[Measure]:

@@ -2,7 +2,7 @@
 
 The baseline is what a user would run without ms_recover: MindSpore's own
 ``nn.TrainOneStepCell`` on the same model and batches, its whole step one compiled graph. The
-verdict row is (b) against it (DESIGN.md §8: <= +10 % at a ~0.5-1 ms step). The rows against (a)
+verdict row is (b) against it (docs/design.md §8: <= +10 % at a ~0.5-1 ms step). Rows against (a)
 split the difference into DataParallelStep's split graphs, the reduction and the session.
 
 The step is the demo's: :class:`~ms_recover.mindspore.step.DataParallelStep` on the demo MLP
@@ -35,14 +35,14 @@ too (no target: it is the data plane's cost, not ms_recover's overhead).
 ``--msrun2`` (on by default) sets 2 ranks of GraphStep under ms_recover (the host allreduce an
 op in the graph) beside msrun's own answer on the same job: MindSpore's cluster with a
 data-parallel GRAPH_MODE ``TrainOneStepCell`` whose ``DistributedGradReducer`` runs mccl's
-AllReduce in the graph (:mod:`ms_recover.bench.vsmsrun`); DESIGN §8 wants ours faster.
+AllReduce in the graph (:mod:`ms_recover.bench.vsmsrun`); docs/design.md §8 wants ours faster.
 
-A second interleaved job runs in GRAPH_MODE (the baseline DESIGN §8 names: a GRAPH_MODE
+A second interleaved job runs in GRAPH_MODE (the baseline docs/design.md §8 names: a GRAPH_MODE
 ``TrainOneStepCell``) against :class:`~ms_recover.mindspore.graphstep.GraphStep` (the whole step
 one compiled graph, the reduction a custom op inside it): (g) with the identity reduce, (gb)
 under the session with ``session.allreduce``: the op path of a many-rank job, never skipped at
 one rank. ``--wide H`` runs a third one on a wider MLP (64-H-H-8, a step of about 10 ms here):
-DESIGN §8 wants <= +2 % there. In these GRAPH_MODE jobs every arm has its own model copy, the
+docs/design.md §8 wants <= +2 % there. In these GRAPH_MODE jobs each arm has its own model copy, the
 arms run in a fresh random order each round, two steps each, the second timed
 (:mod:`~ms_recover.mindspore.programs.overhead_graph`), a second plain TrainOneStepCell is the
 null row (the method's resolution), and every arm returns once its step has finished (the

@@ -19,7 +19,7 @@ imports MindSpore: the floor without a standby.
 whose agents each keep N spare processes waiting in ``ms_recover.init()`` (MindSpore imported,
 model built, step graphs compiled by ``init(warm_up=...)``). Before each kill the bench waits
 until every agent's spares are warm (blocked reading their assignment pipe, seen in ``/proc``),
-so each kill is taken over by a warm spare. DESIGN.md §8: <= 0.15 s, and below the cold floor
+so each kill is taken over by a warm spare. docs/design.md §8: <= 0.15 s, and below the cold floor
 (the cold MTTR). Before the first kill it also measures what a waiting spare costs: its memory
 (RSS and private) next to a training rank's, and its CPU over 2 s.
 
@@ -37,12 +37,12 @@ steady-state step time measured on the same job. So
 
 The detection a job-level restart also needs is not added to it (this favours the baseline);
 MTTR includes detection. The row's target, MTTR <= 25 % of this baseline, is the earlier one;
-it stays as a reference row (a baseline of our own parts is not what DESIGN.md §8 holds us to).
+it stays as a reference row (a baseline of our own parts is not what docs/design.md §8 holds us to).
 
 **Baseline: msrun's own restart** (:mod:`ms_recover.bench.msrunrestart`; ``--no-msrun-restart``
 skips it, about 60 s a sample). Plain msrun, no ms_recover, the same model in MindSpore's own
 data-parallel step with the same world: kill -9 of one worker until msrun exits, the relaunch
-to every rank's first step, and half a checkpoint interval of recomputed steps. DESIGN.md §8:
+to every rank's first step, and half a checkpoint interval of recomputed steps. docs/design.md §8:
 MTTR <= 5 % of it.
 """
 

@@ -12,7 +12,7 @@ from ms_recover.bench.table import Measure, Report, median, summary
 from ms_recover.manager.records import PHASES
 
 TARGET_RATIO = 0.25
-TARGET_SPARE_S = 0.15  # DESIGN.md §8: recovery time with a pre-warmed spare
+TARGET_SPARE_S = 0.15  # docs/design.md §8: recovery time with a pre-warmed spare
 RESTART_PARTS = (
     ("launch", "kill -> interpreter up", None, "start"),
     ("import", "import mindspore", "start", "imported"),

@@ -1,4 +1,4 @@
-"""Measured numbers next to DESIGN.md §8's targets: a small result type, its table and its JSON.
+"""Measured numbers beside docs/design.md §8's targets: a small result type, its table and its JSON.
 
 Every ``ms-recover bench`` subcommand builds a :class:`Report` of :class:`Measure` rows. A row
 with a target gets PASS or MISS; a row without one is context (step time, sample count, ...)

@@ -12,7 +12,7 @@
 Both time whole loop iterations, each until the step's loss has been read. The two run one
 after the other, in ABBA order over ``repeats`` pairs; a run's figure is the median over its
 ranks of each rank's median step, and each arm's figure the median over its runs. Target
-(DESIGN §8): ours faster. A context row compares the first :data:`EARLY` timed steps of the
+(docs/design.md §8): ours faster. A context row compares the first :data:`EARLY` timed steps of the
 same runs alone: on some hosts our first few hundred steps run much slower than the rest
 (4000-step runs on 2026-12-02: ours 3.6-3.8 ms against mccl's 4.7-5.5 ms over the whole run,
 while 400-step runs read 5.1-7.8 ms against 3.5-5.5 ms), so a short run measures start-up.

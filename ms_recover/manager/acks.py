@@ -2,7 +2,7 @@
 REPAIRED and the heartbeat that closes a RESUME.
 
 A stop-all at 16,384 ranks brings the manager 16,384 STOPPED items from 2,048 agents
-(DESIGN.md §1c), and formation as many REBUILT. An agent sends a run of such answers in the
+(docs/design.md §1c), and formation as many REBUILT. An agent sends a run of such answers in the
 columns of one :class:`~ms_recover.protocol.messages.RelayAcks` (no map per rank: 402 bytes
 for 8 STOPPED instead of 676, decoded in 13 % less time), and
 :meth:`FastAcks.columns` records them; anything else arrives as

@@ -2,7 +2,7 @@
 one shared ManagerBeat.
 
 At 16,384 ranks on 2,048 nodes the manager hears about 4,000 agent heartbeats a second
-(DESIGN.md §1c), and one ``decide`` scans every rank (~3 ms). Deciding after every wake-up, as
+(docs/design.md §1c), and one ``decide`` scans every rank (~3 ms). Deciding after every wake-up, as
 a small job can afford, would cost the manager its whole thread. :class:`Cadence` decides:
 
 * after frames that may change a decision (anything but :data:`QUIET` heartbeats), at once,

@@ -1,4 +1,4 @@
-"""The manager's side of the node relay (DESIGN.md §1c): one frame per node, both ways.
+"""The manager's side of the node relay (docs/design.md §1c): one frame per node, both ways.
 
 Ranks launched by ``ms-recover agent`` reach the manager through their node's agent
 (:mod:`ms_recover.agent.relay`). This module keeps the manager's handlers, epochs, replay rules

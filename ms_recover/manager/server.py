@@ -76,6 +76,7 @@ class ManagerServer:
     ) -> None:
         self.config = config
         self.events = events or EventLog(config.events_path)
+        self.events.job_id = self.events.job_id or config.job_id  # on every event line
         self.clock = clock
         self.tick_s = tick_s
         self.model = JobModel(config)
@@ -113,7 +114,7 @@ class ManagerServer:
         self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
         self._poller.register(self._sock, zmq.POLLIN)
         self._beat = SharedBeat(self.model, self.codec, lambda: self._seq, self._next_seq)
-        # Ranks behind a node agent: their frames arrive batched per node (DESIGN.md §1c).
+        # Ranks behind a node agent: their frames arrive batched per node (docs/design.md §1c).
         self.relay = ManagerRelay(
             self.model, self.slots, self.codec, self._sock, self._next_seq, clock
         )

@@ -1,4 +1,4 @@
-"""Who may take a member's slot: the incarnation rule of DESIGN.md §5 (issue 9 #7).
+"""Who may take a member's slot: the incarnation rule of docs/design.md §5 (issue 9 #7).
 
 Every process signs a random incarnation nonce into its frames. A hello from the nonce that
 holds a slot is the same process registering again (after a reconnect, or with a restarted

@@ -31,7 +31,7 @@ def status_of(m: JobModel, now: float) -> dict[str, Any]:
                 "pid": i.pid,
                 "incarnation": i.incarnation,
                 "silent_s": round(now - i.last_seen, 3) if i.registered else None,
-                "relayed": is_virtual(i.identity),  # through its node agent (DESIGN.md §1c)
+                "relayed": is_virtual(i.identity),  # through its node agent (docs/design.md §1c)
             }
             for _, i in sorted(m.ranks.items())
         ],

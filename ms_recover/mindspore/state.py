@@ -44,7 +44,8 @@ from typing import Any
 import mindspore
 import numpy as np
 from mindspore import Parameter, Tensor, ops
-from mindspore.common.api import _pynative_executor
+from mindspore.common.dtype import _dtype_to_nptype  # its public alias logs a deprecation
+from mindspore.graph.api import _pynative_executor  # mindspore.common.api is deprecated
 from numpy.typing import NDArray
 
 from ms_recover.errors import RepairError
@@ -71,7 +72,7 @@ def device_sync(device_target: str = "") -> None:
 
 
 def _np_dtype(param: Parameter) -> np.dtype[Any]:
-    return np.dtype(mindspore.dtype_to_nptype(param.dtype))
+    return np.dtype(_dtype_to_nptype(param.dtype))
 
 
 def _describe(shape: tuple[int, ...], dtype: np.dtype[Any]) -> str:

@@ -11,7 +11,7 @@ reduction between them is a plain numpy call, ``reduce_fn``, through which the a
    array of the same shape and dtype (the buffer may be reduced in place and returned).
 3. ``apply(flat)``: the buffer is split back into per-parameter Tensors and the optimizer
    update runs (also jit-compiled), then the device is synchronised, so a step that returned is
-   **committed** (DESIGN §3).
+   **committed** (docs/design.md §3).
 
 Why the reduction is outside the grad function: a collective that fails *inside*
 ``value_and_grad`` leaves PyNative's grad state poisoned for the rest of the process. Here the
@@ -58,6 +58,7 @@ from typing import Any
 import mindspore
 import numpy as np
 from mindspore import Tensor
+from mindspore.common.dtype import _dtype_to_nptype  # its public alias logs a deprecation
 from numpy.typing import NDArray
 
 from ms_recover.errors import CommError
@@ -85,7 +86,7 @@ class _Layout:
 
     def __init__(self, params: Sequence[Any]) -> None:
         self.shapes = [tuple(int(d) for d in p.shape) for p in params]
-        self.dtypes = [np.dtype(mindspore.dtype_to_nptype(p.dtype)) for p in params]
+        self.dtypes = [np.dtype(_dtype_to_nptype(p.dtype)) for p in params]
         sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).tolist()
         self.size = int(self.offsets[-1])

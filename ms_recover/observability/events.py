@@ -1,7 +1,11 @@
 """The job's event log: one JSON object per line, with a wall-clock timestamp.
 
-Every fault, decision, phase and recovery is written here (DESIGN.md §2). Listeners (the demo's
+Every fault, decision, phase and recovery is written here (docs/design.md §2). Listeners (the demo's
 timeline printer, the Prometheus exporter) see each event as it is written.
+
+Every line carries ``job_id`` (the job it belongs to, so the logs of several jobs can be merged)
+and ``schema`` (:data:`SCHEMA_VERSION`, raised when a field's meaning changes, so a reader can
+tell which layout it reads).
 """
 
 from __future__ import annotations
@@ -19,12 +23,22 @@ log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
 
+#: The layout of an event line; readers compare it before they interpret the fields.
+SCHEMA_VERSION = 1
+
 
 class EventLog:
     """Appends events to a JSONL file (if a path is given) and keeps the most recent in memory."""
 
-    def __init__(self, path: str = "", keep: int = 2000, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        path: str = "",
+        keep: int = 2000,
+        clock: Callable[[], float] = time.time,
+        job_id: str = "",
+    ):
         self.path = path
+        self.job_id = job_id  # the manager fills it in from its config when left empty
         self._clock = clock
         self._lock = threading.Lock()
         self._recent: collections.deque[Event] = collections.deque(maxlen=keep)
@@ -38,7 +52,9 @@ class EventLog:
         self._listeners.append(listener)
 
     def write(self, event: str, **fields: Any) -> Event:
-        record: Event = {"ts": round(self._clock(), 6), "event": event, **fields}
+        record: Event = {"ts": round(self._clock(), 6), "event": event}
+        record.update(job_id=self.job_id, schema=SCHEMA_VERSION)
+        record.update(fields)
         with self._lock:
             self._recent.append(record)
             if self._fh is not None:

@@ -45,7 +45,7 @@ class AgentHeartbeat(Message):
     KIND: ClassVar[bytes] = b"agent_hb"
     node_rank: int
     #: The committed step of each local rank heard since the agent's last heartbeat: the
-    #: ranks' own heartbeats, folded in by the agent's relay (DESIGN.md §1c).
+    #: ranks' own heartbeats, folded in by the agent's relay (docs/design.md §1c).
     steps: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -69,7 +69,7 @@ class RankExited(Message):
 
 @dataclasses.dataclass(frozen=True)
 class RelayUp(Message):
-    """agent -> manager: frames of this node's ranks, relayed in one frame (DESIGN.md §1c).
+    """agent -> manager: frames of this node's ranks, relayed in one frame (docs/design.md §1c).
 
     Item ``i`` is one rank frame the agent authenticated: the rank's local identity at the
     agent (``idents[i]``), its envelope (``senders``, ``nonces``, ``seqs``, ``epochs``) and its
@@ -91,7 +91,7 @@ class RelayUp(Message):
 @dataclasses.dataclass(frozen=True)
 class RelayAcks(Message):
     """agent -> manager: one kind of answer from several of this node's ranks, column by
-    column (DESIGN.md §1c): the commonest relayed frames (every rank's STOPPED in a stop-all,
+    column (docs/design.md §1c): the commonest relayed frames (every rank's STOPPED in a stop-all,
     REBUILT in a rebuild, the heartbeat that closes a RESUME) without a map per rank.
 
     Item ``i`` is one rank frame the agent authenticated and replay-checked: the rank's local

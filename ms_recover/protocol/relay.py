@@ -1,4 +1,4 @@
-"""The relay's wire rules, shared by the agent and the manager (DESIGN.md §1c). Pure: no I/O.
+"""The relay's wire rules, shared by the agent and the manager (docs/design.md §1c). Pure: no I/O.
 
 Ranks launched by ``ms-recover agent`` talk to their node's agent, which relays their frames to
 the manager in :class:`~ms_recover.protocol.messages.RelayUp` batches (runs of STOPPED,

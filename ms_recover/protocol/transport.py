@@ -4,7 +4,7 @@ A :class:`DealerChannel` is one authenticated DEALER connection to the manager. 
 on a bad incoming frame: the frame is dropped and logged (rate limited), and so is a replayed
 one (:class:`~ms_recover.protocol.replay.ReplayGuard`).
 
-Two socket-level protections (DESIGN.md §5):
+Two socket-level protections (docs/design.md §5):
 
 * **Size cap at the socket.** Every control-plane socket sets ``ZMQ_MAXMSGSIZE`` to the frame
   limit plus :data:`SLACK`: libzmq reads a frame's length before its body and drops the

@@ -8,7 +8,7 @@ MindCluster's documented ``manager.py`` works by changing one import line::
     init_taskd_manager({"job_id": job_id, "node_nums": 2, "proc_per_node": 8})
     start_taskd_manager()
 
-Settings not given in the dict come from the environment (DESIGN.md §6), then the defaults.
+Settings not given in the dict come from the environment (docs/design.md §6), then the defaults.
 With ``ms-recover shim-path`` first on ``PYTHONPATH`` the documented import
 ``from taskd.api import ...`` reaches these functions too. ``TASKD_PROCESS_ENABLE=off``
 (MindCluster's switch for process-level recovery) makes :func:`start_taskd_manager` return

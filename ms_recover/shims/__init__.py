@@ -1,4 +1,4 @@
-"""Opt-in stand-ins for MindCluster's Python packages (DESIGN.md §1b).
+"""Opt-in stand-ins for MindCluster's Python packages (docs/design.md §1b).
 
 This directory holds top-level packages, side by side:
 

@@ -38,7 +38,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import mindspore
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -158,7 +157,7 @@ def _clean_tdt_channel() -> int:
 
 def _reset_params(params: list[Parameter]) -> int:
     for p in params:
-        p.set_data(Tensor(np.zeros(p.shape, dtype=mindspore.dtype_to_nptype(p.dtype))))
+        p.set_data(Tensor(np.zeros(p.shape, dtype=mstype._dtype_to_nptype(p.dtype))))
     return 0
 
 

@@ -97,7 +97,8 @@ def main() -> int:
     ap.add_argument("--fault", default="", help="RANK:STEP:KIND (hcce or unknown)")
     ap.add_argument("--ckpt", default="", help="TrainFaultTolerance ckpt_save_path")
     args = ap.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         init()  # serves the cluster; MindSpore ends the process when the workers have left
         return 0

@@ -39,7 +39,7 @@ class ManagerLink:
         self.rank = rank
         self._on_abort = on_abort
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        # Through the node agent's relay when an agent launched this rank (DESIGN.md §1c),
+        # Through the node agent's relay when an agent launched this rank (docs/design.md §1c),
         # else (msrun's ranks, a standalone worker) straight to the manager.
         self._chan = manager_channel(
             self._ctx, config, f"rank:{rank}", identity, config.relay_endpoint

@@ -1,6 +1,6 @@
 """Deterministic data position: which samples a rank reads at a given step.
 
-DESIGN §3 requires the data position to be a pure function of (step, rank, world), so a rank
+docs/design.md §3 requires the data position to be a pure function of (step, rank, world), so a rank
 that is restarted, or repaired to step S, reads exactly the samples an uninterrupted run would
 read at step S+1 without any data-loader state being copied.
 

@@ -3,7 +3,7 @@
 A pod recreated before its loss was noticed: its new agent says hello while the old agent
 still counts as alive and was heard moments ago, so the manager holds the claim until the old
 one has been silent for ``TAKEOVER_BEATS`` heartbeat intervals, and decides it when the
-claimant speaks again (DESIGN.md §5). The TaskD shim's agent (msrun's pods) waits for its
+claimant speaks again (docs/design.md §5). The TaskD shim's agent (msrun's pods) waits for its
 welcome before it starts anything, so it must beat while it waits: it once waited in silence,
 the claim was never decided, and after ``manager_wait_s`` the node ran without fault recovery
 (`tests/e2e/test_msrun.py::test_killed_msrun_is_replaced_by_a_new_pod_under_recover`, exit 87).

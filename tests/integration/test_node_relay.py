@@ -1,4 +1,4 @@
-"""The node relay (DESIGN.md §1c): ranks talk to their agent, the agent to the manager.
+"""The node relay (docs/design.md §1c): ranks talk to their agent, the agent to the manager.
 
 Both ends are real: a :class:`ManagerServer` on 127.0.0.1 (frames pumped into ``dispatch`` by
 the test, so every step is deterministic) with real agent DEALER sockets, and a real

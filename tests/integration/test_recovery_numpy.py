@@ -1,6 +1,6 @@
 """End-to-end recovery on real processes with the numpy trainer (2 nodes x 2 ranks).
 
-The strongest check of DESIGN.md §3: a recovered run ends with weights bit-identical to an
+The strongest check of docs/design.md §3: a recovered run ends with weights bit-identical to an
 uninterrupted run, and no committed step is lost.
 """
 

@@ -61,13 +61,8 @@ def test_splice_replaces_only_the_marked_block(tmp_path: Path) -> None:
     assert readme.read_text().count("| newer |") == 1 and "| new |\n" not in readme.read_text()
 
 
-def test_the_repository_readme_has_the_markers() -> None:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert text.index(everything.BEGIN) < text.index(everything.END)
-
-
 def _args(**kw: object) -> argparse.Namespace:
-    base: dict[str, object] = {"out": None, "only": None, "args": [], "readme": None}
+    base: dict[str, object] = {"out": None, "only": None, "args": [], "readme": None, "doc": None}
     base["render"] = None
     base.update(kw)
     return argparse.Namespace(**base)
@@ -114,3 +109,38 @@ def test_the_published_run_names_no_path_of_the_machine_it_ran_on() -> None:
         # a path has a directory ("/tmp/x"); a unit such as "/s" does not
         absolute = [s for s in strings(json.loads(f.read_text())) if re.match(r"/[^/\s]+/", s)]
         assert not absolute, f"{f.name}: {absolute[:3]}"
+
+
+def test_doc_is_created_then_only_its_block_is_replaced(tmp_path: Path) -> None:
+    """``--doc docs/benchmarks.md``: the benchmarks document comes from one run's reports."""
+    (tmp_path / "run").mkdir()
+    out = _run_dir(tmp_path / "run")
+    doc = tmp_path / "benchmarks.md"
+    assert everything.run(_args(render=str(out), doc=str(doc))) == 0
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n") and "docs/design.md" in text
+    assert (
+        text.index(everything.BEGIN)
+        < text.index("| detect | rank kill")
+        < text.index(everything.END)
+    )
+    doc.write_text(text.replace("# Benchmarks\n", "# Benchmarks\n\nkept by hand\n"))
+    assert everything.run(_args(render=str(out), doc=str(doc))) == 0
+    again = doc.read_text()
+    assert "kept by hand" in again and again.count("| detect | rank kill") == 1
+    with pytest.raises(ConfigError, match="--doc: no such directory"):
+        everything.run(_args(render=str(out), doc=str(tmp_path / "nope" / "b.md")))
+
+
+def test_the_run_names_its_commit_when_it_has_one(tmp_path: Path) -> None:
+    out = _run_dir(tmp_path)
+    meta = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**meta, "commit": "abc1234"}))
+    assert "on 2 cores, commit abc1234." in everything.render(str(out))
+    (tmp_path / "b").mkdir()
+    assert "on 2 cores." in everything.render(str(_run_dir(tmp_path / "b")))
+
+
+def test_the_repository_benchmarks_doc_has_the_markers() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    assert text.index(everything.BEGIN) < text.index(everything.END)

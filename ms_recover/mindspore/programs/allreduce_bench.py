@@ -1,7 +1,7 @@
 """One process of the MindSpore CPU cluster that ``ms-recover bench allreduce`` times.
 
 :mod:`ms_recover.bench.mscluster` starts this program the way msrun would, once as the
-scheduler and once per worker. Both call ``mindspore.set_context(device_target="CPU")`` and
+scheduler and once per worker. Both call ``mindspore.set_device("CPU")`` and
 ``mindspore.communication.init()`` (backend mccl). The scheduler serves the cluster inside
 ``init()`` and exits when the workers have left.
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, required=True, help="timed calls per count")
     p.add_argument("--out", required=True, help="directory for rank-<r>.jsonl")
     args = p.parse_args(argv)
-    mindspore.set_context(device_target="CPU")
+    mindspore.set_device("CPU")
     return serve(
         args.out,
         lambda rank, world: {

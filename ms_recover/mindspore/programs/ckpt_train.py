@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None, started: float = T_START) -> int:
     from ms_recover.mindspore.step import DataParallelStep
     from ms_recover.worker.sampler import make_dataset, shard_indices
 
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+    mindspore.set_device("CPU")
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
     net, loss_fn, optimizer = build()
     state = MindSporeState(net, optimizer)
     times["built"] = time.time()

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     # GraphStep runs in GRAPH_MODE: in PyNative, waiting for a jit graph's loss stalls for
     # 10-40 ms whenever another Python thread (the session's heartbeat) wakes up.
     mode = mindspore.GRAPH_MODE if args.graph_step else mindspore.PYNATIVE_MODE
-    mindspore.set_context(mode=mode, device_target="CPU")
+    mindspore.set_device("CPU")
+    mindspore.set_context(mode=mode)
     net, loss_fn, optimizer = build()
     share = {"n": 0, "step": 0}  # this rank's samples in the current step, and the step
 

@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         "--step-time", type=float, default=0.0, help="extra seconds per step, to stretch a demo run"
     )
     args = ap.parse_args(argv)
-    mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
+    mindspore.set_device("CPU")
+    mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
     net, loss_fn, optimizer = build()
     model = Model(net, loss_fn=loss_fn, optimizer=optimizer)
     x, y = make_dataset(args.samples, IN_DIM, CLASSES, SEED)

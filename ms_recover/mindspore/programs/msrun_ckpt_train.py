@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from ms_recover.worker.sampler import make_dataset, shard_indices  # numpy only
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         init()  # serves the cluster; MindSpore ends the process when the workers have left
         return 0

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=0, help="a wider MLP 64-H-H-8 (default: demo)")
     p.add_argument("--warmup", type=int, default=50)
     args = p.parse_args(argv)
-    mindspore.set_context(mode=mindspore.GRAPH_MODE, device_target="CPU")
+    mindspore.set_device("CPU")
+    mindspore.set_context(mode=mindspore.GRAPH_MODE)
     return serve(
         args.out,
         lambda rank, world: {str(args.counts[0]): _time_steps(args, rank, world)},

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--graph-step needs --mode session and --graph-mode")
     use_hidden(args.hidden)
     mode = mindspore.GRAPH_MODE if args.graph_mode else mindspore.PYNATIVE_MODE
-    mindspore.set_context(mode=mode, device_target="CPU")
+    mindspore.set_device("CPU")
+    mindspore.set_context(mode=mode)
     net, loss_fn, optimizer = build()
     result: dict[str, Any] = {"mode": args.mode}
     if args.mode == "plain":
