@@ -35,6 +35,20 @@ from ms_recover.strategy import Strategy
 SETTLE_S = 1.0
 
 
+def note_leaving(
+    m: JobModel, node: int, reason: str, deadline_s: float, now: float
+) -> Leaving | None:
+    """Record that ``node`` is leaving (the server's handler of ``NodeLeaving``): the node in
+    :attr:`JobModel.leaving` and a pending planned-stop fault. None when it was known already
+    (an agent says it again after a manager restart) and nothing was recorded."""
+    if node in m.leaving:
+        return None
+    leaving = m.leaving[node] = Leaving(node, reason, now, now + deadline_s)
+    detail = f"node {node} is leaving ({reason}); its agent leaves in {deadline_s:.1f}s"
+    m.pending.append(Fault(FaultKind.PLANNED_STOP, node, -1, detail, now, 0.0))
+    return leaving
+
+
 def settle_s(leaving: Leaving) -> float:
     """How long a planned stop waits before it is acted on: :data:`SETTLE_S`, and never more
     than a quarter of the time its agent gives the manager."""

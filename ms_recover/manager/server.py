@@ -26,7 +26,8 @@ from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Leaving
+from ms_recover.manager.leaving import note_leaving
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
@@ -507,19 +508,16 @@ class ManagerServer:
         if m.state is JobState.FINISHED or not self._agent_ok(ident, node):
             return
         m.agents[node].last_seen = now
-        if node in m.leaving:  # said once already
+        leaving = note_leaving(m, node, msg.reason, msg.deadline_s, now)
+        if leaving is None:  # said once already
             return
-        deadline = now + msg.deadline_s
-        m.leaving[node] = Leaving(node, msg.reason, now, deadline)
-        detail = f"node {node} is leaving ({msg.reason}); its agent leaves in {msg.deadline_s:.1f}s"
-        m.pending.append(Fault(FaultKind.PLANNED_STOP, node, -1, detail, now, 0.0))
-        log.warning("planned stop: %s", detail)
+        log.warning("planned stop: node %d is leaving (%s)", node, msg.reason)
         self.events.write(
             "planned_stop",
             epoch=m.epoch,
             node_rank=node,
             reason=msg.reason,
-            deadline=round(deadline, 3),
+            deadline=round(leaving.deadline, 3),
             grace_s=round(msg.deadline_s, 3),
         )
 
