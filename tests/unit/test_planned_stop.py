@@ -17,6 +17,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.manager.leaving import SETTLE_S, note_leaving
 from ms_recover.manager.model import Ack, JobState
+from ms_recover.observability.timeline import describe
 from ms_recover.protocol import messages as M
 
 from .test_decide import Job, make_job, msgs
@@ -208,3 +209,8 @@ def test_the_termination_grace_defaults_to_kubernetes_30s() -> None:
     assert JobConfig.from_env({}).termination_grace_s == 30.0
     env = {"MS_RECOVER_TERMINATION_GRACE_S": "360"}
     assert JobConfig.from_env(env).termination_grace_s == 360.0
+
+
+def test_the_timeline_shows_a_planned_stop_without_the_agents_own_text() -> None:
+    event = {"event": "planned_stop", "node_rank": 1, "reason": "\x1b[2J", "grace_s": 25.0}
+    assert describe(event) == "LEAVING  node 1 got SIGTERM (planned stop), leaves in 25s"
