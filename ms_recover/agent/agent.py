@@ -18,7 +18,8 @@ Guarantees:
   a preemption: Kubernetes sends SIGKILL ``termination_grace_s`` later): the agent logs it,
   tells the manager at once (``NodeLeaving``, with its deadline), keeps its ranks running,
   and leaves when the manager tells it (AgentExit) or at its deadline, the grace less a safety
-  margin (:func:`leave_margin_s`) for killing and reaping the ranks before the SIGKILL;
+  margin (:func:`leave_margin_s`) for killing and reaping the ranks before the SIGKILL; an
+  agent no manager has welcomed yet has no one to wait for and leaves at once (exit 143);
 * a restarted manager on the same address is reached again by ZeroMQ's own reconnect; when it
   asks (``Rejoin``) the agent registers again and re-sends the last exit of every local rank
   that is not running, so a fault that happened while the manager was away is handled;
@@ -304,14 +305,18 @@ class Agent:
         if self._leave_at is None:
             asked, reason = self._leave_asked
             grace = self.config.termination_grace_s
-            self._leave_at = asked + grace - leave_margin_s(grace)
+            # No manager welcomed this agent: nobody to wait for, it leaves at once.
+            self._leave_at = asked + grace - leave_margin_s(grace) if self._welcomed else now
             log.warning(
                 "%s: node %d is leaving (pod deletion or drain), deadline in %.1f s "
-                "(termination grace %g s); its ranks run until the manager stops the job",
+                "(termination grace %g s); %s",
                 reason,
                 self.config.node_rank,
                 self._leave_at - now,
                 grace,
+                "its ranks run until the manager stops the job"
+                if self._welcomed
+                else "no manager welcomed this agent, so it does not wait",
             )
             self._announce_leaving(now)
         if now < self._leave_at:

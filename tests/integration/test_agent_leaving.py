@@ -2,7 +2,8 @@
 
 The agent says at once that its node is leaving (``NodeLeaving``, with its deadline), keeps
 its ranks running, and leaves when the manager tells it, or by itself at the deadline (the
-pod's termination grace less a safety margin). A real :class:`~ms_recover.agent.agent.Agent`
+pod's termination grace less a safety margin; at once when no manager ever welcomed it, see
+tests/integration/test_cli.py). A real :class:`~ms_recover.agent.agent.Agent`
 with in-memory rank hands; a real :class:`ManagerServer` thread, or a bare ROUTER that never
 answers (a manager that cannot act in time).
 """
@@ -115,10 +116,14 @@ def test_a_leaving_agent_kills_its_ranks_itself_at_the_deadline() -> None:
         hands = _Hands(1)
         agent = Agent(cfg, [], hands=hands)
         thread, codes = _serve(agent)
-        wait_for(lambda: hands.running, 10, "the ranks started")
-        asked = time.monotonic()
-        agent.leave("SIGTERM")
         codec = Codec(cfg.job_id, cfg.effective_secret(), cfg.max_frame_bytes)
+        assert router.poll(10_000), "no hello"
+        ident, *frames = router.recv_multipart()
+        assert isinstance(codec.decode(frames).msg, M.AgentHello)
+        router.send_multipart([ident, *codec.encode(M.AgentWelcome(True, ""), 0, "manager", 1)])
+        wait_for(lambda: hands.running and agent._welcomed, 10, "the ranks started, welcomed")
+        asked = time.monotonic()
+        agent.leave("SIGTERM")  # the "manager" answers nothing more
         got: list[M.Message] = []
 
         def leaving_heard() -> bool:
