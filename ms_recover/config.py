@@ -72,6 +72,8 @@ class JobConfig:
     data_curve: bool = False  # MS_RECOVER_DATA_CURVE: encrypt the data plane too (costs ~6x)
     digest_every_steps: int = 100  # MS_RECOVER_DIGEST_EVERY_STEPS; 0: compare only at stops
     relay_endpoint: str = ""  # MS_RECOVER_RELAY_ENDPOINT: the agent's relay ("": the manager)
+    #: The pod's terminationGracePeriodSeconds (Kubernetes' default 30 s): SIGTERM to SIGKILL.
+    termination_grace_s: float = 30.0  # MS_RECOVER_TERMINATION_GRACE_S
 
     def __post_init__(self) -> None:
         self._validate()
@@ -284,6 +286,10 @@ class JobConfig:
         for name in ("hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s"):
             inputs.check_seconds(name, getattr(self, name))
         inputs.check_seconds("rank_silence_s", self.rank_silence_s)
+        inputs.check_seconds(
+            f"termination_grace_s ({E.TERMINATION_GRACE}, the pod's terminationGracePeriodSeconds)",
+            self.termination_grace_s,
+        )
         if self.relay_endpoint and not re.fullmatch(
             r"tcp://127\.0\.0\.1:\d{1,5}", self.relay_endpoint
         ):
@@ -440,5 +446,6 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "data_curve": _bool(environ, E.DATA_CURVE),
         "digest_every_steps": _int(environ, E.DIGEST_EVERY),
         "relay_endpoint": environ.get(E.RELAY_ENDPOINT) or None,
+        "termination_grace_s": _float(environ, E.TERMINATION_GRACE),
     }
     return {k: v for k, v in found.items() if v is not None}

@@ -9,3 +9,7 @@ RESCHEDULE = 86
 JOB_EXIT = 87
 #: Every process exits with this after an end-of-life checkpoint (the ``dump`` strategy).
 DUMPED = 88
+#: Every process exits with this when the job was asked to stop: every node got SIGTERM (the
+#: job deleted, every node drained), after a final dump when ``dump`` is configured
+#: (128 + SIGTERM, what a shell reports for a process ended by SIGTERM).
+STOPPED = 143

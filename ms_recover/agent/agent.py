@@ -13,7 +13,13 @@ Guarantees:
   supervisor recreates the pod on :data:`~ms_recover.exitcodes.RESCHEDULE`); at the normal end
   of the job (code 0) the ranks are instead given up to ``phase_timeout_s`` to leave on their
   own (``session.finish()`` returns, atexit runs), and their real exit codes are reported;
-* on SIGTERM (or :meth:`Agent.stop`) every child is terminated and reaped before returning;
+* on :meth:`Agent.stop` every child is terminated and reaped before returning;
+* SIGTERM (:meth:`Agent.leave`) is a planned stop, not a crash (a pod deletion, a node drain,
+  a preemption: Kubernetes sends SIGKILL ``termination_grace_s`` later): the agent logs it,
+  tells the manager at once (``NodeLeaving``, with its deadline), keeps its ranks running,
+  and leaves when the manager tells it (AgentExit) or at its deadline, the grace less a safety
+  margin (:func:`leave_margin_s`) for killing and reaping the ranks before the SIGKILL; an
+  agent no manager has welcomed yet has no one to wait for and leaves at once (exit 143);
 * a restarted manager on the same address is reached again by ZeroMQ's own reconnect; when it
   asks (``Rejoin``) the agent registers again and re-sends the last exit of every local rank
   that is not running, so a fault that happened while the manager was away is handled;
@@ -52,6 +58,15 @@ log = logging.getLogger("ms_recover.agent")
 
 _COMMANDS = (M.KillRanks, M.StartRanks, M.AgentExit)
 
+#: Exit code of an agent that left at its planned-stop deadline (128 + SIGTERM, as a shell).
+LEFT_AT_DEADLINE = 128 + 15
+
+
+def leave_margin_s(grace_s: float) -> float:
+    """How long before the pod's SIGKILL a leaving agent kills its ranks itself: a fifth of
+    the grace, at most 5 s (killing, reaping and reporting the ranks takes well under 1 s)."""
+    return min(5.0, grace_s / 5)
+
 
 class Agent:
     def __init__(
@@ -87,6 +102,8 @@ class Agent:
         # The last exit of each local rank, and whether this agent caused it (re-sent on Rejoin).
         self._exits: dict[int, tuple[Exited, bool]] = {}
         self._drain: tuple[float, int] | None = None  # (deadline, exit code) at the job's end
+        self._leave_asked: tuple[float, str] | None = None  # (monotonic time, why): SIGTERM
+        self._leave_at: float | None = None  # the planned stop's deadline, once announced
         self._last_heard = time.monotonic()
         self._sent_at = -math.inf  # when a frame other than a beat last went to the manager
         self._welcomed = False  # the manager accepted this agent's (last) hello
@@ -99,10 +116,21 @@ class Agent:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
         self._stop.set()
 
+    def leave(self, reason: str = "SIGTERM") -> None:
+        """A planned stop (safe from a signal handler): the agent loop tells the manager and
+        leaves when told, or at the deadline (see the module docstring). Once only."""
+        if self._leave_asked is None:
+            self._leave_asked = (time.monotonic(), reason)
+
     @property
     def stopping(self) -> bool:
         """True once :meth:`stop` was called."""
         return self._stop.is_set()
+
+    @property
+    def leaving(self) -> bool:
+        """True once :meth:`leave` was called."""
+        return self._leave_asked is not None
 
     def run(self) -> int:
         """Register, start every local rank, and serve until the job ends for this node."""
@@ -134,7 +162,7 @@ class Agent:
         """
         now = time.monotonic()
         deadline, next_beat = now + timeout_s, now + self.config.agent_heartbeat_s
-        while not self._stop.is_set() and now < deadline:
+        while not self._stop.is_set() and self._leave_asked is None and now < deadline:
             if now >= next_beat:
                 self.chan.send(M.AgentHeartbeat(self.config.node_rank, {}), self._epoch)
                 next_beat = now + self.config.agent_heartbeat_s
@@ -158,11 +186,16 @@ class Agent:
         next_beat = 0.0
         self._last_heard = time.monotonic()
         try:
-            if start and self.exit_code is None:
+            if start and self.exit_code is None and self._leave_asked is not None:
+                log.warning("node %d got SIGTERM before its ranks started: leaving", cfg.node_rank)
+                self._stop.set()
+            elif start and self.exit_code is None:
                 self.ranks.start_all(cfg.ranks_of(cfg.node_rank))
                 log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
             while self.exit_code is None and not self._stop.is_set():
                 self._report(self.ranks.poll())
+                if self._leave_asked is not None and self._planned_stop():
+                    break
                 if self._drain is not None:
                     self._drained()
                     if self.exit_code is not None:
@@ -262,12 +295,57 @@ class Agent:
         for rank, (exited, requested) in sorted(self._exits.items()):
             if rank not in running:
                 self._send_exit(exited, requested)
+        self._announce_leaving(time.monotonic())
+
+    def _planned_stop(self) -> bool:
+        """SIGTERM came: announce the node's leaving once; at the deadline kill the ranks and
+        end (True). Until then the ranks run on, and the manager decides."""
+        assert self._leave_asked is not None
+        now = time.monotonic()
+        if self._leave_at is None:
+            asked, reason = self._leave_asked
+            grace = self.config.termination_grace_s
+            # No manager welcomed this agent: nobody to wait for, it leaves at once.
+            self._leave_at = asked + grace - leave_margin_s(grace) if self._welcomed else now
+            log.warning(
+                "%s: node %d is leaving (pod deletion or drain), deadline in %.1f s "
+                "(termination grace %g s); %s",
+                reason,
+                self.config.node_rank,
+                self._leave_at - now,
+                grace,
+                "its ranks run until the manager stops the job"
+                if self._welcomed
+                else "no manager welcomed this agent, so it does not wait",
+            )
+            self._announce_leaving(now)
+        if now < self._leave_at:
+            return False
+        log.warning(
+            "node %d: planned-stop deadline reached before the manager released it: killing "
+            "ranks %s",
+            self.config.node_rank,
+            self.ranks.pids(),
+        )
+        self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
+        self.exit_code = LEFT_AT_DEADLINE
+        return True
+
+    def _announce_leaving(self, now: float) -> None:
+        """Tell the manager (again, after a manager restart) that this node is leaving."""
+        if self._leave_asked is None or self._leave_at is None:
+            return
+        reason = f"{self._leave_asked[1]}: pod deletion or node drain"
+        left = max(0.0, self._leave_at - now)
+        self.chan.send(M.NodeLeaving(self.config.node_rank, reason, left), self._epoch)
 
     def _drained(self) -> None:
         """At the job's end: exit once every rank left on its own, or kill the rest at the
-        deadline (their exits are reported as they are)."""
+        deadline (their exits are reported as they are); a leaving node's deadline first."""
         assert self._drain is not None
         deadline, code = self._drain
+        if self._leave_at is not None:
+            deadline = min(deadline, self._leave_at)
         if self.ranks.pids() and time.monotonic() < deadline:
             return
         if self.ranks.pids():

@@ -5,7 +5,12 @@ Usage: ms-recover agent [--node-rank K] [options] -- python train.py [args...]
 Every option falls back to the MindCluster environment (MS_NODE_RANK, MS_LOCAL_WORKER,
 MS_WORKER_NUM, MS_SCHED_HOST, POD_IP, MINDX_TASK_ID, MS_RECOVER_*) and then to defaults.
 Exit codes: 0 when every local rank finished, 86 when the pod must be rescheduled (recover),
-87 when the job gave up (exit), 2 on bad usage.
+87 when the job gave up (exit), 88 after a dump, 143 when the job was asked to stop (every
+node got SIGTERM) or when a SIGTERM's deadline passed, 2 on bad usage.
+
+SIGTERM is a planned stop (a pod deletion or a node drain), not a crash: the agent tells the
+manager, keeps its ranks running, and leaves when the manager says or at the deadline
+(MS_RECOVER_TERMINATION_GRACE_S, the pod's terminationGracePeriodSeconds, less a margin).
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
-        agent.stop()
+        agent.leave("SIGTERM")
 
     signal.signal(signal.SIGTERM, on_term)
     return agent.run()

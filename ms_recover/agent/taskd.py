@@ -11,7 +11,8 @@ msrun (with ``MS_ENABLE_TFT`` enabling MindX) calls, in its own process::
 callbacks (:class:`~ms_recover.agent.msrun.MsrunHands`): it registers with the manager, starts
 the workers once the manager answers, reports exits, obeys kill / restart / exit, and finally
 **ends the process itself** with the node's exit code (msrun would return 0 whatever happened):
-0 done, 86 reschedule this pod (``recover``), 87 the job gave up, 1 failure, 2 refused.
+0 done, 86 reschedule this pod (``recover``), 87 the job gave up, 88 dumped, 143 asked to stop
+(SIGTERM: a planned stop, see :meth:`Agent.leave`), 1 failure, 2 refused.
 
 The node's settings come from the pod's environment (``MS_NODE_RANK``, ``MS_LOCAL_WORKER``,
 ``MS_WORKER_NUM``, ``MS_SCHED_HOST``, ``POD_IP``, ``MS_RECOVER_*``); where msrun's own process
@@ -148,11 +149,11 @@ def start() -> int:
         return exitcodes.USAGE
     log.info("taskd agent for msrun: node %d of %s", config.node_rank, config.describe())
     agent = Agent(config, [], hands=hands)
-    _on_sigterm(agent.stop)
+    _on_sigterm(agent.leave)  # a planned stop (pod deletion, drain): see Agent.leave
     agent.hello()
     if agent.await_welcome(settings.manager_wait_s):
         code = agent.serve(start=True)
-    elif agent.stopping:  # SIGTERM while waiting: start nothing
+    elif agent.stopping or agent.leaving:  # SIGTERM while waiting: start nothing
         agent.chan.close()
         code = 128 + signal.SIGTERM
     else:
@@ -274,9 +275,9 @@ def _as_int(key: str, value: object) -> int:
         raise ConfigError(f"init_taskd_agent: {key}={value!r} is not an integer") from None
 
 
-def _on_sigterm(stop: Callable[[], None]) -> None:
+def _on_sigterm(leave: Callable[[str], None]) -> None:
     def handler(signum: int, frame: types.FrameType | None) -> None:
-        stop()
+        leave("SIGTERM")
 
     try:
         signal.signal(signal.SIGTERM, handler)

@@ -20,6 +20,9 @@ from ms_recover.manager.model import Ack, JobModel, JobState
 from ms_recover.manager.records import DecisionRecord, JobEndRecord
 from ms_recover.protocol.messages import AgentExit, Exit, Peers, Rebuild, runs
 
+#: How the reason of a job asked to stop (every node leaving: SIGTERM) begins.
+ASKED_TO_STOP = "asked to stop"
+
 
 def rebuild(m: JobModel, active: frozenset[int] | None = None) -> list[SendRanks]:
     """REBUILD for every member, each with what that rank uses and nothing else, so a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ms_recover.manager.actions import Action
 from ms_recover.manager.ending import after_end
+from ms_recover.manager.leaving import asked_to_stop, settled
 from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, RankInfo
 from ms_recover.manager.phases import PROGRESS
 from ms_recover.manager.rounds import Failure, escalate, on_faults
@@ -23,6 +24,11 @@ def decide(m: JobModel, now: float) -> list[Action]:
         return after_end(m)
     restoring = m.state is JobState.FORMING and m.restore is not None
     faults = [] if restoring else list(m.pending) + detect_silence(m, now)
+    if m.leaving and not restoring:  # planned stops (docs/design.md §1d)
+        ending = asked_to_stop(m, now)
+        if ending is not None:
+            return ending
+        faults = settled(m, faults, now)
     if faults:  # a restarted manager's faults wait for its members (see phases._restoring)
         return on_faults(m, faults, now)
     progress = PROGRESS[m.state](m, now)

@@ -2,7 +2,9 @@
 
 Every option falls back to the MindCluster environment (MINDX_TASK_ID, MS_SCHED_HOST, POD_IP,
 MS_WORKER_NUM, MS_LOCAL_WORKER, MS_RECOVER_*) and then to the defaults. SIGTERM stops it
-cleanly. Exit code: 0 when the job finished, 87 when recovery gave up (exit strategy).
+cleanly. Exit code: 0 when the job finished, 87 when recovery gave up (exit strategy), 88 after
+a dump, 143 when the job was asked to stop (every node's agent got SIGTERM: the job deleted or
+every node drained; after a final dump when ``dump`` is configured).
 """
 
 from __future__ import annotations

@@ -86,6 +86,9 @@ class FaultKind(str, enum.Enum):
     ESCALATION = "escalation"  # a phase failed with no rank to blame
     REJOIN = "rejoin"  # after a manager restart, a rank did not come back at the job's epoch
     DIVERGED = "diverged"  # a replica's state digest differs from its replicas' (it lives on)
+    #: Not a crash: a node's agent got SIGTERM (pod deletion, drain) and leaves at a deadline;
+    #: its ranks live on until the round stops them (see :mod:`~ms_recover.manager.leaving`).
+    PLANNED_STOP = "planned_stop"
 
     def __str__(self) -> str:
         return self.value
@@ -176,6 +179,17 @@ class Fault:
         object.__setattr__(self, "kind", FaultKind(self.kind))  # a plain string is checked
 
 
+@dataclasses.dataclass(frozen=True)
+class Leaving:
+    """A node whose agent said it is leaving (a planned stop): why, when the manager heard
+    it, and when the agent leaves on its own (both on the manager's clock)."""
+
+    node_rank: int
+    reason: str
+    since: float
+    deadline: float
+
+
 @dataclasses.dataclass
 class Round:
     """One recovery attempt (or the initial formation when ``strategy`` is None).
@@ -242,6 +256,8 @@ class JobModel:
     #: heartbeats still unread in the queue of a saturated or stalled manager are never taken
     #: for silence (``inf``: no queue, the clock alone).
     heard_at: float = math.inf
+    #: Nodes whose agent announced a planned stop, until a new agent registers for the node.
+    leaving: dict[int, Leaving] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -269,6 +285,12 @@ class JobModel:
 
     def live_ranks(self) -> list[int]:
         return [r for r, info in self.ranks.items() if info.alive]
+
+    def every_node_leaving(self) -> bool:
+        """Whether every node still in the job (its agent alive) announced a planned stop:
+        the job itself is being deleted (or every node drained), not one pod moved."""
+        live = [n for n, a in self.agents.items() if a.alive]
+        return bool(self.leaving) and all(n in self.leaving for n in live)
 
     def min_committed(self) -> int:
         return min(info.committed_step for info in self.ranks.values())

@@ -19,8 +19,9 @@ from ms_recover.manager.strategies.registry import choose
 from ms_recover.strategy import Strategy
 
 #: Faults a rank reported itself: it is still alive (and reachable).
-#: (Those ``retry`` can handle, and a fatal error: MindSpore's RS_UNKNOWN.)
-REPORTED = SURVIVABLE | {FaultKind.WORKER_FATAL}
+#: (Those ``retry`` can handle, and a fatal error: MindSpore's RS_UNKNOWN.) A planned stop's
+#: ranks are alive too, until the round sends their agent away.
+REPORTED = SURVIVABLE | {FaultKind.WORKER_FATAL, FaultKind.PLANNED_STOP}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +84,10 @@ def _mark(m: JobModel, f: Fault, ranks: tuple[int, ...]) -> list[Action]:
         detect_s=round(f.detect_s, 4),
         reported_step=max(m.ranks[r].committed_step for r in ranks),
     )
-    return [
-        MarkLost(f"{f.kind.value}: {f.detail}", f, lost, f.kind is FaultKind.NODE_LOST),
-        Emit(f.detail, record),
-    ]
+    mark = MarkLost(f"{f.kind.value}: {f.detail}", f, lost, f.kind is FaultKind.NODE_LOST)
+    if f.kind is FaultKind.PLANNED_STOP:  # not a fault: its planned_stop event is written
+        return [mark]
+    return [mark, Emit(f.detail, record)]
 
 
 def _underway(m: JobModel, prev: Round | None, faulty: set[int]) -> set[int]:

@@ -26,6 +26,7 @@ from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
+from ms_recover.manager.leaving import note_leaving
 from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
@@ -131,6 +132,7 @@ class ManagerServer:
             M.AgentHello: self._on_agent_hello,
             M.AgentHeartbeat: self._on_agent_heartbeat,
             M.RankExited: self._on_rank_exited,
+            M.NodeLeaving: self._on_node_leaving,
             M.RelayUp: self._on_relay_up,
             M.RelayAcks: self._on_relay_acks,
             **self.workers.handlers(),
@@ -350,6 +352,7 @@ class ManagerServer:
                 m.ranks[rank].alive, m.ranks[rank].identity = False, b""
         agent.registered = agent.alive = True
         agent.released = False
+        m.leaving.pop(msg.node_rank, None)  # a new pod, or one that says so again (Rejoin)
         agent.pid, agent.pod_ip, agent.is_scheduler = msg.pid, msg.pod_ip, msg.is_scheduler
         agent.last_seen = now
         self._agent_ids[msg.node_rank] = ident
@@ -498,6 +501,26 @@ class ManagerServer:
                     max(0.0, now - msg.observed_at),
                 )
             )
+
+    def _on_node_leaving(self, ident: bytes, env: Envelope, msg: M.NodeLeaving) -> None:
+        """A node's agent got SIGTERM (a planned stop): record it and write the
+        ``planned_stop`` event now; ``decide`` acts on it (:mod:`~ms_recover.manager.leaving`)."""
+        m, now, node = self.model, self.clock(), msg.node_rank
+        if m.state is JobState.FINISHED or not self._agent_ok(ident, node):
+            return
+        m.agents[node].last_seen = now
+        leaving = note_leaving(m, node, msg.reason, msg.deadline_s, now)
+        if leaving is None:  # said once already
+            return
+        log.warning("planned stop: node %d is leaving (%s)", node, msg.reason)
+        self.events.write(
+            "planned_stop",
+            epoch=m.epoch,
+            node_rank=node,
+            reason=msg.reason,
+            deadline=round(leaving.deadline, 3),
+            grace_s=round(msg.deadline_s, 3),
+        )
 
     def _final_exit(self, ident: bytes, msg: M.RankExited) -> None:
         """A rank left after the job finished (its agent was told to exit, and waits for it)."""

@@ -32,6 +32,10 @@ def describe(e: Event) -> str:
         return f"all ranks registered, communicators built: training starts (epoch {e['epoch']})"
     if kind == "fault":
         return f"FAULT    {e['detail']}"
+    if kind == "planned_stop":
+        # The agent's reason is its own text: not printed here (the event keeps it).
+        node, left = e["node_rank"], e["grace_s"]
+        return f"LEAVING  node {node} got SIGTERM (planned stop), leaves in {left:g}s"
     if kind == "decision":
         return f"DECIDE   {e['reason']}"
     if kind == "member" and e.get("reboot"):

@@ -38,6 +38,10 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "world_size": (0, 2**31 - 1),
 }
 
+#: The range of each float field by name that is narrower than int64's: a planned stop's
+#: deadline is a pod's termination grace (Kubernetes takes any int64 seconds; a day is plenty).
+FLOAT_RANGES: dict[str, tuple[float, float]] = {"deadline_s": (0.0, 86400.0)}
+
 #: The length of each str field by name that is shorter than :data:`MAX_STR`: a state digest
 #: is a hex CRC-32 (8 characters) or SHA-256 (64), and the manager keeps a few per rank.
 STR_LIMITS: dict[str, int] = {"digest": 64, "digests": 64}
@@ -117,11 +121,13 @@ def check_field(value: Any, hint: Any, name: str = "") -> bool:
     if hint is Any:
         return scalar_ok(value)
     if hint is float:
+        lo, hi = FLOAT_RANGES.get(name, (-(2.0**63), 2.0**63))
         return (
             isinstance(value, (int, float))
             and not isinstance(value, bool)
             and math.isfinite(value)
             and abs(value) < 2.0**63
+            and lo <= value <= hi
         )
     if hint is int:
         return int_in(value, *INT_RANGES.get(name, INT64))

@@ -273,6 +273,8 @@ def _message(kind: bytes, body: Any) -> Message:
             shown = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
             lo, hi = B.INT_RANGES.get(name, B.INT64)
             bound = f" in {lo}..{hi}" if "int" in str(hint) else ""
+            if hint is float and name in B.FLOAT_RANGES:
+                bound = " in {:g}..{:g}".format(*B.FLOAT_RANGES[name])
             raise ProtocolError(f"{kind.decode()}.{name} must be {shown or hint}{bound}")
     return KINDS[kind](**body)
 

@@ -68,6 +68,22 @@ class RankExited(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeLeaving(Message):
+    """agent -> manager: this node is about to go (its agent got SIGTERM: a pod deletion, a
+    node drain, a preemption), a planned stop and not a crash (docs/design.md §1d).
+
+    ``deadline_s``: seconds from sending until the agent kills its ranks and leaves on its
+    own (the pod's termination grace less the agent's safety margin); until then its ranks
+    keep running, and the agent leaves earlier when the manager tells it to (AgentExit).
+    """
+
+    KIND: ClassVar[bytes] = b"node_leaving"
+    node_rank: int
+    reason: str
+    deadline_s: float
+
+
+@dataclasses.dataclass(frozen=True)
 class RelayUp(Message):
     """agent -> manager: frames of this node's ranks, relayed in one frame (docs/design.md §1c).
 
@@ -436,6 +452,7 @@ KINDS: dict[bytes, type[Message]] = {
         AgentHello,
         AgentHeartbeat,
         RankExited,
+        NodeLeaving,
         RelayUp,
         RelayAcks,
         AgentWelcome,

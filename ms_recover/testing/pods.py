@@ -164,5 +164,6 @@ def _describe(code: int) -> str:
     return {
         exitcodes.RESCHEDULE: "exit 86: reschedule",
         exitcodes.JOB_EXIT: "exit 87: job gave up",
+        exitcodes.STOPPED: "exit 143: asked to stop",
         0: "exit 0",
     }.get(code, f"exit {code}")

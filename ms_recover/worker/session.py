@@ -440,7 +440,7 @@ class Session:
         try:
             if msg.send_to:
                 self.comm.add_peers(msg.endpoints)  # repair pairs are rarely ring neighbours
-                payload = repair.pack(self._state().state_dict(), self.committed)
+                payload = repair.pack(self._state_dict(), self.committed)
                 if self.faults.armed:
                     self.faults.before_repair_send(payload)
                 for dst in msg.send_to:
@@ -451,7 +451,7 @@ class Session:
                     raise RepairError(
                         f"rank {msg.recv_from} sent step {step}, expected {msg.target_step}"
                     )
-                self._state().load_state_dict(arrays)
+                self._load(arrays, msg.recv_from)
                 if step > self.committed:
                     self.skipped.append((self.committed + 1, step))
                 self.committed = step
@@ -466,6 +466,22 @@ class Session:
             )
             return
         self.link.send(M.Repaired(self.rank, msg.attempt, True, self.committed, -1, ""), epoch)
+
+    def _state_dict(self) -> dict[str, Any]:
+        """What a repair sends: the whole state, or nothing but the step (in the manifest) for
+        a session without a state provider: its only state ms_recover knows of is the step."""
+        return self.state.state_dict() if self.state is not None else {}
+
+    def _load(self, arrays: dict[str, Any], src: int) -> None:
+        """Load a repair's state; a session without a state provider takes only the step, and
+        refuses tensors it has nowhere to put (RepairError)."""
+        if self.state is not None:
+            self.state.load_state_dict(arrays)
+        elif arrays:
+            raise RepairError(
+                f"rank {src} sent {len(arrays)} tensors but rank {self.rank} has no state "
+                "provider; pass state= to ms_recover.init()"
+            )
 
     def _state(self) -> StateProvider:
         if self.state is None:

@@ -1,5 +1,6 @@
 """The fault matrix (issue 9): every fault kind, faults together and in each recovery phase,
-a killed agent, on the numpy trainer (2 nodes x 2 ranks, 30 steps).
+a killed agent, planned stops (SIGTERM to one agent, to every agent), on the numpy trainer
+(2 nodes x 2 ranks, 30 steps).
 
 Each test is one scenario (the ``scenario`` fixture, see tests/conftest.py). A scenario
 survives when the job ends 0, every recovery it needed succeeded, and the final weights of
@@ -12,13 +13,17 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import pytest
 
+from ms_recover import exitcodes
 from ms_recover.testing.faults import Faults
 from ms_recover.testing.localjob import LocalJob
 from ms_recover.testing.wait import wait_for
+from ms_recover.worker.dump import load_npz, locate, read_manifest
+from ms_recover.worker.repair import sha256_of
 
 from .jobs import STEPS, reference_sha, results, run_to_end, trainer_job
 
@@ -111,3 +116,65 @@ def test_killed_agent(tmp_path, reference: str, scenario) -> None:
     recoveries = assert_survived(job, out, reference, scenario)
     assert sorted(recoveries[-1]["replaced"]) == [2, 3]
     assert job.pods.restarts == {1: 1}
+
+
+def _training(job: LocalJob, step: int = 3) -> None:
+    wait_for(
+        lambda: (
+            job.status()["state"] == "running"
+            and min(r["step"] for r in job.status()["ranks"]) >= step
+        ),
+        60,
+        "training under way",
+    )
+
+
+def test_planned_stop_of_one_node(tmp_path, reference: str, scenario) -> None:
+    """SIGTERM to one agent (a pod deletion, a node drain): the agent says so at once, the
+    manager writes ``planned_stop`` within 1 s, sends the node away to have its pod recreated,
+    and repairs the new pod's ranks from replicas. No fault; the node is not declared lost."""
+    out = str(tmp_path)
+    with trainer_job(out, extra=("--step-time", "0.2")) as job:
+        _training(job)
+        sent = time.time()
+        os.kill(job.pods.procs[1].pid, signal.SIGTERM)
+        run_to_end(job)
+    recoveries = assert_survived(job, out, reference, scenario)
+    (stop,) = job.find("planned_stop")
+    assert stop["node_rank"] == 1 and stop["ts"] - sent < 1.0, stop
+    assert 20.0 <= stop["grace_s"] <= 25.0  # Kubernetes' 30 s less the agent's margin
+    assert recoveries[-1]["strategy"] == "recover" and recoveries[-1]["replaced"] == [2, 3]
+    assert job.find("fault") == [], "a planned stop is not a fault"
+    assert job.pods.restarts == {1: 1}
+    log = (tmp_path / "logs" / "agent_1.log").read_text()
+    assert "SIGTERM: node 1 is leaving (pod deletion or drain), deadline in" in log
+
+
+def test_planned_stop_of_the_whole_job(tmp_path, scenario) -> None:
+    """SIGTERM to every agent (the job deleted): the ranks stop, one replica per shard writes
+    a final dump of the last committed step (bit-identical to an uninterrupted run's), and
+    everything exits 143 with a ``job_end`` saying the job was asked to stop."""
+    out, dump_dir = str(tmp_path / "run"), str(tmp_path / "dump")
+    with trainer_job(
+        out, strategy="recover,dump,exit", dump_dir=dump_dir, extra=("--step-time", "0.2")
+    ) as job:
+        _training(job)
+        for proc in list(job.pods.procs.values()):
+            os.kill(proc.pid, signal.SIGTERM)
+        run_to_end(job)
+    assert job.exit_code == exitcodes.STOPPED == 143
+    assert job.pods.exit_codes == {0: 143, 1: 143} and job.pods.restarts == {}
+    assert sorted(e["node_rank"] for e in job.find("planned_stop")) == [0, 1]
+    (end,) = job.find("job_end")
+    assert end["exit_code"] == 143 and end["reason"].startswith("asked to stop"), end
+    assert job.find("fault") == []
+    # The dump's round is closed by the job's end, as under the dump strategy.
+    assert [(r["strategy"], r["ok"]) for r in job.find("recovery")] == [("dump", False)]
+    manifest = read_manifest(dump_dir)
+    (dumped,) = job.find("dump")
+    assert manifest.step == dumped["step"] >= 3
+    expected = reference_sha(str(tmp_path / "reference"), steps=manifest.step + 1)
+    for rank in range(4):  # every rank's state, from its shard's replica
+        path, _ = locate(dump_dir, rank)
+        assert sha256_of(load_npz(path)) == expected
+    scenario.lost_steps = 0  # the dump holds the last step every rank committed

@@ -56,6 +56,7 @@ SAMPLES: dict[bytes, M.Message] = {
         M.RankExited(
             node_rank=1, rank=3, pid=4321, exit_code=-9, signal=9, observed_at=1700000000.25
         ),
+        M.NodeLeaving(node_rank=1, reason="SIGTERM: pod deletion or node drain", deadline_s=25.0),
         M.AgentWelcome(ok=False, reason="node_rank 9 is outside 0..1"),
         M.ManagerBeat(state="running"),
         M.Rejoin(reason="manager restarted: rank 3 must register again"),

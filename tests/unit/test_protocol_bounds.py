@@ -78,6 +78,9 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
         (M.StateDigest.KIND, {"rank": 0, "step": B.STEP_MAX + 1, "digest": "ab"}, "step"),
         (M.StateDigest.KIND, {"rank": -2, "step": 9, "digest": "ab"}, "rank"),
         (M.StateDigest.KIND, {"rank": 0, "step": 9, "digest": "a" * 65}, "digest"),
+        (M.NodeLeaving.KIND, {"node_rank": 0, "reason": "", "deadline_s": -1.0}, "deadline_s"),
+        (M.NodeLeaving.KIND, {"node_rank": 0, "reason": "", "deadline_s": 1e6}, "deadline_s"),
+        (M.NodeLeaving.KIND, {"node_rank": -2, "reason": "", "deadline_s": 1.0}, "node_rank"),
         (M.Stopped.KIND, {"rank": 0, "committed_step": 9, "digest": "a" * 65}, "digest"),
     ],
 )

@@ -190,3 +190,32 @@ def test_a_new_group_whose_peers_never_come_is_a_comm_error():
     _, backend, _ = _grouping_session(0.5)
     with pytest.raises(CommError, match="no data endpoints for group 'g' within 0.5s"):
         backend.create_group("g", [0, 3])
+
+
+def test_a_session_without_state_repairs_its_step_only():
+    """A script that passed no ``state=`` (its only state ms_recover knows is the step) is
+    still repaired: the source sends the step, the receiver takes it (it used to fail the
+    repair with "no state provider", so such a job could never recover)."""
+    source = Session(JobConfig(), 0, PeerBackend({}), None, standalone=True)
+    source.link = Link()  # type: ignore[assignment]
+    source.committed, source.phase = 9, Phase.REBUILT
+    source._handle(4, M.Repair(9, 0, send_to=[1], recv_from=-1, endpoints={1: "tcp://h:1"}))
+    (_, _, payload) = source.comm.sent[1]
+    receiver = Session(JobConfig(), 1, PeerBackend({0: payload}), None, standalone=True)
+    link = Link()
+    receiver.link = link  # type: ignore[assignment]
+    receiver.committed, receiver.phase = -1, Phase.REBUILT
+    receiver._handle(4, M.Repair(9, 0, send_to=[], recv_from=0))
+    assert receiver.committed == link.committed == 9
+    assert link.sent == [M.Repaired(1, 0, True, 9, -1, "")]
+
+
+def test_a_session_without_state_refuses_tensors_it_cannot_hold():
+    inbox = {2: repair.pack({"w": np.zeros(3, np.float32)}, 9)}
+    session = Session(JobConfig(), 0, PeerBackend(inbox), None, standalone=True)
+    link = Link()
+    session.link = link  # type: ignore[assignment]
+    session.committed, session.phase = 8, Phase.REBUILT
+    session._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2))
+    (reply,) = link.sent
+    assert not reply.ok and "no state provider" in reply.reason and session.committed == 8

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 import pytest
 
@@ -11,6 +12,9 @@ from ms_recover import env as E
 from ms_recover.agent import taskd
 from ms_recover.errors import ConfigError
 from ms_recover.testing.msrunjob import free_port
+from ms_recover.testing.wait import wait_for
+
+_ON_SIGTERM = taskd._on_sigterm  # the real one (the fixture below keeps pytest's handler)
 
 
 class FakeMsrun:
@@ -167,3 +171,17 @@ def test_without_a_manager_the_exit_setting_stops_before_any_worker(monkeypatch,
 def test_start_before_init_is_a_usage_error(caplog):
     assert taskd.start() == 2
     assert "before a successful init_taskd_agent" in _errors(caplog)[0]
+
+
+def test_sigterm_under_msrun_is_a_planned_stop_not_a_stop() -> None:
+    """msrun's process gets the pod's SIGTERM: the shim's agent leaves as planned (it tells
+    the manager and keeps the workers running), instead of stopping them at once."""
+    asked: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        _ON_SIGTERM(asked.append)
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for(lambda: asked, 5, "the handler")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert asked == ["SIGTERM"]

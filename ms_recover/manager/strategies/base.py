@@ -156,6 +156,12 @@ def open_round(
     ]
 
 
+def planned_nodes(incident: Incident) -> frozenset[int]:
+    """The incident's nodes that are leaving on purpose (a planned stop: SIGTERM to the
+    agent), whose pod is going away and will be recreated."""
+    return frozenset(f.node_rank for f in incident.faults if f.kind is FaultKind.PLANNED_STOP)
+
+
 def untrusted_of(incident: Incident) -> frozenset[int]:
     """The incident's ranks whose state cannot be trusted (a device memory error, a diverged
     replica): alive, but never a repair source; a round that keeps them repairs them too."""

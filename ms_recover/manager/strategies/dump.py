@@ -1,13 +1,16 @@
 """``dump`` (MindCluster's "save last words"): once the survivors stopped, one healthy replica
 per data-parallel shard writes its state at the highest committed step, the manager writes
-the manifest over the files, and the job ends with :data:`~ms_recover.exitcodes.DUMPED`.
+the manifest over the files, and the job ends with :data:`~ms_recover.exitcodes.DUMPED`
+(:data:`~ms_recover.exitcodes.STOPPED` when every node is leaving: the job was asked to stop).
+The ranks of a node that is leaving (a planned stop) are alive until the job ends: they stop
+and may write like any survivor.
 """
 
 from __future__ import annotations
 
 from ms_recover import exitcodes
 from ms_recover.manager.actions import Action, ChooseWriters, SendRanks, Transition, WriteManifest
-from ms_recover.manager.commands import exit_job
+from ms_recover.manager.commands import ASKED_TO_STOP, exit_job
 from ms_recover.manager.model import JobModel, JobState
 from ms_recover.manager.strategies.base import (
     Incident,
@@ -15,6 +18,7 @@ from ms_recover.manager.strategies.base import (
     RecoveryStrategy,
     dead_ranks,
     no_source,
+    planned_nodes,
 )
 from ms_recover.protocol.messages import Dump as DumpMsg
 from ms_recover.strategy import Strategy
@@ -24,13 +28,13 @@ class Dump(RecoveryStrategy):
     name = Strategy.DUMP
 
     def feasible(self, m: JobModel, incident: Incident) -> tuple[bool, str]:
-        orphan = no_source(m, incident, set(incident.hit) | dead_ranks(m))
+        orphan = no_source(m, incident, _out(m, incident))
         if orphan is not None:
             return False, orphan
         return True, "save the last committed state from one healthy replica per shard"
 
     def launch(self, m: JobModel, incident: Incident, reason: str) -> Launch:
-        return Launch(left_out=frozenset(incident.hit | dead_ranks(m)))
+        return Launch(left_out=frozenset(_out(m, incident)))
 
     def after_stop(self, m: JobModel, now: float, survivors: list[int]) -> list[Action]:
         """One stopped, trusted replica per shard, at the highest committed step, writes its
@@ -61,6 +65,14 @@ class Dump(RecoveryStrategy):
         ]
 
 
+def _out(m: JobModel, incident: Incident) -> set[int]:
+    """The ranks that cannot write: the incident's and the dead, but not the live ranks of a
+    node that is leaving (a planned stop: they stop at a step boundary like the others)."""
+    planned = planned_nodes(incident)
+    hit = {r for r in incident.hit if m.config.node_of(r) not in planned or not m.ranks[r].alive}
+    return hit | dead_ranks(m)
+
+
 def dumping(m: JobModel, now: float) -> list[Action]:
     """DUMPING: wait for every writer's answer, then write the manifest and end the job."""
     rnd = m.round
@@ -76,4 +88,8 @@ def dumping(m: JobModel, now: float) -> list[Action]:
             return exit_job(m, exitcodes.JOB_EXIT, f"ranks {late} did not finish their dump")
         return []
     reason = f"state of step {rnd.target_step} saved by ranks {list(rnd.dump_ranks)}"
+    if m.every_node_leaving():  # the final dump of a job asked to stop
+        leaving = sorted(m.leaving)
+        why = f"{ASKED_TO_STOP}: every node is leaving (SIGTERM to nodes {leaving}); {reason}"
+        return [WriteManifest(reason)] + exit_job(m, exitcodes.STOPPED, why)
     return [WriteManifest(reason)] + exit_job(m, exitcodes.DUMPED, reason)

@@ -5,11 +5,13 @@ job stops once more and grows back (:func:`grow`).
 
 from __future__ import annotations
 
+from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.manager.actions import (
     Action,
     Emit,
     NextPhase,
+    SendAgent,
     SendRanks,
     SetActive,
     StartRound,
@@ -23,10 +25,11 @@ from ms_recover.manager.strategies.base import (
     Launch,
     RecoveryStrategy,
     dead_ranks,
+    planned_nodes,
     restart_in_place,
     untrusted_of,
 )
-from ms_recover.protocol.messages import Stop
+from ms_recover.protocol.messages import AgentExit, Stop
 from ms_recover.strategy import Strategy
 
 
@@ -48,10 +51,19 @@ class ElasticTraining(RecoveryStrategy):
         return True, f"continue with ranks {left} (global batch kept) until replacements return"
 
     def launch(self, m: JobModel, incident: Incident, reason: str) -> Launch:
-        # Goes on without waiting, but still asks for replacements.
-        wanted = {r for r in incident.hit if m.agents[m.config.node_of(r)].alive}
-        orders = restart_in_place(
-            m.config, wanted - incident.underway, incident.fresh_nodes, reason
+        # Goes on without waiting, but still asks for replacements: in place, or for a node
+        # that is leaving (a planned stop) a recreated pod.
+        cfg, leaving = m.config, planned_nodes(incident)
+        wanted = {
+            r
+            for r in incident.hit
+            if m.agents[cfg.node_of(r)].alive and cfg.node_of(r) not in leaving
+        }
+        orders = restart_in_place(cfg, wanted - incident.underway, incident.fresh_nodes, reason)
+        orders += tuple(
+            SendAgent("reschedule pod", node, AgentExit(exitcodes.RESCHEDULE, reason))
+            for node in sorted(leaving)
+            if m.agents[node].alive
         )
         left_out = frozenset(incident.hit | dead_ranks(m))
         untrusted = untrusted_of(incident) - left_out  # kept in the world, repaired first

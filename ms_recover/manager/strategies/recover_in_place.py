@@ -11,6 +11,7 @@ from ms_recover.manager.strategies.base import (
     Launch,
     RecoveryStrategy,
     no_source,
+    planned_nodes,
     restart_in_place,
     untrusted_of,
 )
@@ -24,6 +25,9 @@ class RecoverInPlace(RecoveryStrategy):
         if incident.lost_nodes:
             lost = sorted(incident.lost_nodes)
             return False, f"node(s) {lost} lost: no agent to restart ranks in place"
+        leaving = planned_nodes(incident)
+        if leaving:
+            return False, f"node(s) {sorted(leaving)} leaving (planned stop): their pod is going"
         orphan = no_source(m, incident, incident.hit)
         if orphan is not None:
             return False, orphan
