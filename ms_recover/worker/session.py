@@ -440,7 +440,7 @@ class Session:
         try:
             if msg.send_to:
                 self.comm.add_peers(msg.endpoints)  # repair pairs are rarely ring neighbours
-                payload = repair.pack(self._state().state_dict(), self.committed)
+                payload = repair.pack(self._named_state(), self.committed)
                 if self.faults.armed:
                     self.faults.before_repair_send(payload)
                 for dst in msg.send_to:
@@ -451,7 +451,7 @@ class Session:
                     raise RepairError(
                         f"rank {msg.recv_from} sent step {step}, expected {msg.target_step}"
                     )
-                self._state().load_state_dict(arrays)
+                self._load(arrays)
                 if step > self.committed:
                     self.skipped.append((self.committed + 1, step))
                 self.committed = step
@@ -466,6 +466,21 @@ class Session:
             )
             return
         self.link.send(M.Repaired(self.rank, msg.attempt, True, self.committed, -1, ""), epoch)
+
+    def _named_state(self) -> dict[str, NDArray[Any]]:
+        """What a repair sends: the named state, or nothing without a state provider (the
+        repair then carries the step alone; the data position is a function of it)."""
+        return {} if self.state is None else self.state.state_dict()
+
+    def _load(self, arrays: dict[str, NDArray[Any]]) -> None:
+        """Load the state a repair received (nothing to load without a state provider)."""
+        if self.state is not None:
+            self.state.load_state_dict(arrays)
+        elif arrays:
+            raise RepairError(
+                f"rank {self.rank} received state {sorted(arrays)[:3]} but has no state "
+                "provider; pass state= to ms_recover.init() on every rank"
+            )
 
     def _state(self) -> StateProvider:
         if self.state is None:
