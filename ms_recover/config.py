@@ -62,6 +62,9 @@ class JobConfig:
     manager_grace_s: float = 0.0  # MS_RECOVER_MANAGER_GRACE_S; 0: phase_timeout_s
     wait_reschedule_timeout_s: float = 270.0  # MS_RECOVER_WAIT_RESCHEDULE_TIMEOUT
     max_tries: int = 2  # MS_RECOVER_MAX_TRIES, per strategy
+    #: MS_RECOVER_RANK_RESTARTS_PER_HOUR: recoveries that may restart one rank within an hour;
+    #: the next fault of that rank escalates past the strategies that restart ranks.
+    rank_restarts_per_hour: int = 20
     events_path: str = ""  # MS_RECOVER_EVENTS
     sched_node_rank: int = 0  # MS_RECOVER_SCHED_NODE_RANK
     backend: str = "host"  # MS_RECOVER_BACKEND
@@ -205,6 +208,7 @@ class JobConfig:
         _positive_int("proc_per_node", self.proc_per_node)
         _positive_int("liveness", self.liveness)
         _positive_int("max_tries", self.max_tries)
+        _positive_int("rank_restarts_per_hour", self.rank_restarts_per_hour)
         _int_field("digest_every_steps", self.digest_every_steps)
         if not 0 <= self.digest_every_steps <= MAX_DIGEST_EVERY:
             raise ConfigError(
@@ -282,6 +286,9 @@ class JobConfig:
             )
         inputs.check_int_range("liveness", self.liveness, 2, inputs.MAX_LIVENESS)
         inputs.check_int_range("max_tries", self.max_tries, 1, inputs.MAX_TRIES)
+        inputs.check_int_range(
+            "rank_restarts_per_hour", self.rank_restarts_per_hour, 1, inputs.MAX_TRIES
+        )
         inputs.check_int_range("max_frame_bytes", self.max_frame_bytes, *inputs.MAX_FRAME_BYTES)
         for name in ("hang_timeout_s", "phase_timeout_s", "wait_reschedule_timeout_s"):
             inputs.check_seconds(name, getattr(self, name))
@@ -437,6 +444,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "manager_grace_s": _float(environ, E.MANAGER_GRACE),
         "wait_reschedule_timeout_s": _float(environ, E.WAIT_RESCHEDULE),
         "max_tries": _int(environ, E.MAX_TRIES),
+        "rank_restarts_per_hour": _int(environ, E.RANK_RESTARTS),
         "events_path": environ.get(E.EVENTS) or None,
         "sched_node_rank": _int(environ, E.SCHED_NODE_RANK),
         "backend": environ.get(E.BACKEND) or None,

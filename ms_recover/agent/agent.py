@@ -31,8 +31,12 @@ Guarantees:
 * it beats every ``agent_heartbeat_s``, except when it relayed a frame to the manager and heard
   from it within that interval (the relayed frame already says the node is alive); a beat that
   carries its ranks' steps is always sent;
+* it leaves only when the manager says so (``AgentExit``), even once every local rank
+  exited 0: only the manager knows whether they finished (``session.finish()``) or left
+  early, which is a fault it recovers by restarting them here;
 * if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
-  ranks are killed and the agent exits 1: without a manager nothing can be recovered.
+  ranks are killed and the agent exits 1 (0 if every local rank had exited 0): without a
+  manager nothing can be recovered.
 """
 
 from __future__ import annotations
@@ -201,7 +205,8 @@ class Agent:
                     if self.exit_code is not None:
                         break
                 elif not self._manager_alive():
-                    self.exit_code = exitcodes.FAILED
+                    # Ranks that all left with 0 may have finished: as before, the node ends 0.
+                    self.exit_code = exitcodes.OK if self._all_done() else exitcodes.FAILED
                     break
                 now = time.monotonic()
                 if now >= next_beat:
@@ -211,8 +216,6 @@ class Agent:
                     next_beat = now + cfg.agent_heartbeat_s
                 self._note_training()
                 self._wait(self.poll_s)
-                if self.exit_code is None and self._all_done():
-                    self.exit_code = exitcodes.OK
         except LauncherError as exc:
             log.error("node %d stops: %s", cfg.node_rank, exc)
             self.exit_code = exitcodes.FAILED

@@ -43,9 +43,13 @@ class MarkLost(Action):
 
 @dataclasses.dataclass(frozen=True)
 class StartRound(Action):
-    """Begin a recovery (or the initial formation) round at ``round.epoch``."""
+    """Begin a recovery (or the initial formation) round at ``round.epoch``. ``uses_try``:
+    it counts against its strategy's ``max_tries`` (not when it only widens the current try);
+    ``restarts``: the ranks whose restart it starts, counted against their restart budget."""
 
     round: Round
+    uses_try: bool = True
+    restarts: frozenset[int] = frozenset()
 
 
 # ----------------------------------------------------------------------------- round updates

@@ -23,7 +23,7 @@ def decide(m: JobModel, now: float) -> list[Action]:
     if m.state is JobState.FINISHED:  # members that appear late are told it is over
         return after_end(m)
     restoring = m.state is JobState.FORMING and m.restore is not None
-    faults = [] if restoring else list(m.pending) + detect_silence(m, now)
+    faults = [] if restoring else [*m.pending, *detect_silence(m, now), *detect_early_exits(m, now)]
     if m.leaving and not restoring:  # planned stops (docs/design.md §1d)
         ending = asked_to_stop(m, now)
         if ending is not None:
@@ -38,6 +38,29 @@ def decide(m: JobModel, now: float) -> list[Action]:
 
 
 # ----------------------------------------------------------------------------- detection
+#: How long a rank's exit 0 waits for its WorkerDone before it is a fault. A MindIO
+#: processor's WorkerDone and its agent's exit report travel on two connections, so the
+#: report can arrive first; anything on its way arrives within milliseconds.
+EARLY_EXIT_GRACE_S = 0.25
+
+
+def detect_early_exits(m: JobModel, now: float) -> list[Fault]:
+    """Ranks whose process exited 0 before they finished (``m.early_exits``): a ``rank_exit``
+    fault each, once no WorkerDone came within :data:`EARLY_EXIT_GRACE_S` of the report.
+    Only ``session.finish()`` (``fit`` calls it; a MindIO processor's end sends the same
+    WorkerDone) finishes a rank; any other exit before the job's end is a fault."""
+    if not m.early_exits:  # the common case, every tick
+        return []
+    faults = []
+    for rank, (reported, exited) in sorted(m.early_exits.items()):
+        info = m.ranks[rank]
+        if info.done or now - reported < EARLY_EXIT_GRACE_S:
+            continue
+        why = f"rank {rank} left with exit code 0 before it finished (no session.finish())"
+        faults.append(Fault(FaultKind.RANK_EXIT, info.node_rank, rank, why, now, now - exited))
+    return faults
+
+
 def detect_silence(m: JobModel, now: float) -> list[Fault]:
     """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock.
 

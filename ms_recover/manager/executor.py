@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ms_recover import exitcodes
 from ms_recover.dumpfiles import DumpFile, write_manifest
 from ms_recover.manager import actions as A
+from ms_recover.manager import budget
 from ms_recover.manager.model import JobModel, JobState
 from ms_recover.manager.records import (
     PHASES,
@@ -121,6 +122,7 @@ class Executor:
         for rank in action.ranks:
             m.ranks[rank].alive = False
             m.ranks[rank].identity = b""
+            m.early_exits.pop(rank, None)  # its early exit is this fault (or part of it)
         if action.agent:
             m.agents[action.fault.node_rank].alive = False
 
@@ -128,11 +130,13 @@ class Executor:
         m, rnd = self.model, action.round
         m.round, m.epoch = rnd, rnd.epoch
         m.pending.clear()
-        if rnd.strategy is not None:
+        if rnd.strategy is not None and action.uses_try:
             m.tries[rnd.strategy.value] = m.tries.get(rnd.strategy.value, 0) + 1
+        budget.record(m, action.restarts, rnd.started)
         for rank in rnd.replace_ranks:
             info = m.ranks[rank]
             info.alive, info.identity, info.committed_step, info.done = False, b"", -1, False
+            m.early_exits.pop(rank, None)  # replaced anyway: its exit is no fault of its own
         for info in m.ranks.values():
             info.repair_failure, info.dump = None, None
 

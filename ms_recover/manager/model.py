@@ -252,6 +252,13 @@ class JobModel:
     restore: Restore | None = None  # set while a restarted manager is still FORMING
     #: Ranks in the data plane. All of them, except while elastic training runs shrunk.
     active: frozenset[int] = frozenset()
+    #: Ranks whose process exited 0 before it finished (no WorkerDone heard): rank -> (when the
+    #: exit was reported, when it happened). Past ``EARLY_EXIT_GRACE_S`` it is a fault (see
+    #: ``decide.detect_early_exits``); a WorkerDone that was on its way settles it.
+    early_exits: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    #: When a recovery last restarted each rank (once per incident; the last hour only): the
+    #: per-rank restart budget (see :mod:`~ms_recover.manager.budget`).
+    restarts: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     #: When the server last found its inbound queue empty: silence is judged as of then, so
     #: heartbeats still unread in the queue of a saturated or stalled manager are never taken
     #: for silence (``inf``: no queue, the clock alone).

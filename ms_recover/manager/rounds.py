@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ms_recover import exitcodes
+from ms_recover.manager import budget
 from ms_recover.manager.actions import Action, Emit, Exhaust, MarkLost
 from ms_recover.manager.commands import exit_job
 from ms_recover.manager.model import Fault, FaultKind, JobModel, Round
@@ -48,13 +49,14 @@ def on_faults(
     actions: list[Action] = []
     hit: set[int] = set()
     for f in faults:
-        ranks = m.config.ranks_of(f.node_rank) if f.rank < 0 else (f.rank,)
+        ranks = _ranks_of(m, f)
         hit.update(ranks)
-        actions += _mark(m, f, tuple(ranks))
+        actions += _mark(m, f, ranks)
     prev = m.round if m.in_recovery else None
     underway = _underway(m, prev, hit)
     all_faults = (prev.faults if prev else []) + faults
     lost_nodes = {f.node_rank for f in all_faults if f.kind is FaultKind.NODE_LOST}
+    new, before = frozenset(hit), _incident_ranks(m, prev)
     if prev is not None:
         hit |= prev.replace_ranks
         lost_nodes |= {n for n in prev.reschedule_nodes if not m.agents[n].alive}
@@ -67,11 +69,30 @@ def on_faults(
             f.node_rank for f in all_faults if f.kind is FaultKind.NODE_RESTARTED
         ),
         prev=prev,
+        # Only a fault of ranks the incident had not hit widens the round; a failed phase
+        # (``escalate``) or a faulty rank's replacement failing again uses up a try.
+        widens=prev is not None and why == FAULT_DETECTED and bool(new) and not new & before,
+        fresh=new - before,
+        over_budget=budget.spent(m, new - before, now),
     )
     strategy, reason = choose(m, incident, exhausted)
     if strategy is None:
         return actions + exit_job(m, exitcodes.JOB_EXIT, f"{why}; {reason}")
     return actions + strategy.start(m, now, incident, why, reason)
+
+
+def _ranks_of(m: JobModel, f: Fault) -> tuple[int, ...]:
+    """The ranks a fault hits: its rank, or every rank of its node."""
+    return tuple(m.config.ranks_of(f.node_rank)) if f.rank < 0 else (f.rank,)
+
+
+def _incident_ranks(m: JobModel, prev: Round | None) -> frozenset[int]:
+    """The ranks the incident of ``prev`` (the round under way) has hit so far: faulty,
+    replaced or left out."""
+    if prev is None:
+        return frozenset()
+    faulty = {r for f in prev.faults for r in _ranks_of(m, f)}
+    return frozenset(faulty | prev.replace_ranks | prev.left_out)
 
 
 def _mark(m: JobModel, f: Fault, ranks: tuple[int, ...]) -> list[Action]:

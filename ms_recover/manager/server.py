@@ -27,7 +27,7 @@ from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.leaving import note_leaving
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, RankInfo
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
@@ -486,8 +486,8 @@ class ManagerServer:
         )
         if msg.pid == info.pid:
             info.exit_code = msg.exit_code
-        if msg.exit_code == 0 and msg.signal == 0:
-            info.done, info.alive = True, False
+        if msg.exit_code == 0 and msg.signal == 0 and not expected:
+            self._left(info, now, max(0.0, now - msg.observed_at))
         elif not expected:
             if not info.alive:  # a repeated report of this exit (after a rejoin) is expected
                 info.pid = msg.pid
@@ -521,6 +521,17 @@ class ManagerServer:
             deadline=round(leaving.deadline, 3),
             grace_s=round(msg.deadline_s, 3),
         )
+
+    def _left(self, info: RankInfo, now: float, latency: float) -> None:
+        """A rank's process exited 0 on its own. It finished if it said so (WorkerDone);
+        otherwise it left early, a fault once its WorkerDone is not just late
+        (:func:`~ms_recover.manager.decide.detect_early_exits`; until then it counts as alive,
+        so that a late WorkerDone is still heard). A restarted manager cannot tell (the
+        WorkerDone went to its predecessor): the exit counts as finished."""
+        if info.done or self.model.restore is not None:
+            info.done, info.alive = True, False
+            return
+        self.model.early_exits[info.rank] = (now, now - latency)
 
     def _final_exit(self, ident: bytes, msg: M.RankExited) -> None:
         """A rank left after the job finished (its agent was told to exit, and waits for it)."""

@@ -268,6 +268,8 @@ class WorkerHandlers:
         if info is not None:
             info.done, info.committed_step = True, max(info.committed_step, msg.committed_step)
             info.waits = msg.waits  # it stays a member (a repair source) until the end
+            if self.model.early_exits.pop(msg.rank, None) is not None:
+                info.alive = False  # its exit, reported first, was no fault: it finished
 
     def on_status(self, ident: bytes, env: Envelope, msg: M.StatusRequest) -> None:
         self.send(ident, M.StatusReply(status_of(self.model, self.clock())))

@@ -53,6 +53,12 @@ class Incident:
     replacements the previous round already started that are not faulty again (they are
     waited for, never killed while they start); ``fresh_nodes`` the nodes whose pod was
     recreated (their agent already started fresh ranks).
+
+    ``widens``: the new faults are of ranks this incident had not hit, detected while its
+    round ran; the new round widens it and, under the same strategy, uses up no try
+    (:meth:`continues`). ``fresh`` holds the faulty ranks this incident restarts for the first
+    time (each counts against its restart budget), ``over_budget`` those whose budget is used
+    up, with their restart counts (see :mod:`~ms_recover.manager.budget`).
     """
 
     faults: tuple[Fault, ...]
@@ -61,6 +67,13 @@ class Incident:
     underway: frozenset[int] = frozenset()
     fresh_nodes: frozenset[int] = frozenset()
     prev: Round | None = None
+    widens: bool = False
+    fresh: frozenset[int] = frozenset()
+    over_budget: tuple[tuple[int, int], ...] = ()
+
+    def continues(self, name: Strategy) -> bool:
+        """Whether a round of ``name`` goes on with the current try (no try is used up)."""
+        return self.widens and self.prev is not None and self.prev.strategy is name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +96,8 @@ class RecoveryStrategy(abc.ABC):
     bounded: ClassVar[bool] = True
     #: Whether replacements that are late (``replace_limit``) end it for this incident.
     exhausted_when_late: ClassVar[bool] = False
+    #: Whether its round restarts the faulty ranks (the restart budget bounds it).
+    restarts: ClassVar[bool] = False
 
     def never_applies(self, cfg: JobConfig) -> str | None:
         """Why this strategy can never apply to this job (reported at start), or None."""
@@ -147,9 +162,16 @@ def open_round(
     decision = DecisionRecord(
         strategy.name.value, reason, sorted(launch.replace), sorted(launch.nodes)
     )
+    restarted = (launch.replace | launch.left_out) & incident.fresh
+    start = StartRound(
+        reason,
+        rnd,
+        uses_try=not incident.continues(strategy.name),
+        restarts=restarted if strategy.restarts else frozenset(),
+    )
     return [
         Emit(reason, decision),
-        StartRound(reason, rnd),
+        start,
         SendRanks("stop survivors", survivors, Stop(reason)),
         *launch.orders,
         Transition(reason, JobState.STOPPING),

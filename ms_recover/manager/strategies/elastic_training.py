@@ -35,6 +35,7 @@ from ms_recover.strategy import Strategy
 
 class ElasticTraining(RecoveryStrategy):
     name = Strategy.ELASTIC_TRAINING
+    restarts = True
 
     def never_applies(self, cfg: JobConfig) -> str | None:
         if cfg.world_size < 2:

@@ -23,6 +23,7 @@ from ms_recover.strategy import Strategy
 
 class Recover(RecoveryStrategy):
     name = Strategy.RECOVER
+    restarts = True
     exhausted_when_late = True
 
     def never_applies(self, cfg: JobConfig) -> str | None:

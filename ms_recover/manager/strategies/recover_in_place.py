@@ -20,6 +20,7 @@ from ms_recover.strategy import Strategy
 
 class RecoverInPlace(RecoveryStrategy):
     name = Strategy.RECOVER_IN_PLACE
+    restarts = True
 
     def feasible(self, m: JobModel, incident: Incident) -> tuple[bool, str]:
         if incident.lost_nodes:

@@ -2,12 +2,17 @@
 
 Strategies are tried in priority order (``retry > recover-in-place > recover >
 elastic-training > dump > exit``, the order of ``JobConfig.strategies``), each at most
-``max_tries`` times per incident.
+``max_tries`` times per incident. A try is used up when a round starts for a new incident or
+after a failed round (a phase timeout, a replacement failing again); a new fault of another
+rank during the round widens it and goes on with the current try. A strategy that restarts
+ranks is skipped for a rank whose restart budget is used up
+(:mod:`~ms_recover.manager.budget`).
 """
 
 from __future__ import annotations
 
 from ms_recover.config import JobConfig
+from ms_recover.manager import budget
 from ms_recover.manager.model import JobModel, Round
 from ms_recover.manager.strategies.base import Incident, RecoveryStrategy
 from ms_recover.manager.strategies.dump import Dump
@@ -40,6 +45,8 @@ def choose(
         ok, why = _check(m, strategy, incident)
         if ok:
             note = f" (skipped: {'; '.join(skipped)})" if skipped else ""
+            if incident.continues(name):
+                note += "; a fault of another rank during the round: widened, no try used"
             return strategy, f"{name.value}: {why}{note}"
         skipped.append(f"{name.value}: {why}")
     return None, "no feasible strategy: " + ("; ".join(skipped) or "none configured")
@@ -47,8 +54,11 @@ def choose(
 
 def _check(m: JobModel, strategy: RecoveryStrategy, incident: Incident) -> tuple[bool, str]:
     tries = m.tries.get(strategy.name.value, 0)
-    if strategy.bounded and tries >= m.config.max_tries:
+    used_up = strategy.bounded and tries >= m.config.max_tries
+    if used_up and not incident.continues(strategy.name):
         return False, f"tried {tries} time(s), max_tries={m.config.max_tries}"
+    if strategy.restarts and incident.over_budget:
+        return False, budget.reason(m, incident.over_budget)
     return strategy.feasible(m, incident)
 
 
