@@ -1,4 +1,4 @@
-"""Every benchmark in one run (``ms-recover bench all``), and the README's Measured table from it.
+"""Every benchmark in one run (``ms-recover bench all``), and its table (docs/benchmarks.md).
 
 Each benchmark runs as its own ``ms-recover bench <name> --json DIR/<name>.json`` process, one
 after the other, so one's MindSpore threads and sockets cannot slow the next. The host's load

@@ -55,7 +55,7 @@ BENCHES: list[tuple[str, str, str]] = [
     (
         "all",
         "ms_recover.bench.everything",
-        "every benchmark above in one run; writes the README's Measured table from it",
+        "every benchmark above in one run; its table into docs/benchmarks.md with --doc",
     ),
 ]
 

@@ -29,11 +29,18 @@ def path() -> str:
 
 def shadowed(name: str, search: list[str]) -> str | None:
     """Where another package ``name`` lives on ``search`` (this directory excluded), if any."""
-    here = os.path.realpath(path())
-    others = [p for p in search if os.path.realpath(p or os.curdir) != here]
+    others = [p for p in search if not _ours(p)]
     spec = importlib.machinery.PathFinder.find_spec(name, others)
     if spec is None:
         return None
     if spec.submodule_search_locations:
         return os.fspath(next(iter(spec.submodule_search_locations)))
     return spec.origin
+
+
+def _ours(entry: str) -> bool:
+    """This directory, or another copy of it (a checkout beside an installed ms_recover): a
+    shim found there is ms_recover's own, never a MindCluster package it shadows."""
+    real = os.path.realpath(entry or os.curdir)
+    own = os.sep + os.path.join("ms_recover", "shims")
+    return real == os.path.realpath(path()) or real.endswith(own)

@@ -33,7 +33,8 @@ def test_fit_sample_survives_kill_9(tmp_path: Path) -> None:
     )
     with job:
         assert job.wait(240), job.status()
-    assert job.exit_code == 0
+    decisions = [(e.get("strategy"), e.get("reason")) for e in job.find("decision")]
+    assert job.exit_code == 0, (decisions, job.find("fault"))
     recovery = job.find("recovery", ok=True)[-1]
     assert recovery["replaced"] == [1] and recovery["lost_steps"] == 0
     last = 2 * STEPS_PER_EPOCH - 1
