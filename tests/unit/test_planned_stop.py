@@ -96,6 +96,8 @@ def test_elastic_training_sends_the_leaving_node_away_instead_of_restarting_in_p
     m = job.model
     assert m.state is JobState.STOPPING and m.round is not None
     assert m.round.left_out == {2, 3}
+    # They go with their pod: never taken for replacements that are back (a grow).
+    assert not m.ranks[2].alive and not m.ranks[3].alive
     sent = job.take()
     assert [(w, x.code) for w, x in msgs(sent, M.AgentExit)] == [("a1", exitcodes.RESCHEDULE)]
     assert msgs(sent, M.KillRanks) == [] and msgs(sent, M.StartRanks) == []
