@@ -18,8 +18,9 @@ Guarantees:
   a preemption: Kubernetes sends SIGKILL ``termination_grace_s`` later): the agent logs it,
   tells the manager at once (``NodeLeaving``, with its deadline), keeps its ranks running,
   and leaves when the manager tells it (AgentExit) or at its deadline, the grace less a safety
-  margin (:func:`leave_margin_s`) for killing and reaping the ranks before the SIGKILL; an
-  agent no manager has welcomed yet has no one to wait for and leaves at once (exit 143);
+  margin for killing and reaping the ranks before the SIGKILL
+  (:mod:`ms_recover.agent.leaving`); an agent no manager has welcomed yet has no one to wait
+  for and leaves at once (exit 143);
 * a restarted manager on the same address is reached again by ZeroMQ's own reconnect; when it
   asks (``Rejoin``) the agent registers again and re-sends the last exit of every local rank
   that is not running, so a fault that happened while the manager was away is handled;
@@ -51,6 +52,7 @@ import zmq
 
 from ms_recover import exitcodes
 from ms_recover.agent.hands import Exited, LauncherError, RankHands
+from ms_recover.agent.leaving import LEFT_AT_DEADLINE, PlannedStop
 from ms_recover.agent.ranks import RankSet
 from ms_recover.agent.relay import LocalRelay
 from ms_recover.config import JobConfig
@@ -61,15 +63,6 @@ from ms_recover.protocol.transport import manager_channel
 log = logging.getLogger("ms_recover.agent")
 
 _COMMANDS = (M.KillRanks, M.StartRanks, M.AgentExit)
-
-#: Exit code of an agent that left at its planned-stop deadline (128 + SIGTERM, as a shell).
-LEFT_AT_DEADLINE = 128 + 15
-
-
-def leave_margin_s(grace_s: float) -> float:
-    """How long before the pod's SIGKILL a leaving agent kills its ranks itself: a fifth of
-    the grace, at most 5 s (killing, reaping and reporting the ranks takes well under 1 s)."""
-    return min(5.0, grace_s / 5)
 
 
 class Agent:
@@ -106,8 +99,7 @@ class Agent:
         # The last exit of each local rank, and whether this agent caused it (re-sent on Rejoin).
         self._exits: dict[int, tuple[Exited, bool]] = {}
         self._drain: tuple[float, int] | None = None  # (deadline, exit code) at the job's end
-        self._leave_asked: tuple[float, str] | None = None  # (monotonic time, why): SIGTERM
-        self._leave_at: float | None = None  # the planned stop's deadline, once announced
+        self._leaving: PlannedStop | None = None  # a SIGTERM: see leave()
         self._last_heard = time.monotonic()
         self._sent_at = -math.inf  # when a frame other than a beat last went to the manager
         self._welcomed = False  # the manager accepted this agent's (last) hello
@@ -123,8 +115,8 @@ class Agent:
     def leave(self, reason: str = "SIGTERM") -> None:
         """A planned stop (safe from a signal handler): the agent loop tells the manager and
         leaves when told, or at the deadline (see the module docstring). Once only."""
-        if self._leave_asked is None:
-            self._leave_asked = (time.monotonic(), reason)
+        if self._leaving is None:
+            self._leaving = PlannedStop(time.monotonic(), reason)
 
     @property
     def stopping(self) -> bool:
@@ -134,7 +126,7 @@ class Agent:
     @property
     def leaving(self) -> bool:
         """True once :meth:`leave` was called."""
-        return self._leave_asked is not None
+        return self._leaving is not None
 
     def run(self) -> int:
         """Register, start every local rank, and serve until the job ends for this node."""
@@ -166,7 +158,7 @@ class Agent:
         """
         now = time.monotonic()
         deadline, next_beat = now + timeout_s, now + self.config.agent_heartbeat_s
-        while not self._stop.is_set() and self._leave_asked is None and now < deadline:
+        while not self._stop.is_set() and self._leaving is None and now < deadline:
             if now >= next_beat:
                 self.chan.send(M.AgentHeartbeat(self.config.node_rank, {}), self._epoch)
                 next_beat = now + self.config.agent_heartbeat_s
@@ -190,7 +182,7 @@ class Agent:
         next_beat = 0.0
         self._last_heard = time.monotonic()
         try:
-            if start and self.exit_code is None and self._leave_asked is not None:
+            if start and self.exit_code is None and self._leaving is not None:
                 log.warning("node %d got SIGTERM before its ranks started: leaving", cfg.node_rank)
                 self._stop.set()
             elif start and self.exit_code is None:
@@ -198,7 +190,7 @@ class Agent:
                 log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
             while self.exit_code is None and not self._stop.is_set():
                 self._report(self.ranks.poll())
-                if self._leave_asked is not None and self._planned_stop():
+                if self._leaving is not None and self._planned_stop(self._leaving):
                     break
                 if self._drain is not None:
                     self._drained()
@@ -298,31 +290,22 @@ class Agent:
         for rank, (exited, requested) in sorted(self._exits.items()):
             if rank not in running:
                 self._send_exit(exited, requested)
-        self._announce_leaving(time.monotonic())
+        if self._leaving is not None and self._leaving.deadline is not None:  # said again
+            msg = self._leaving.message(self.config.node_rank, time.monotonic())
+            self.chan.send(msg, self._epoch)
 
-    def _planned_stop(self) -> bool:
+    def _planned_stop(self, leaving: PlannedStop) -> bool:
         """SIGTERM came: announce the node's leaving once; at the deadline kill the ranks and
         end (True). Until then the ranks run on, and the manager decides."""
-        assert self._leave_asked is not None
         now = time.monotonic()
-        if self._leave_at is None:
-            asked, reason = self._leave_asked
-            grace = self.config.termination_grace_s
-            # No manager welcomed this agent: nobody to wait for, it leaves at once.
-            self._leave_at = asked + grace - leave_margin_s(grace) if self._welcomed else now
+        if leaving.deadline is None:
+            how = leaving.begin(self.config.termination_grace_s, self._welcomed, now)
+            node = self.config.node_rank
             log.warning(
-                "%s: node %d is leaving (pod deletion or drain), deadline in %.1f s "
-                "(termination grace %g s); %s",
-                reason,
-                self.config.node_rank,
-                self._leave_at - now,
-                grace,
-                "its ranks run until the manager stops the job"
-                if self._welcomed
-                else "no manager welcomed this agent, so it does not wait",
+                "%s: node %d is leaving (pod deletion or drain), %s", leaving.reason, node, how
             )
-            self._announce_leaving(now)
-        if now < self._leave_at:
+            self.chan.send(leaving.message(node, now), self._epoch)
+        if not leaving.due(now):
             return False
         log.warning(
             "node %d: planned-stop deadline reached before the manager released it: killing "
@@ -334,21 +317,13 @@ class Agent:
         self.exit_code = LEFT_AT_DEADLINE
         return True
 
-    def _announce_leaving(self, now: float) -> None:
-        """Tell the manager (again, after a manager restart) that this node is leaving."""
-        if self._leave_asked is None or self._leave_at is None:
-            return
-        reason = f"{self._leave_asked[1]}: pod deletion or node drain"
-        left = max(0.0, self._leave_at - now)
-        self.chan.send(M.NodeLeaving(self.config.node_rank, reason, left), self._epoch)
-
     def _drained(self) -> None:
         """At the job's end: exit once every rank left on its own, or kill the rest at the
         deadline (their exits are reported as they are); a leaving node's deadline first."""
         assert self._drain is not None
         deadline, code = self._drain
-        if self._leave_at is not None:
-            deadline = min(deadline, self._leave_at)
+        if self._leaving is not None and self._leaving.deadline is not None:
+            deadline = min(deadline, self._leaving.deadline)
         if self.ranks.pids() and time.monotonic() < deadline:
             return
         if self.ranks.pids():

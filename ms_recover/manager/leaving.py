@@ -56,7 +56,11 @@ def settle_s(leaving: Leaving) -> float:
 
 
 def settled(m: JobModel, faults: list[Fault], now: float) -> list[Fault]:
-    """``faults`` without the planned stops still settling (they stay pending)."""
+    """``faults`` without the planned stops still settling (they stay pending); all of them
+    when another fault is among them: the round it starts takes the planned stops along
+    (a new round clears what is pending)."""
+    if any(f.kind is not FaultKind.PLANNED_STOP for f in faults):
+        return faults
     out = []
     for f in faults:
         leaving = m.leaving.get(f.node_rank) if f.kind is FaultKind.PLANNED_STOP else None

@@ -19,8 +19,9 @@ import pytest
 import zmq
 
 from ms_recover import exitcodes
-from ms_recover.agent.agent import LEFT_AT_DEADLINE, Agent, leave_margin_s
+from ms_recover.agent.agent import Agent
 from ms_recover.agent.hands import Exited
+from ms_recover.agent.leaving import LEFT_AT_DEADLINE, leave_margin_s
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec

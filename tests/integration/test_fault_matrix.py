@@ -178,3 +178,27 @@ def test_planned_stop_of_the_whole_job(tmp_path, scenario) -> None:
         path, _ = locate(dump_dir, rank)
         assert sha256_of(load_npz(path)) == expected
     scenario.lost_steps = 0  # the dump holds the last step every rank committed
+
+
+def test_planned_stop_under_elastic_training(tmp_path, scenario) -> None:
+    """Under ``elastic-training`` the others train on without the leaving node (not restarted
+    in place on a pod that is going), and the world grows back when its pod returns."""
+    out = str(tmp_path)
+    steps = 80  # 16 s: the recreated pod (a new interpreter) is back well before the end
+    slow = ("--step-time", "0.2")
+    with trainer_job(out, strategy="elastic-training,exit", extra=slow, steps=steps) as job:
+        _training(job)
+        os.kill(job.pods.procs[1].pid, signal.SIGTERM)
+        run_to_end(job)
+    assert job.exit_code == 0, [(e["strategy"], e["reason"]) for e in job.find("decision")]
+    worlds = [e["active"] for e in job.find("world")]
+    assert worlds[0] == [0, 1] and worlds[-1] == [0, 1, 2, 3]  # it grows as ranks return
+    recoveries = job.find("recovery")
+    assert len(recoveries) == len(worlds)
+    assert all(r["strategy"] == "elastic-training" and r["ok"] for r in recoveries)
+    scenario.lost_steps = sum(r["lost_steps"] for r in recoveries)
+    assert scenario.lost_steps == 0
+    assert job.pods.restarts == {1: 1} and job.find("fault") == []
+    final = results(out)
+    assert all(r["committed"] == steps - 1 for r in final)
+    assert len({r["sha256"] for r in final}) == 1  # the replicas agree (other sum order)

@@ -96,6 +96,8 @@ def test_elastic_training_sends_the_leaving_node_away_instead_of_restarting_in_p
     m = job.model
     assert m.state is JobState.STOPPING and m.round is not None
     assert m.round.left_out == {2, 3}
+    # They go with their pod: never taken for replacements that are back (a grow).
+    assert not m.ranks[2].alive and not m.ranks[3].alive
     sent = job.take()
     assert [(w, x.code) for w, x in msgs(sent, M.AgentExit)] == [("a1", exitcodes.RESCHEDULE)]
     assert msgs(sent, M.KillRanks) == [] and msgs(sent, M.StartRanks) == []
@@ -214,3 +216,14 @@ def test_the_termination_grace_defaults_to_kubernetes_30s() -> None:
 def test_the_timeline_shows_a_planned_stop_without_the_agents_own_text() -> None:
     event = {"event": "planned_stop", "node_rank": 1, "reason": "\x1b[2J", "grace_s": 25.0}
     assert describe(event) == "LEAVING  node 1 got SIGTERM (planned stop), leaves in 25s"
+
+
+def test_a_crash_while_a_planned_stop_settles_takes_it_along(make_job: Callable[..., Job]) -> None:
+    job = make_job("recover,exit", node_nums=3)
+    job.running()
+    leave(job, 1)
+    job.fault("rank_exit", 5, "rank 5 died (signal 9)")
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.round is not None and m.pending == []
+    assert m.round.reschedule_nodes == {1, 2}  # the leaving node is not forgotten

@@ -10,6 +10,7 @@ from ms_recover.config import JobConfig
 from ms_recover.manager.actions import (
     Action,
     Emit,
+    MarkLost,
     NextPhase,
     SendAgent,
     SendRanks,
@@ -18,7 +19,7 @@ from ms_recover.manager.actions import (
     Transition,
 )
 from ms_recover.manager.commands import rebuild
-from ms_recover.manager.model import JobModel, JobState, Round
+from ms_recover.manager.model import FaultKind, JobModel, JobState, Round
 from ms_recover.manager.records import DecisionRecord
 from ms_recover.manager.strategies.base import (
     Incident,
@@ -61,11 +62,13 @@ class ElasticTraining(RecoveryStrategy):
             if m.agents[cfg.node_of(r)].alive and cfg.node_of(r) not in leaving
         }
         orders = restart_in_place(cfg, wanted - incident.underway, incident.fresh_nodes, reason)
-        orders += tuple(
-            SendAgent("reschedule pod", node, AgentExit(exitcodes.RESCHEDULE, reason))
-            for node in sorted(leaving)
-            if m.agents[node].alive
-        )
+        for f in incident.faults:  # its ranks go with it: no longer alive from now on
+            if f.kind is FaultKind.PLANNED_STOP and m.agents[f.node_rank].alive:
+                away = AgentExit(exitcodes.RESCHEDULE, reason)
+                orders += (
+                    MarkLost("node leaving", f, cfg.ranks_of(f.node_rank), False),
+                    SendAgent("reschedule pod", f.node_rank, away),
+                )
         left_out = frozenset(incident.hit | dead_ranks(m))
         untrusted = untrusted_of(incident) - left_out  # kept in the world, repaired first
         return Launch(left_out=left_out, untrusted=untrusted, orders=orders)
