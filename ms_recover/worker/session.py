@@ -475,6 +475,11 @@ class Session:
     def _load(self, arrays: dict[str, NDArray[Any]]) -> None:
         """Load the state a repair received (nothing to load without a state provider)."""
         if self.state is not None:
+            if not arrays and self.state.state_dict():
+                raise RepairError(
+                    f"rank {self.rank} received no state (its source has no state provider); "
+                    "pass state= to ms_recover.init() on every rank"
+                )
             self.state.load_state_dict(arrays)
         elif arrays:
             raise RepairError(

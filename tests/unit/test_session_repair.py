@@ -138,6 +138,15 @@ def test_state_received_by_a_rank_without_a_provider_is_refused():
     assert "received state ['w'] but has no state provider" in reply.reason
 
 
+def test_no_state_from_a_source_without_a_provider_is_refused():
+    session, state, link = _session(-1, {2: repair.pack({}, 9)})
+    session._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2))
+    (reply,) = link.sent
+    assert isinstance(reply, M.Repaired) and not reply.ok and session.committed == -1
+    assert "received no state (its source has no state provider)" in reply.reason
+    assert state.arrays["w"].tolist() == [-1.0, -1.0, -1.0]
+
+
 class RebuildRecorder(LocalBackend):
     def __init__(self, world_size: int) -> None:
         super().__init__()
