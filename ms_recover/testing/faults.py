@@ -12,6 +12,8 @@ Kinds:
   target is K whatever the timing; a death with data in flight is ``allreduce``);
 * ``node``        SIGKILL this rank's whole process group (its agent and siblings): a lost node;
 * ``hang``        SIGSTOP this rank after step K (it stops heartbeating: a hung process);
+* ``leave``       exit with code 0 right after committing step K, without ``session.finish()``
+  (an early exit: a fault, however clean the exit code);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
 * ``memory``      corrupt this rank's state in step K and report a device memory error;
@@ -47,6 +49,7 @@ KINDS = (
     "kill",
     "node",
     "hang",
+    "leave",
     "allreduce",
     "transient",
     "memory",
@@ -90,6 +93,9 @@ class Faults:
 
     def hang(self, rank: int, step: int) -> Faults:
         return self.add("hang", rank, step)
+
+    def leave(self, rank: int, step: int, inc: int = 0) -> Faults:
+        return self.add("leave", rank, step, inc)
 
     def in_allreduce(self, rank: int, step: int) -> Faults:
         return self.add("allreduce", rank, step)
@@ -145,14 +151,16 @@ class FaultInjector(FaultHooks):
         return None
 
     def after_commit(self, step: int, flush: Callable[[], None] | None = None) -> None:
-        """Fire ``kill``, ``node`` or ``hang`` for ``step``; ``flush`` (closing the data plane
-        gracefully) runs before a ``kill``."""
-        spec = self._take(("kill", "node", "hang"), step)
+        """Fire ``kill``, ``node``, ``hang`` or ``leave`` for ``step``; ``flush`` (closing the
+        data plane gracefully) runs before a ``kill`` or a ``leave``."""
+        spec = self._take(("kill", "node", "hang", "leave"), step)
         if spec is None:
             return
-        if spec.kind == "kill":
+        if spec.kind in ("kill", "leave"):
             if flush is not None:
                 flush()
+            if spec.kind == "leave":
+                os._exit(0)  # no finish(), no atexit: a script that returns mid-training
             os.kill(os.getpid(), signal.SIGKILL)
         elif spec.kind == "node":
             # Under msrun each worker has its own session: the node is msrun's process group.

@@ -476,6 +476,11 @@ class Session:
         """Load a repair's state; a session without a state provider takes only the step, and
         refuses tensors it has nowhere to put (RepairError)."""
         if self.state is not None:
+            if not arrays and self.state.state_dict():
+                raise RepairError(
+                    f"rank {self.rank} received no state (its source has no state provider); "
+                    "pass state= to ms_recover.init() on every rank"
+                )
             self.state.load_state_dict(arrays)
         elif arrays:
             raise RepairError(

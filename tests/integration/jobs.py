@@ -74,12 +74,13 @@ def run_to_end(job: LocalJob, timeout_s: float = 90.0) -> None:
     assert job.wait(timeout_s), f"job did not finish in {timeout_s}s: {job.status()}"
 
 
-def reference_sha(out: str, steps: int = STEPS) -> str:
-    """The final weights' sha256 of an uninterrupted run in ``out``, the same on every rank."""
-    with trainer_job(out, steps=steps) as job:
+def reference_sha(out: str, steps: int = STEPS, **changes: Any) -> str:
+    """The final weights' sha256 of an uninterrupted run in ``out``, the same on every rank
+    (``changes``: of the job's config, e.g. ``node_nums=3``)."""
+    with trainer_job(out, steps=steps, **changes) as job:
         run_to_end(job)
         assert job.exit_code == 0
-    shas = {r["sha256"] for r in results(out)}
+    shas = {r["sha256"] for r in results(out, world=job.config.world_size)}
     assert len(shas) == 1, "replicas of an uninterrupted run disagree"
     return shas.pop()
 

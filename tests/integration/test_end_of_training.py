@@ -102,17 +102,19 @@ def test_a_pod_back_after_the_end_is_told_the_job_is_over(tmp_path, reference):
 
 
 def test_no_replica_left_ends_the_job_at_once_with_the_reason(tmp_path):
-    """A script that leaves without session.finish(): once its ranks are gone, nothing can
-    repair the one killed at the end. The job ends with 87 and says why, without waiting
-    for a phase timeout (20 s here)."""
+    """A script that leaves without session.finish(): its ranks' exits (code 0) are early
+    exits, faults, so nothing is left to repair the one killed at the end. The job ends with
+    87 and says why, without waiting for a phase timeout (20 s here)."""
     out = str(tmp_path)
     started = time.monotonic()
     with trainer_job(out, Faults().kill(rank=1, step=LAST), extra=("--no-finish",)) as job:
         run_to_end(job)
     assert job.exit_code == 87, _why(job)
     (end,) = job.find("job_end")
-    assert "finished training and left" in end["reason"], end["reason"]
+    assert "no healthy replica left for shard 0" in end["reason"], end["reason"]
     assert "within" not in end["reason"], end["reason"]  # no timeout on the way
+    left = {f["rank"] for f in job.find("fault") if "(no session.finish())" in f["detail"]}
+    assert left and left <= {0, 2, 3}, _why(job)  # one that left after the end is no matter
     assert time.monotonic() - started < 20.0
     assert os.path.exists(os.path.join(out, "rank_0.json"))
 

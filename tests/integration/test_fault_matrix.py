@@ -1,6 +1,9 @@
 """The fault matrix (issue 9): every fault kind, faults together and in each recovery phase,
 a killed agent, planned stops (SIGTERM to one agent, to every agent), on the numpy trainer
-(2 nodes x 2 ranks, 30 steps).
+(2 nodes x 2 ranks, 30 steps). Faults that are not crashes (an early exit 0, of one rank and of a
+whole node) and cascades: 3 faults of distinct ranks in one incident of 2 x 2 and 5 in one of
+3 x 2, survived with the default ``max_tries=2`` (a new fault of another rank widens the round
+and uses up no try).
 
 Each test is one scenario (the ``scenario`` fixture, see tests/conftest.py). A scenario
 survives when the job ends 0, every recovery it needed succeeded, and the final weights of
@@ -61,7 +64,24 @@ MATRIX: dict[str, tuple[Faults, str, str, dict[str, Any]]] = {
         {},
     ),
     "during-resume": (KILL.add("resumedie", rank=2), RIP, "recover-in-place", {}),
+    "early-exit-0": (Faults().leave(rank=1, step=10), RIP, "recover-in-place", {}),
+    "early-exit-0 (every rank of a node)": (
+        Faults().leave(rank=2, step=10).leave(rank=3, step=10),
+        RIP,
+        "recover-in-place",
+        {},
+    ),
+    "3 distinct faults in one incident (killed, at the stop, at the rebuild)": (
+        KILL.add("stopdie", rank=2).add("rebuilddie", rank=3),
+        RIP,
+        "recover-in-place",
+        {},
+    ),
 }
+#: One incident of a 3 x 2 job: rank 1 killed, then rank 2 dies at the stop, rank 3 at the
+#: rebuild, rank 5 while it sends its state as a repair source, rank 4 at the resume.
+FIVE = KILL.add("stopdie", rank=2).add("rebuilddie", rank=3).add("repairdie", rank=5)
+FIVE = FIVE.add("resumedie", rank=4)
 
 
 @pytest.fixture(scope="module")
@@ -69,18 +89,45 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     return reference_sha(str(tmp_path_factory.mktemp("reference")))
 
 
-def assert_survived(job: LocalJob, out: str, reference: str, scenario: Any) -> list[dict]:
+@pytest.fixture(scope="module")
+def reference_3x2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return reference_sha(str(tmp_path_factory.mktemp("reference_3x2")), node_nums=3)
+
+
+def assert_survived(
+    job: LocalJob, out: str, reference: str, scenario: Any, world: int = 4
+) -> list[dict]:
     """The job ended 0 with every rank bit-identical to the reference, no committed step lost."""
     decisions = [(e["strategy"], e["reason"]) for e in job.find("decision")]
-    assert job.exit_code == 0, decisions
+    assert job.exit_code == 0, (decisions, [f["detail"] for f in job.find("fault")])
     recoveries = job.find("recovery")
     assert recoveries and all(r["ok"] for r in recoveries), recoveries
     scenario.lost_steps = sum(r["lost_steps"] for r in recoveries)
     assert scenario.lost_steps == 0
-    final = results(out)
-    assert [r["sha256"] for r in final] == [reference] * 4
+    final = results(out, world)
+    assert [r["sha256"] for r in final] == [reference] * world
     assert all(r["committed"] == STEPS - 1 for r in final)
     return recoveries
+
+
+def assert_early_exits_are_faults(job: LocalJob, ranks: set[int]) -> None:
+    """Each of ``ranks`` exited 0 once, and that exit became a rank_exit fault within 1 s."""
+    for rank in ranks:
+        (exited,) = job.find("rank_exit", rank=rank, exit_code=0, expected=False)
+        (fault,) = [f for f in job.find("fault", rank=rank) if "exit code 0" in f["detail"]]
+        assert fault["kind"] == "rank_exit", fault
+        assert fault["ts"] - exited["ts"] <= 1.0, (exited, fault)
+
+
+def assert_one_incident(job: LocalJob, faults: Faults, recoveries: list[dict]) -> None:
+    """Every faulty rank was noticed and replaced in one recovery that used up one try: the
+    rounds after the first were widened."""
+    victims = {s.rank for s in faults.specs}
+    assert victims <= {f["rank"] for f in job.find("fault")}, "a fault went unnoticed"
+    (rec,) = recoveries
+    assert victims <= set(rec["replaced"]), rec
+    first, *later = [e["reason"] for e in job.find("decision")]
+    assert later and all("widened, no try used" in d for d in later), (first, later)
 
 
 @pytest.mark.parametrize("name", list(MATRIX))
@@ -95,6 +142,22 @@ def test_fault(name: str, tmp_path, reference: str, scenario) -> None:
     if kinds & {"stopdie", "rebuilddie", "resumedie", "boot", "repairdie"} or len(kinds) > 1:
         victims = {s.rank for s in faults.specs}
         assert victims <= {f["rank"] for f in job.find("fault")}, "a fault went unnoticed"
+    if kinds == {"leave"}:  # exit code 0, and still a fault: recovered like a crash
+        assert_early_exits_are_faults(job, {s.rank for s in faults.specs})
+    if name.startswith("3 distinct"):
+        assert_one_incident(job, faults, recoveries)
+
+
+def test_five_distinct_faults_in_one_incident_of_3x2(
+    tmp_path, reference_3x2: str, scenario
+) -> None:
+    """Five ranks of six fail in one incident, each in another phase of its recovery; with
+    ``max_tries=2`` the job survives, bit-identical, in one recovery."""
+    out = str(tmp_path)
+    with trainer_job(out, FIVE, RIP, node_nums=3) as job:
+        run_to_end(job, timeout_s=150.0)
+    recoveries = assert_survived(job, out, reference_3x2, scenario, world=6)
+    assert_one_incident(job, FIVE, recoveries)
 
 
 def test_killed_agent(tmp_path, reference: str, scenario) -> None:

@@ -110,6 +110,43 @@ def test_a_state_of_the_wrong_step_is_refused_and_nothing_changes():
     assert "sent step 7, expected 9" in reply.reason
 
 
+def _stateless(committed: int, inbox: dict[int, Any]) -> tuple[Session, Link]:
+    session, _, link = _session(committed, inbox)
+    session.state = None  # ms_recover.init() without state=
+    return session, link
+
+
+def test_without_a_state_provider_a_repair_carries_the_step_alone():
+    """A script with no named state (``ms_recover.init()``) is repaired like any other: the
+    source sends its step, the restarted rank takes it (its data position follows)."""
+    source, link = _stateless(9, {})
+    source._handle(4, M.Repair(9, 0, send_to=[1], recv_from=-1, endpoints={1: "tcp://h1:1"}))
+    (dst, _, payload) = source.comm.sent[1]
+    assert dst == 1 and repair.unpack(payload, src=0) == ({}, 9)
+    assert link.sent == [M.Repaired(0, 0, True, 9, -1, "")]
+    restarted, link = _stateless(-1, {2: payload})
+    restarted._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2))
+    assert restarted.committed == link.committed == 9 and restarted.skipped == [(0, 9)]
+    assert link.sent == [M.Repaired(0, 0, True, 9, -1, "")]
+
+
+def test_state_received_by_a_rank_without_a_provider_is_refused():
+    session, link = _stateless(-1, {2: repair.pack({"w": np.zeros(3, np.float32)}, 9)})
+    session._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2))
+    (reply,) = link.sent
+    assert isinstance(reply, M.Repaired) and not reply.ok and session.committed == -1
+    assert "received state ['w'] but has no state provider" in reply.reason
+
+
+def test_no_state_from_a_source_without_a_provider_is_refused():
+    session, state, link = _session(-1, {2: repair.pack({}, 9)})
+    session._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2))
+    (reply,) = link.sent
+    assert isinstance(reply, M.Repaired) and not reply.ok and session.committed == -1
+    assert "received no state (its source has no state provider)" in reply.reason
+    assert state.arrays["w"].tolist() == [-1.0, -1.0, -1.0]
+
+
 class RebuildRecorder(LocalBackend):
     def __init__(self, world_size: int) -> None:
         super().__init__()
