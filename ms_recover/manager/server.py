@@ -26,7 +26,7 @@ from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Origin
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
@@ -492,9 +492,10 @@ class ManagerServer:
                     FaultKind.RANK_EXIT,
                     msg.node_rank,
                     msg.rank,
-                    f"rank {msg.rank} died ({how})",
+                    f"rank {msg.rank} died ({how})" + (f" on {msg.host}" if msg.host else ""),
                     now,
                     max(0.0, now - msg.observed_at),
+                    origin=Origin(msg.host, msg.pid, msg.exit_code, msg.signal, msg.log_tail),
                 )
             )
 
