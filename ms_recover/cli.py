@@ -13,6 +13,7 @@ import os
 import sys
 from typing import NoReturn
 
+from ms_recover import __version__
 from ms_recover.errors import MsRecoverError
 
 # (name, module, one-line help). Modules are imported lazily and must stay light at import.
@@ -37,6 +38,7 @@ COMMANDS: list[tuple[str, str, str]] = [
         "ms_recover.shimpath",
         "print the directory of the opt-in taskd/mindio_ttp shims",
     ),
+    ("hook-path", "ms_recover.hookpath", "print the path of the scheduler hook script"),
 ]
 
 
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Process-level fault recovery for MindSpore training jobs.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"ms-recover {__version__}")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for name, module_name, help_text in COMMANDS:
         module = importlib.import_module(module_name)

@@ -30,7 +30,7 @@ ms_recover_hook_python() {
 ms_recover_hook_start() {
     local python rc=0
     python="$(ms_recover_hook_python)"
-    "${python}" -m ms_recover.hooks start || rc=$?
+    "${python}" -m ms_recover.scheduler.hooks start || rc=$?
     if [[ "${rc}" -ne 0 ]]; then
         echo "ms_recover hook: warning: manager not started (exit ${rc});" \
             "training goes on, but without process-level recovery" >&2
@@ -41,13 +41,13 @@ ms_recover_hook_start() {
 ms_recover_hook_stop() {
     local python
     python="$(ms_recover_hook_python)"
-    "${python}" -m ms_recover.hooks stop || \
+    "${python}" -m ms_recover.scheduler.hooks stop || \
         echo "ms_recover hook: warning: could not stop the manager" >&2
     return 0
 }
 
 ms_recover_hook_status() {
-    "$(ms_recover_hook_python)" -m ms_recover.hooks status "$@"
+    "$(ms_recover_hook_python)" -m ms_recover.scheduler.hooks status "$@"
 }
 
 if [[ "${MS_RECOVER_HOOK_AUTOSTART:-1}" != "0" ]]; then
