@@ -121,15 +121,7 @@ def test_the_hook_and_a_job_run_from_the_wheel(venv: pathlib.Path) -> None:
         assert start.returncode == 0, start.stderr
         agent = subprocess.run(
             [
-                "ms-recover",
-                "agent",
-                "--node-rank",
-                "0",
-                "--node-nums",
-                "1",
-                "--proc-per-node",
-                "2",
-                "--",
+                *"ms-recover agent --node-rank 0 --node-nums 1 --proc-per-node 2 --".split(),
                 str(venv / "v" / "bin" / "python"),
                 "-m",
                 "ms_recover.testing.numpy_trainer",
