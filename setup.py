@@ -18,8 +18,11 @@ HOOK = os.path.join("scheduler_hooks", "ms_recover_hook.sh")
 class BuildPyWithHook(build_py):
     def run(self) -> None:
         super().run()
-        target = os.path.join(self.build_lib, "ms_recover", "scheduler", "ms_recover_hook.sh")
-        self.copy_file(HOOK, target)
+        if getattr(self, "editable_mode", False):
+            return  # an editable install runs from the checkout: hook-path finds HOOK there
+        target = os.path.join(self.build_lib, "ms_recover", "scheduler")
+        self.mkpath(target)
+        self.copy_file(HOOK, os.path.join(target, "ms_recover_hook.sh"))
 
 
 setup(cmdclass={"build_py": BuildPyWithHook})
