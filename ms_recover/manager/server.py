@@ -229,7 +229,7 @@ class ManagerServer:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return status_of(self.model, self.clock())
+            return status_of(self.model, self.clock(), self.events)
 
     def _drain(self) -> None:
         """Handle every queued frame (up to :attr:`DRAIN_BUDGET`) before the next ``decide``: at

@@ -270,4 +270,4 @@ class WorkerHandlers:
             info.waits = msg.waits  # it stays a member (a repair source) until the end
 
     def on_status(self, ident: bytes, env: Envelope, msg: M.StatusRequest) -> None:
-        self.send(ident, M.StatusReply(status_of(self.model, self.clock())))
+        self.send(ident, M.StatusReply(status_of(self.model, self.clock(), self.events)))

@@ -2,8 +2,8 @@
 
 Follows Prometheus conventions: counters end in ``_total``, durations are histograms in seconds,
 ``ms_recover_build_info`` carries the version, and the job state is one series per state (1 for
-the current). Values come from the manager at scrape time (state, ranks, epoch, steps) or from
-its events (recoveries, faults, phases, lost steps, flagged ranks), so the endpoint never
+the current). Values come from the manager at scrape time (state, ranks, epoch, steps, flagged
+ranks) or from its events (recoveries, faults, phases, lost steps), so the endpoint never
 touches the manager's hot loop.
 
 Nothing reads as a real value before it has one: recovery durations are histograms (no
@@ -65,7 +65,6 @@ class ManagerCollector:
         self._lost = 0
         self._duration = Histogram(RECOVERY_BUCKETS)
         self._phases = {phase: Histogram(PHASE_BUCKETS) for phase in PHASES}
-        self._flagged: dict[int, Event] = {}
         events.subscribe(self._on_event)
 
     def _on_event(self, e: Event) -> None:
@@ -76,8 +75,6 @@ class ManagerCollector:
             elif kind == "fault":
                 name = str(e.get("kind", "unknown"))
                 self._faults[name] = self._faults.get(name, 0) + 1
-            elif kind == "flagged" and isinstance(e.get("rank"), int):
-                self._flagged[e["rank"]] = e
 
     def _on_recovery(self, e: Event) -> None:
         key = (str(e["strategy"]), OUTCOMES[0] if e["ok"] else OUTCOMES[1])
@@ -86,8 +83,6 @@ class ManagerCollector:
         self._lost += int(e.get("lost_steps") or 0)
         for phase, seconds in e["phases"].items():
             self._phases.setdefault(phase, Histogram(PHASE_BUCKETS)).observe(float(seconds))
-        for rank in e.get("replaced") or ():  # a replaced rank runs in a new process
-            self._flagged.pop(rank, None)
 
     def collect(self) -> Iterator[Any]:
         status = self._status()
@@ -98,7 +93,6 @@ class ManagerCollector:
     def _from_events(self, status: dict[str, Any]) -> Iterator[Any]:
         from prometheus_client.core import (
             CounterMetricFamily,
-            GaugeMetricFamily,
             HistogramMetricFamily,
         )
 
@@ -137,11 +131,6 @@ class ManagerCollector:
         for phase, hist in self._phases.items():
             phases.add_metric([phase], hist.buckets(), hist.sum)
         yield phases
-        yield GaugeMetricFamily(
-            "ms_recover_ranks_flagged",
-            "Ranks the detector flagged (slow or suspect) and not replaced since",
-            value=len(self._flagged),
-        )
 
     def _from_status(self, status: dict[str, Any]) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
@@ -167,6 +156,11 @@ class ManagerCollector:
         yield GaugeMetricFamily("ms_recover_ranks_alive", "Ranks alive and registered", alive)
         yield GaugeMetricFamily("ms_recover_world_size", "Ranks in the job", status["world_size"])
         yield GaugeMetricFamily("ms_recover_epoch", "Current epoch", value=status["epoch"])
+        yield GaugeMetricFamily(
+            "ms_recover_ranks_flagged",
+            "Ranks the detector flagged (slow or suspect) and not replaced since",
+            value=len(status.get("flagged") or ()),
+        )
         yield GaugeMetricFamily(
             "ms_recover_insecure",
             "1 when the job has no secret: anyone who can reach the manager can drive it",

@@ -47,6 +47,8 @@ def _faults(tmp_path: Path) -> dict[int, dict[str, Any]]:
     with LocalJob(config, command, env, log_dir=str(tmp_path / "logs")) as job:
         assert job.wait(90), job.status()
         wait_for(lambda: len(job.find("fault", kind="rank_exit")) >= 2, 10, "both faults")
+        shown = job.status()["last_faults"]  # what `ms-recover status` shows
+        assert {f["rank"] for f in shown} >= {1, 2} and all(f["host"] for f in shown)
         return {e["rank"]: e for e in job.find("fault", kind="rank_exit")}
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from ms_recover import __version__
+from ms_recover.manager.status import flagged
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.metrics import ManagerCollector, registry_for
 
@@ -80,7 +81,7 @@ def test_nothing_reads_as_a_value_before_it_has_one() -> None:
 
 def test_flagged_ranks_count_until_replaced() -> None:
     events = EventLog()
-    collector = ManagerCollector(_status, events)
+    collector = ManagerCollector(lambda: {**_status(), "flagged": flagged(events.recent())}, events)
     for rank in (1, 3, 1):
         events.write("flagged", rank=rank, node=0, host="h", step=7, reason="slow")
     assert _samples(collector)[("ms_recover_ranks_flagged", ())] == 2
