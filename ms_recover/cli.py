@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from ms_recover import __version__
 from ms_recover.errors import MsRecoverError
+from ms_recover.observability import logfmt
 
 # (name, module, one-line help). Modules are imported lazily and must stay light at import.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -39,6 +40,7 @@ COMMANDS: list[tuple[str, str, str]] = [
         "print the directory of the opt-in taskd/mindio_ttp shims",
     ),
     ("hook-path", "ms_recover.hookpath", "print the path of the scheduler hook script"),
+    ("config", "ms_recover.configshow", "print the effective configuration and its sources"),
 ]
 
 
@@ -68,10 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        log_format = logfmt.format_from_env(os.environ)
+    except MsRecoverError as exc:
+        print(f"ms-recover {args.subcommand}: error: {exc}", file=sys.stderr)
+        return 2
+    logfmt.setup(logging.DEBUG if args.verbose else logging.INFO, log_format)
     try:
         return int(args._run(args))
     except MsRecoverError as exc:
