@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from ms_recover import __version__
 from ms_recover.errors import MsRecoverError
+from ms_recover.observability import logfmt
 
 # (name, module, one-line help). Modules are imported lazily and must stay light at import.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -39,6 +40,8 @@ COMMANDS: list[tuple[str, str, str]] = [
         "ms_recover.shimpath",
         "print the directory of the opt-in taskd/mindio_ttp shims",
     ),
+    ("hook-path", "ms_recover.hookpath", "print the path of the scheduler hook script"),
+    ("config", "ms_recover.configshow", "print the effective configuration and its sources"),
 ]
 
 
@@ -80,10 +83,12 @@ def _chosen(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_chosen(argv)).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        log_format = logfmt.format_from_env(os.environ)
+    except MsRecoverError as exc:
+        print(f"ms-recover {args.subcommand}: error: {exc}", file=sys.stderr)
+        return 2
+    logfmt.setup(logging.DEBUG if args.verbose else logging.INFO, log_format)
     try:
         return int(args._run(args))
     except MsRecoverError as exc:

@@ -405,6 +405,16 @@ def _read_strategies(environ: Mapping[str, str]) -> tuple[Strategy, ...] | None:
     return None
 
 
+def env_fields(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The fields the environment sets, by name: what :meth:`JobConfig.from_env` reads (raises
+    ConfigError as it does). For ``ms-recover config``."""
+    inputs.check_env_text(environ, _ENV_KEYS)
+    return _read_env(environ)
+
+
+ENV_KEYS = _ENV_KEYS  # every variable name of ms_recover.env
+
+
 def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
     local = _int(environ, E.LOCAL_WORKER)
     world = _int(environ, E.WORKER_NUM)

@@ -356,6 +356,8 @@ class Agent:
                 e.signal,
                 e.observed_at,
                 requested,
+                e.host,
+                e.log_tail,
             ),
             self._epoch,
         )

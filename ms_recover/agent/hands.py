@@ -30,6 +30,8 @@ class Exited:
     exit_code: int
     signal: int
     observed_at: float
+    host: str = ""  # where it ran (its own word when it left one)
+    log_tail: str = ""  # its traceback, or its log's last lines (bounded); '' when unknown
 
 
 class LauncherError(MsRecoverError):

@@ -22,8 +22,11 @@ is put there just before each start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,6 +35,7 @@ from ms_recover import env as E
 from ms_recover.agent.hands import Exited, LauncherError
 from ms_recover.agent.ranks import rank_env
 from ms_recover.config import JobConfig
+from ms_recover.observability import lastwords
 
 log = logging.getLogger("ms_recover.agent.msrun")
 
@@ -46,6 +50,12 @@ NOT_STARTED = 200
 PID_GONE = 300
 #: What we report for a rank msrun shows as ``300``: it failed, with an exit code nobody can see.
 UNKNOWN_FAILURE = 1
+#: The fault report's text for such a rank when it left no last words (see lastwords).
+UNKNOWN_NOTE = (
+    "exit status not visible under msrun: its MONITOR reaps the worker before it reports, so it "
+    "shows only that the pid is gone (code 300); the worker left no traceback (killed by a "
+    "signal, or it ended without an uncaught Python exception)"
+)
 SIGKILL = 9
 
 
@@ -72,6 +82,8 @@ class MsrunHands:
         self._first = config.node_rank * config.proc_per_node
         self._pids: dict[int, int] = {}  # rank -> pid we started and have not seen end
         self.incarnations: dict[int, int] = {}
+        # Each worker's last words (lastwords.install): how a rank msrun shows as 300 ended.
+        self._words_dir = tempfile.mkdtemp(prefix="ms-recover-lastwords-")
 
     # ------------------------------------------------------------------ RankHands
     def start_all(self, ranks: Sequence[int]) -> None:
@@ -84,7 +96,10 @@ class MsrunHands:
         self._report_leftover(rank)
         inc = self.incarnations.get(rank, -1) + 1
         self.incarnations[rank] = inc
-        self._prepare_env(rank_env(self.config, rank, inc))
+        words = os.path.join(self._words_dir, f"rank_{rank}.json")
+        with contextlib.suppress(FileNotFoundError):  # a former incarnation's
+            os.unlink(words)
+        self._prepare_env({**rank_env(self.config, rank, inc), lastwords.ERROR_FILE: words})
         self._call(START_WORKER_LIST, [rank - self._first])
         pid = self._pid_of(self._monitor(), rank)
         self._pids[rank] = pid
@@ -97,11 +112,25 @@ class MsrunHands:
         now = time.time()
         exited = []
         for rank, pid in list(self._pids.items()):
-            code = _exit_of(status.get(rank - self._first), pid)
+            entry = status.get(rank - self._first)
+            code = _exit_of(entry, pid)
             if code is not None:
                 del self._pids[rank]
-                exited.append(Exited(rank, pid, *code, now))
+                exited.append(self._exited(rank, pid, code, now, _unknown(entry, pid)))
         return exited
+
+    def _exited(
+        self, rank: int, pid: int, code: tuple[int, int], now: float, unknown: bool
+    ) -> Exited:
+        """The exit of a worker that ended by itself, with its last words when it failed. An
+        uncaught Python exception (it left a traceback) is a real exit code 1; a status msrun
+        hides is said to be unknown."""
+        if code == (0, 0):
+            return Exited(rank, pid, 0, 0, now)
+        host, tail = lastwords.collect(os.path.join(self._words_dir, f"rank_{rank}.json"))
+        if unknown and not tail:
+            tail = UNKNOWN_NOTE
+        return Exited(rank, pid, *code, now, host, tail)
 
     def kill(self, ranks: list[int]) -> list[Exited]:
         targets = {r: self._pids.pop(r) for r in ranks if r in self._pids}
@@ -135,6 +164,7 @@ class MsrunHands:
         except LauncherError as exc:
             log.error("could not stop this node's workers: %s", exc)
         self._pids.clear()
+        shutil.rmtree(self._words_dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ helpers
     def _report_leftover(self, rank: int) -> None:
@@ -191,6 +221,16 @@ class MsrunHands:
         except Exception as exc:  # noqa: BLE001 - msrun's code: one line, never a traceback
             shown = ", ".join(map(repr, args))
             raise LauncherError(f"msrun's {operator}({shown}) failed: {exc!r}") from exc
+
+
+def _unknown(entry: Mapping[str, Any] | None, pid: int) -> bool:
+    """Whether msrun hides how the process ``pid`` ended (see :func:`_exit_of`)."""
+    if not entry or entry.get("pid") != pid:
+        return True
+    status = entry.get("status")
+    return (
+        not isinstance(status, int) or isinstance(status, bool) or status in (PID_GONE, NOT_STARTED)
+    )
 
 
 def _exit_of(entry: Mapping[str, Any] | None, pid: int) -> tuple[int, int] | None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import IO
@@ -20,6 +22,7 @@ from ms_recover import env as E
 from ms_recover.agent.hands import Exited
 from ms_recover.agent.spares import SparePool
 from ms_recover.config import JobConfig
+from ms_recover.observability import lastwords
 from ms_recover.strategy import format_strategies
 from ms_recover.worker.standby import command_ok
 
@@ -88,6 +91,8 @@ class RankSet:
         self.incarnations: dict[int, int] = {}
         self._logs: dict[int, IO[bytes]] = {}
         self._agent_pid = os.getpid()
+        # Each rank's last words (lastwords.install), read when it ends; removed in close().
+        self._words_dir = tempfile.mkdtemp(prefix="ms-recover-lastwords-")
         # Pre-warmed spares if asked for; else one standby interpreter, if the command allows.
         pool_command = command if spares else standby_command(command) if standby else None
         self.standby = not spares and pool_command is not None
@@ -119,6 +124,9 @@ class RankSet:
         inc = self.incarnations.get(rank, -1) + 1
         self.incarnations[rank] = inc
         env = rank_env(self.config, rank, inc, self.relay_endpoint)
+        env[lastwords.ERROR_FILE] = self._words_path(rank)
+        with contextlib.suppress(FileNotFoundError):  # a former incarnation's
+            os.unlink(env[lastwords.ERROR_FILE])
         # A pre-warmed spare or the standby, if one is ready; poll() starts the next once this
         # one settled. The standby writes to the rank's log from then on.
         log_path = self._log_path(rank) if self.standby else ""
@@ -144,6 +152,9 @@ class RankSet:
         os.makedirs(self.log_dir, exist_ok=True)
         return os.path.join(self.log_dir, f"rank_{rank}.log" if rank >= 0 else "spares.log")
 
+    def _words_path(self, rank: int) -> str:
+        return os.path.join(self._words_dir, f"rank_{rank}.json")
+
     def _log_file(self, rank: int) -> IO[bytes] | None:
         if not self.log_dir:
             return None
@@ -160,9 +171,11 @@ class RankSet:
             if code is not None:
                 del self.procs[rank]
                 sig = -code if code < 0 else 0
-                exited.append(
-                    Exited(rank, proc.pid, code if code >= 0 else 128 + sig, sig, time.time())
-                )
+                code = code if code >= 0 else 128 + sig
+                host, tail = "", ""
+                if code:  # why it failed: its own word, else its log's end
+                    host, tail = lastwords.collect(self._words_path(rank), self._log_path(rank))
+                exited.append(Exited(rank, proc.pid, code, sig, time.time(), host, tail))
         return exited
 
     def kill(
@@ -197,6 +210,7 @@ class RankSet:
         for fh in self._logs.values():
             fh.close()
         self._logs.clear()
+        shutil.rmtree(self._words_dir, ignore_errors=True)
 
 
 def standby_command(command: list[str]) -> list[str] | None:

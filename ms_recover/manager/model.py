@@ -164,6 +164,17 @@ class AgentInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where and how a rank died, as its agent reported it (for the fault event)."""
+
+    host: str
+    pid: int
+    exit_code: int
+    signal: int
+    log_tail: str  # its traceback, or its log's last lines (bounded); '' when unknown
+
+
+@dataclasses.dataclass(frozen=True)
 class Fault:
     """A detected failure (see :class:`FaultKind`)."""
 
@@ -174,6 +185,7 @@ class Fault:
     ts: float
     detect_s: float  # from the last sign of health to detection
     corrupt: bool = False  # the rank survived but its state must be repaired (retry)
+    origin: Origin | None = None  # what its agent saw of a rank that died
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FaultKind(self.kind))  # a plain string is checked

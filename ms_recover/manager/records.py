@@ -51,6 +51,13 @@ class FaultRecord(Record):
     detail: str
     detect_s: float
     reported_step: int
+    # A rank that died: where (its host), its process and how it ended, and its traceback or
+    # its log's last lines (bounded). None (left out) for faults with no dead process.
+    host: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    log_tail: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ phase reaches this path only through :func:`escalate`.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ms_recover import exitcodes
 from ms_recover.manager import budget
@@ -104,11 +105,26 @@ def _mark(m: JobModel, f: Fault, ranks: tuple[int, ...]) -> list[Action]:
         detail=f.detail,
         detect_s=round(f.detect_s, 4),
         reported_step=max(m.ranks[r].committed_step for r in ranks),
+        **_origin(f),
     )
     mark = MarkLost(f"{f.kind.value}: {f.detail}", f, lost, f.kind is FaultKind.NODE_LOST)
     if f.kind is FaultKind.PLANNED_STOP:  # not a fault: its planned_stop event is written
         return [mark]
     return [mark, Emit(f.detail, record)]
+
+
+def _origin(f: Fault) -> dict[str, Any]:
+    """The fault record's fields of a dead rank's origin (none without one)."""
+    o = f.origin
+    if o is None:
+        return {}
+    return {
+        "host": o.host or None,
+        "pid": o.pid,
+        "exit_code": o.exit_code,
+        "signal": o.signal,
+        "log_tail": o.log_tail or None,
+    }
 
 
 def _underway(m: JobModel, prev: Round | None, faulty: set[int]) -> set[int]:

@@ -27,7 +27,7 @@ from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.leaving import note_leaving
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, RankInfo
+from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Origin, RankInfo
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
@@ -232,7 +232,7 @@ class ManagerServer:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return status_of(self.model, self.clock())
+            return status_of(self.model, self.clock(), self.events)
 
     def _drain(self) -> None:
         """Handle every queued frame (up to :attr:`DRAIN_BUDGET`) before the next ``decide``: at
@@ -496,9 +496,10 @@ class ManagerServer:
                     FaultKind.RANK_EXIT,
                     msg.node_rank,
                     msg.rank,
-                    f"rank {msg.rank} died ({how})",
+                    f"rank {msg.rank} died ({how})" + (f" on {msg.host}" if msg.host else ""),
                     now,
                     max(0.0, now - msg.observed_at),
+                    origin=Origin(msg.host, msg.pid, msg.exit_code, msg.signal, msg.log_tail),
                 )
             )
 

@@ -5,13 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from ms_recover.manager.model import JobModel
+from ms_recover.observability.events import Event, EventLog
 from ms_recover.protocol.relay import is_virtual
 from ms_recover.strategy import format_strategies
 
+#: Fault events a status snapshot carries (the latest ones), each with its bounded log tail.
+LAST_FAULTS = 3
 
-def status_of(m: JobModel, now: float) -> dict[str, Any]:
-    """Members, steps, epoch, state and the last recovery, as plain data."""
+
+def status_of(m: JobModel, now: float, events: EventLog | None = None) -> dict[str, Any]:
+    """Members, steps, epoch, state and the last recovery, as plain data; with ``events``,
+    also the latest faults and the ranks flagged and not replaced since."""
     return {
+        **(_observed(events) if events is not None else {}),
         "job_id": m.config.job_id,
         "state": m.state.value,
         "epoch": m.epoch,
@@ -48,3 +54,20 @@ def status_of(m: JobModel, now: float) -> dict[str, Any]:
         ],
         "groups": m.group_log.to_wire(),
     }
+
+
+def _observed(events: EventLog) -> dict[str, Any]:
+    faults = events.recent("fault")[-LAST_FAULTS:]
+    return {"last_faults": faults, "flagged": flagged(events.recent())}
+
+
+def flagged(events: list[Event]) -> list[Event]:
+    """The latest ``flagged`` event of each rank that no recovery replaced since, by rank."""
+    out: dict[int, Event] = {}
+    for e in events:
+        if e["event"] == "flagged" and isinstance(e.get("rank"), int):
+            out[e["rank"]] = e
+        elif e["event"] == "recovery":
+            for rank in e.get("replaced") or ():
+                out.pop(rank, None)
+    return [out[r] for r in sorted(out)]

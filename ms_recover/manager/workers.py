@@ -272,4 +272,4 @@ class WorkerHandlers:
                 info.alive = False  # its exit, reported first, was no fault: it finished
 
     def on_status(self, ident: bytes, env: Envelope, msg: M.StatusRequest) -> None:
-        self.send(ident, M.StatusReply(status_of(self.model, self.clock())))
+        self.send(ident, M.StatusReply(status_of(self.model, self.clock(), self.events)))

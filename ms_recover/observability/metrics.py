@@ -1,17 +1,57 @@
 """Optional Prometheus endpoint for the manager (needs ``ms-recover[metrics]``).
 
-Exposes recoveries, MTTR, per-phase time, live ranks, the epoch and lost steps. Values are
-read from the manager at scrape time (live ranks, epoch, state) or from its events
-(recoveries, phases, lost steps), so the endpoint never touches the manager's hot loop.
+Follows Prometheus conventions: counters end in ``_total``, durations are histograms in seconds,
+``ms_recover_build_info`` carries the version, and the job state is one series per state (1 for
+the current). Values come from the manager at scrape time (state, ranks, epoch, steps, flagged
+ranks) or from its events (recoveries, faults, phases, lost steps), so the endpoint never
+touches the manager's hot loop.
+
+Nothing reads as a real value before it has one: recovery durations are histograms (no
+"MTTR 0.0" before the first recovery), and ``ms_recover_committed_step`` is absent until every
+rank has committed a step. Counters a rule watches (recoveries by configured strategy and
+outcome, faults by kind) start at 0, so the first increment is seen by ``increase()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ms_recover import __version__
 from ms_recover.errors import ConfigError
+from ms_recover.manager.model import FaultKind, JobState
+from ms_recover.manager.records import PHASES
 from ms_recover.observability.events import Event, EventLog
+
+#: Upper bounds (seconds) of the recovery duration histogram: a retry takes about a second, a
+#: rescheduled pod minutes.
+RECOVERY_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+#: Upper bounds (seconds) of the per-phase histogram.
+PHASE_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+OUTCOMES = ("ok", "failed")
+
+
+class Histogram:
+    """Cumulative bucket counts and the sum of observed values (no locking: see caller)."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """``(le, cumulative count)`` pairs ending with ``+Inf``, as prometheus_client wants."""
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += n
+            out.append(("+Inf" if bound == float("inf") else f"{bound:g}", float(total)))
+        return out
 
 
 class ManagerCollector:
@@ -19,50 +59,108 @@ class ManagerCollector:
 
     def __init__(self, status: Callable[[], dict[str, Any]], events: EventLog) -> None:
         self._status = status
+        self._lock = threading.Lock()
         self._recoveries: dict[tuple[str, str], int] = {}
-        self._last: Event | None = None
+        self._faults: dict[str, int] = dict.fromkeys((k.value for k in FaultKind), 0)
         self._lost = 0
-        self._phase_sum: dict[str, float] = {}
+        self._duration = Histogram(RECOVERY_BUCKETS)
+        self._phases = {phase: Histogram(PHASE_BUCKETS) for phase in PHASES}
         events.subscribe(self._on_event)
 
     def _on_event(self, e: Event) -> None:
-        if e["event"] != "recovery":
-            return
-        key = (e["strategy"], "true" if e["ok"] else "false")
+        kind = e.get("event")
+        with self._lock:
+            if kind == "recovery":
+                self._on_recovery(e)
+            elif kind == "fault":
+                name = str(e.get("kind", "unknown"))
+                self._faults[name] = self._faults.get(name, 0) + 1
+
+    def _on_recovery(self, e: Event) -> None:
+        key = (str(e["strategy"]), OUTCOMES[0] if e["ok"] else OUTCOMES[1])
         self._recoveries[key] = self._recoveries.get(key, 0) + 1
-        self._last = e
+        self._duration.observe(float(e["mttr_s"]))
         self._lost += int(e.get("lost_steps") or 0)
         for phase, seconds in e["phases"].items():
-            self._phase_sum[phase] = self._phase_sum.get(phase, 0.0) + float(seconds)
+            self._phases.setdefault(phase, Histogram(PHASE_BUCKETS)).observe(float(seconds))
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         status = self._status()
-        rec = CounterMetricFamily(
-            "ms_recover_recoveries", "Recoveries by strategy and outcome", labels=["strategy", "ok"]
+        with self._lock:
+            yield from self._from_events(status)
+        yield from self._from_status(status)
+
+    def _from_events(self, status: dict[str, Any]) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            HistogramMetricFamily,
         )
-        for (strategy, ok), n in sorted(self._recoveries.items()):
-            rec.add_metric([strategy, ok], n)
+
+        rec = CounterMetricFamily(
+            "ms_recover_recoveries",
+            "Recovery rounds that ended, by strategy and outcome (ok or failed)",
+            labels=["strategy", "outcome"],
+        )
+        counts = {
+            **{(s, o): 0 for s in _strategies(status) for o in OUTCOMES},
+            **self._recoveries,
+        }
+        for (strategy, outcome), n in sorted(counts.items()):
+            rec.add_metric([strategy, outcome], n)
         yield rec
-        mttr = GaugeMetricFamily("ms_recover_last_mttr_seconds", "MTTR of the last recovery")
-        mttr.add_metric([], float(self._last["mttr_s"]) if self._last else 0.0)
-        yield mttr
-        phases = CounterMetricFamily(
-            "ms_recover_phase_seconds",
-            "Time spent in each recovery phase, summed over recoveries",
+        faults = CounterMetricFamily(
+            "ms_recover_faults", "Faults detected, by kind", labels=["kind"]
+        )
+        for kind, n in sorted(self._faults.items()):
+            faults.add_metric([kind], n)
+        yield faults
+        yield CounterMetricFamily(
+            "ms_recover_lost_steps", "Committed steps lost to recoveries", value=self._lost
+        )
+        duration = HistogramMetricFamily(
+            "ms_recover_recovery_duration_seconds",
+            "Time from the fault to training again (MTTR) of each recovery round",
+        )
+        duration.add_metric([], self._duration.buckets(), self._duration.sum)
+        yield duration
+        phases = HistogramMetricFamily(
+            "ms_recover_recovery_phase_seconds",
+            "Time each recovery round spent in each phase",
             labels=["phase"],
         )
-        for phase, seconds in sorted(self._phase_sum.items()):
-            phases.add_metric([phase], seconds)
+        for phase, hist in self._phases.items():
+            phases.add_metric([phase], hist.buckets(), hist.sum)
         yield phases
-        yield CounterMetricFamily("ms_recover_lost_steps", "Committed steps lost", value=self._lost)
-        live = sum(1 for r in status["ranks"] if r["alive"])
-        yield GaugeMetricFamily("ms_recover_live_ranks", "Ranks alive and registered", value=live)
-        yield GaugeMetricFamily(
-            "ms_recover_world_size", "Ranks in the job", value=status["world_size"]
+
+    def _from_status(self, status: dict[str, Any]) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+        yield InfoMetricFamily(
+            "ms_recover_build", "The ms_recover version", value={"version": __version__}
         )
+        state = GaugeMetricFamily(
+            "ms_recover_job_state", "1 for the job's current state", labels=["state"]
+        )
+        for s in JobState:
+            state.add_metric([s.value], 1.0 if status["state"] == s.value else 0.0)
+        yield state
+        ranks = status["ranks"]
+        steps = [r["step"] for r in ranks]
+        if steps and min(steps) >= 0:  # absent until every rank has committed a step
+            yield GaugeMetricFamily(
+                "ms_recover_committed_step",
+                "The job's committed step (the lowest over its ranks)",
+                value=min(steps),
+            )
+        alive = sum(1 for r in ranks if r["alive"])
+        yield GaugeMetricFamily("ms_recover_ranks_alive", "Ranks alive and registered", alive)
+        yield GaugeMetricFamily("ms_recover_world_size", "Ranks in the job", status["world_size"])
         yield GaugeMetricFamily("ms_recover_epoch", "Current epoch", value=status["epoch"])
+        yield GaugeMetricFamily(
+            "ms_recover_ranks_flagged",
+            "Ranks the detector flagged (slow or suspect) and not replaced since",
+            value=len(status.get("flagged") or ()),
+        )
         yield GaugeMetricFamily(
             "ms_recover_insecure",
             "1 when the job has no secret: anyone who can reach the manager can drive it",
@@ -70,12 +168,15 @@ class ManagerCollector:
         )
 
 
-def serve_metrics(
-    port: int, status: Callable[[], dict[str, Any]], events: EventLog, host: str = "0.0.0.0"
-) -> Any:
-    """Start the endpoint on ``host:port`` in a daemon thread; returns the HTTP server."""
+def _strategies(status: dict[str, Any]) -> list[str]:
+    """The configured strategies of a status snapshot (``"recover-in-place,exit"``)."""
+    return [s for s in str(status.get("strategies", "")).split(",") if s]
+
+
+def registry_for(status: Callable[[], dict[str, Any]], events: EventLog) -> Any:
+    """A registry with the manager's collector and the process collector."""
     try:
-        from prometheus_client import start_http_server
+        from prometheus_client.process_collector import ProcessCollector
         from prometheus_client.registry import CollectorRegistry
     except ImportError as exc:
         raise ConfigError(
@@ -83,5 +184,16 @@ def serve_metrics(
         ) from exc
     registry = CollectorRegistry()
     registry.register(ManagerCollector(status, events))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def serve_metrics(
+    port: int, status: Callable[[], dict[str, Any]], events: EventLog, host: str = "0.0.0.0"
+) -> Any:
+    """Start the endpoint on ``host:port`` in a daemon thread; returns the HTTP server."""
+    registry = registry_for(status, events)
+    from prometheus_client import start_http_server
+
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server

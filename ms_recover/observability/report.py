@@ -166,7 +166,7 @@ def describe(event: Event) -> str:
             f"{status} strategy={event.get('strategy')} mttr={event.get('mttr_s')}s "
             f"lost_steps={event.get('lost_steps')} [{detail}]"
         )
-    skip = {"ts", "event", "epoch", "state"}
+    skip = {"ts", "event", "epoch", "state", "log_tail"}  # the tail: its own lines below
     return " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)
 
 
@@ -192,6 +192,21 @@ def print_timeline(events: list[Event], out: TextIO) -> None:
             out.write(
                 f"{event['ts'] - t0:+10.3f}s  epoch {epoch!s:<4} {kind:<10} {describe(event)}\n"
             )
+            if kind == "fault" and isinstance(event.get("log_tail"), str):
+                out.write(tail_lines(event["log_tail"]))
+
+
+def tail_lines(tail: str, indent: str = " " * 12 + "| ") -> str:
+    """A fault's log tail (a rank's traceback), indented, control characters escaped."""
+    return "".join(f"{indent}{escape(line)}\n" for line in tail.splitlines())
+
+
+def escape(text: str) -> str:
+    """Untrusted text made safe to print on a terminal: control characters escaped.
+
+    Stands in for ``ms_recover.observability.safetext`` (being added in parallel); once it has
+    landed, this body becomes that module's function."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
 
 
 def print_summary(events: list[Event], out: TextIO) -> None:

@@ -1,4 +1,6 @@
-"""Ask a running manager for the job's members, steps, epoch, state and last recovery.
+"""Ask a running manager for the job's state: a summary by default (world, alive, step range,
+state, epoch, last recovery, last fault with its host and traceback, flagged ranks, insecure),
+one line per rank with ``--ranks``, again and again with ``--watch``.
 
 The flags fall back to the environment (MS_SCHED_HOST, MS_RECOVER_PORT, MINDX_TASK_ID and the
 secret), then to the defaults. Exit code 0 on an answer, 1 when no manager answered in time.
@@ -10,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import zmq
@@ -17,6 +20,7 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import seconds_arg
+from ms_recover.observability.report import escape, tail_lines
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.transport import manager_channel
 
@@ -34,6 +38,15 @@ def configure(p: argparse.ArgumentParser) -> None:
         help=f"seconds to wait, above 0 and at most {MAX_WAIT_S:g} (default 3)",
     )
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    p.add_argument("--ranks", action="store_true", help="also print one line per node and rank")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=seconds_arg(high=MAX_WAIT_S),
+        metavar="SECONDS",
+        help="print the status again every SECONDS (default 2) until interrupted",
+    )
 
 
 def query(config: JobConfig, timeout_s: float) -> dict[str, Any] | None:
@@ -57,37 +70,116 @@ INSECURE_HINT = (
 )
 
 
-def render(status: dict[str, Any]) -> str:
+MAX_FLAGGED_SHOWN = 10
+
+
+def render(status: dict[str, Any], ranks: bool = False) -> str:
+    """The summary; with ``ranks``, one line per node agent and per rank as well. Text that
+    came from the ranks (hosts, reasons, tracebacks) is escaped."""
     lines = [
-        f"job {status['job_id']}: {status['state']}, epoch {status['epoch']}, "
-        f"world {status['world_size']}, strategy {status['strategies']}, "
-        f"recoveries {status['recoveries']}"
+        f"job {escape(str(status['job_id']))}: {status['state']}, epoch {status['epoch']}, "
+        f"strategy {status['strategies']}, recoveries {status['recoveries']}",
+        "  " + _ranks_line(status["ranks"], status["world_size"]),
     ]
+    agents = status["agents"]
+    lines.append(f"  nodes: {sum(a['alive'] for a in agents)} of {len(agents)} agents up")
     if status.get("insecure"):
         lines.append(f"  INSECURE: {INSECURE_HINT}")
+    last = status.get("last_recovery")
+    if last:
+        phases = ", ".join(f"{k} {v:.3f}s" for k, v in last["phases"].items())
+        lines.append(
+            f"  last recovery: {last['strategy']} {'ok' if last['ok'] else 'FAILED'}, mttr "
+            f"{last['mttr_s']:.3f}s, lost steps {last['lost_steps']} ({phases})"
+        )
+    lines += _fault_lines(status.get("last_faults") or [])
+    lines += _flagged_lines(status.get("flagged") or [])
+    if ranks:
+        lines += _member_lines(status)
+    return "\n".join(lines)
+
+
+def _ranks_line(ranks: list[dict[str, Any]], world: int) -> str:
+    registered = [r for r in ranks if r["silent_s"] is not None or r["step"] >= 0]
+    steps = [r["step"] for r in ranks if r["step"] >= 0]
+    span = f"steps {min(steps)}..{max(steps)}" if steps else "no step committed yet"
+    return (
+        f"ranks: world {world}, alive {sum(r['alive'] for r in ranks)}, "
+        f"done {sum(r['done'] for r in ranks)}, not registered {len(ranks) - len(registered)}; "
+        f"{span}"
+    )
+
+
+def _fault_lines(faults: list[dict[str, Any]]) -> list[str]:
+    if not faults:
+        return []
+    f = faults[-1]
+    where = f" on {escape(str(f['host']))}" if f.get("host") else ""
+    how = ""
+    if f.get("signal"):
+        how = f", signal {f['signal']}"
+    elif f.get("exit_code") is not None:
+        how = f", exit code {f['exit_code']}"
+    lines = [
+        f"  last fault ({len(faults)} shown of the latest): {f.get('kind')} rank {f.get('rank')} "
+        f"node {f.get('node_rank')}{where}{how}: {escape(str(f.get('detail', '')))}"
+    ]
+    if f.get("log_tail"):
+        lines.append(tail_lines(f["log_tail"], " " * 4 + "| ").rstrip("\n"))
+    return lines
+
+
+def _flagged_lines(flagged: list[dict[str, Any]]) -> list[str]:
+    if not flagged:
+        return []
+    shown = [
+        f"rank {f.get('rank')} (node {f.get('node')}, {escape(str(f.get('host', '?')))}, "
+        f"step {f.get('step')}): {escape(str(f.get('reason', '')))}"
+        for f in flagged[:MAX_FLAGGED_SHOWN]
+    ]
+    more = (
+        f"; and {len(flagged) - MAX_FLAGGED_SHOWN} more" if len(flagged) > MAX_FLAGGED_SHOWN else ""
+    )
+    return [f"  flagged: {len(flagged)} rank(s): " + "; ".join(shown) + more]
+
+
+def _member_lines(status: dict[str, Any]) -> list[str]:
+    lines = []
     for a in status["agents"]:
         lines.append(
             f"  node {a['node_rank']}: agent {'up' if a['alive'] else 'DOWN'} "
-            f"pid={a['pid']} ip={a['pod_ip'] or '-'}{' (scheduler)' if a['is_scheduler'] else ''}"
+            f"pid={a['pid']} ip={escape(a['pod_ip'] or '-')}"
+            f"{' (scheduler)' if a['is_scheduler'] else ''}"
         )
     for r in status["ranks"]:
+        if r["silent_s"] is None and r["step"] < 0:
+            lines.append(f"    rank {r['rank']:>3} node {r['node_rank']}: not registered")
+            continue
         state = "done" if r["done"] else ("up" if r["alive"] else "DOWN")
         lines.append(
             f"    rank {r['rank']:>3} node {r['node_rank']}: {state:<4} step {r['step']:>6} "
             f"pid={r['pid']} incarnation={r['incarnation']}"
         )
-    last = status.get("last_recovery")
-    if last:
-        phases = ", ".join(f"{k} {v:.3f}s" for k, v in last["phases"].items())
-        lines.append(
-            f"last recovery: {last['strategy']} ok={last['ok']} mttr {last['mttr_s']:.3f}s "
-            f"lost_steps {last['lost_steps']} ({phases})"
-        )
-    return "\n".join(lines)
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     config = JobConfig.from_env(manager_host=args.host, manager_port=args.port, job_id=args.job_id)
+    if args.watch is None:
+        return _once(config, args)
+    try:
+        while True:
+            if sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")  # clear the screen, as watch(1) does
+            print(time.strftime("%Y-%m-%d %H:%M:%S"), f"(every {args.watch:g}s; Ctrl-C ends)")
+            _once(config, args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _once(config: JobConfig, args: argparse.Namespace) -> int:
     try:
         status = query(config, args.timeout)
     except zmq.ZMQError as exc:
@@ -99,5 +191,5 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
+    print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status, args.ranks))
     return 0

@@ -65,6 +65,9 @@ class RankExited(Message):
     signal: int
     observed_at: float
     requested: bool = False
+    #: Where the rank ran, and its traceback or its log's last lines (bounded): '' if unknown.
+    host: str = ""
+    log_tail: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from ms_recover.comm.base import CommBackend
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, RecoveryError
+from ms_recover.observability import lastwords
 from ms_recover.worker.scheduler import bind_to_launcher, run_scheduler_role
 from ms_recover.worker.session import Session
 from ms_recover.worker.spare import await_assignment
@@ -76,6 +77,8 @@ def init(
     bind_to_launcher(os.environ)
     if not os.environ.get(E.ROLE):
         return _standalone(state, f"{E.ROLE} is unset (not started by ms-recover agent)")
+    if os.environ.get(lastwords.ERROR_FILE):  # the agent reads it when this rank dies
+        lastwords.install(os.environ[lastwords.ERROR_FILE])
     config = JobConfig.from_env()
     try:
         rank = int(os.environ[E.RANK_ID])

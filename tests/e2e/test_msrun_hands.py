@@ -14,7 +14,7 @@ import pytest
 
 from ms_recover.agent.agent import Agent
 from ms_recover.agent.hands import LauncherError
-from ms_recover.agent.msrun import MsrunHands
+from ms_recover.agent.msrun import UNKNOWN_NOTE, MsrunHands
 from ms_recover.config import JobConfig
 from ms_recover.testing.msrunjob import free_port
 from ms_recover.testing.wait import wait_for
@@ -27,9 +27,15 @@ d = pathlib.Path(os.environ["HANDS_DIR"]); r = os.environ["RANK_ID"]
 keys = ("RANK_ID", "MS_NODE_RANK", "MS_LOCAL_WORKER", "MS_RECOVER_INCARNATION",
         "MS_RECOVER_LAUNCHER_PID", "MS_ROLE")
 (d / f"env_{os.getpid()}.json").write_text(json.dumps({k: os.environ.get(k) for k in keys}))
+from ms_recover.observability import lastwords  # as ms_recover.init() does
+lastwords.install(os.environ["MS_RECOVER_ERROR_FILE"])
+def load_shard():
+    raise RuntimeError("shard is corrupt")
 while True:
     f = d / f"exit_{r}"
     if f.exists():
+        if f.read_text() == "raise":
+            load_shard()
         sys.exit(int(f.read_text()))
     time.sleep(0.01)
 """
@@ -105,6 +111,22 @@ def test_a_crash_reads_pid_gone_and_is_reported_once(msrun, tmp_path):
     assert [(e.rank, e.pid, e.exit_code, e.signal) for e in exited] == [(2, pids[2], 1, 0)]
     assert hands.poll() == []
     assert hands.pids() == {3: pids[3]}
+
+
+def test_a_python_exception_under_msrun_is_reported_with_its_traceback(msrun, tmp_path):
+    hands = MsrunHands(CONFIG, callbacks(msrun))
+    try:
+        hands.start_all([2, 3])
+        (tmp_path / "exit_2").write_text("raise")
+        (exited,) = wait_for(hands.poll, 20, "rank 2's exit")
+        assert (exited.rank, exited.exit_code, exited.signal) == (2, 1, 0)
+        assert "load_shard" in exited.log_tail
+        assert "RuntimeError: shard is corrupt" in exited.log_tail
+        _crash(tmp_path, 3, 3)  # sys.exit(3): msrun hides the code, and we say so
+        (other,) = wait_for(hands.poll, 20, "rank 3's exit")
+        assert other.log_tail == UNKNOWN_NOTE and other.exit_code == 1
+    finally:
+        hands.close()
 
 
 def test_our_kill_is_reported_by_pid_with_its_signal_and_never_again(msrun):

@@ -174,7 +174,7 @@ def test_manager_serves_prometheus_metrics(tmp_path):
         proc.wait(timeout=10)
     text = body.decode()
     assert "ms_recover_world_size 2.0" in text
-    assert "ms_recover_live_ranks 0.0" in text
+    assert "ms_recover_ranks_alive 0.0" in text
     assert "ms_recover_epoch 0.0" in text
 
 

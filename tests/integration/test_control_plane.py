@@ -120,7 +120,7 @@ def test_status_command_reports_a_live_job(tmp_path):
             "MINDX_TASK_ID": "itest",
         }
         out = subprocess.run(
-            [sys.executable, "-m", "ms_recover.cli", "status"],
+            [sys.executable, "-m", "ms_recover.cli", "status", "--ranks"],
             env=env,
             capture_output=True,
             text=True,
@@ -128,7 +128,9 @@ def test_status_command_reports_a_live_job(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert "job itest: running" in out.stdout
+        assert "ranks: world 4, alive 4, done 0, not registered 0; steps " in out.stdout
         assert out.stdout.count(" up ") >= 4
+        _watch_prints_again_until_interrupted(env)
         wrong = subprocess.run(
             [
                 sys.executable,
@@ -146,6 +148,31 @@ def test_status_command_reports_a_live_job(tmp_path):
             timeout=30,
         )
         assert wrong.returncode == 1 and "no manager answered" in wrong.stderr
+
+
+def _watch_prints_again_until_interrupted(env: dict[str, str]) -> None:
+    """``status --watch`` prints the summary again and again; Ctrl-C ends it with 0."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "ms_recover.cli", "status", "--watch", "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None
+        summaries = 0
+        for line in iter(watch.stdout.readline, ""):  # the test's timeout bounds the wait
+            summaries += line.startswith("job itest: running")
+            if summaries == 2:
+                break
+        assert summaries == 2
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=10) == 0, watch.stderr.read() if watch.stderr else ""
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
 
 
 # ----------------------------------------------------------------------------- handlers

@@ -355,6 +355,8 @@ def test_wrong_field_set(codec: Codec, body: Any) -> None:
                 "signal": 0,
                 "observed_at": "now",
                 "requested": False,
+                "host": "h",
+                "log_tail": "",
             },
             "observed_at",
         ),

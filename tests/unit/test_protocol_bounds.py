@@ -101,6 +101,8 @@ def test_non_finite_or_huge_floats_are_refused(codec: Codec, value: float) -> No
         "signal": 0,
         "observed_at": value,
         "requested": False,
+        "host": "h",
+        "log_tail": "",
     }
     with pytest.raises(ProtocolError, match="rank_exited.observed_at must be float"):
         codec.decode(_signed(codec, M.RankExited.KIND, body))

@@ -159,3 +159,16 @@ def test_plot_without_matplotlib_explains(
     assert code == 1
     assert "install ms-recover[plot]" in err
     assert not (tmp_path / "t.png").exists()
+
+
+def test_a_fault_shows_its_host_and_traceback_escaped(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    tail = 'Traceback (most recent call last):\n  File "t.py", line 4\nRuntimeError: bad\x1b[2J'
+    fault = ev(1.0, "fault", 1, kind="rank_exit", rank=1, host="node-a", pid=42, log_tail=tail)
+    log = write_log(tmp_path / "events.jsonl", [ev(0.0, "job_start", phases={}), fault])
+    assert cli.main(["report", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "kind=rank_exit rank=1 host=node-a pid=42" in out
+    assert "| Traceback (most recent call last):" in out
+    assert "| RuntimeError: bad\\x1b[2J" in out and "\x1b" not in out
