@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from ms_recover.inputs import check_output_file, open_regular
 from ms_recover.manager.records import PHASES
+from ms_recover.observability.safetext import safe
 
 Event = dict[str, Any]
 COLLAPSED = frozenset({"member", "group"})  # one line per run of these, not one per event
@@ -187,11 +188,9 @@ def print_timeline(events: list[Event], out: TextIO) -> None:
         if kind in COLLAPSED:
             run_kind, run_start = kind, (run_start if run_count else event["ts"] - t0)
             run_count += 1
-        elif kind:
-            epoch = event.get("epoch", "-")
-            out.write(
-                f"{event['ts'] - t0:+10.3f}s  epoch {epoch!s:<4} {kind:<10} {describe(event)}\n"
-            )
+        elif kind:  # whatever wrote the log chose the text: escaped (one line, no controls)
+            epoch, text = safe(event.get("epoch", "-")), safe(describe(event))
+            out.write(f"{event['ts'] - t0:+10.3f}s  epoch {epoch:<4} {safe(kind):<10} {text}\n")
 
 
 def print_summary(events: list[Event], out: TextIO) -> None:
@@ -307,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     if loaded.skipped:
         print(
             f"ms-recover report: warning: skipped {loaded.skipped} malformed line(s) "
-            f"(first at {loaded.first_problem})",
+            f"(first at {safe(loaded.first_problem)})",
             file=sys.stderr,
         )
     if not loaded.events:

@@ -17,6 +17,7 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import seconds_arg
+from ms_recover.observability.safetext import safe
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.transport import manager_channel
 
@@ -83,7 +84,7 @@ def render(status: dict[str, Any]) -> str:
             f"last recovery: {last['strategy']} ok={last['ok']} mttr {last['mttr_s']:.3f}s "
             f"lost_steps {last['lost_steps']} ({phases})"
         )
-    return "\n".join(lines)
+    return "\n".join(map(safe, lines))  # members chose the text (ids, addresses): escaped
 
 
 def run(args: argparse.Namespace) -> int:
