@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import math
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from ms_recover.inputs import check_output_file, open_regular
+from ms_recover.errors import ConfigError
+from ms_recover.inputs import check_output_file
 from ms_recover.manager.records import PHASES
+from ms_recover.observability.events import log_lines, open_log
 from ms_recover.observability.safetext import safe
 
 Event = dict[str, Any]
@@ -283,9 +284,6 @@ def _draw_row(ax: Any, row: int, incident: Incident, t0: float) -> None:
         )
 
 
-MAX_LINE = 1 << 20
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("events", metavar="EVENTS.jsonl", help="the manager's event log")
     parser.add_argument("--plot", metavar="PNG", help="also draw a Gantt chart of the phases")
@@ -296,12 +294,11 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_output_file("--plot", args.plot)
     try:
-        with io.TextIOWrapper(open_regular(args.events), "utf-8", errors="replace") as fh:
+        with open_log(args.events) as fh:  # a regular file of bounded size
             # Bounded lines: one huge line costs at most MAX_LINE at a time and is skipped.
-            loaded = load_events(iter(lambda: fh.readline(MAX_LINE), ""))
-    except OSError as exc:
-        reason = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
-        print(f"ms-recover report: error: {args.events}: {reason}", file=sys.stderr)
+            loaded = load_events(log_lines(fh))
+    except ConfigError as exc:
+        print(f"ms-recover report: error: {exc}", file=sys.stderr)
         return 1
     if loaded.skipped:
         print(
