@@ -85,7 +85,7 @@ class DumpFile:
             sha256=_str(entry, "sha256", 64),
             size=_int(entry, "size", 0, MAX_FILE_BYTES),
         )
-        if len(f.sha256) != 64 or not set(f.sha256) <= _HEX:
+        if f.sha256 and (len(f.sha256) != 64 or not set(f.sha256) <= _HEX):  # "": unknown
             raise RepairError(f"dump file {f.file!r} has sha256 {f.sha256!r}, not 64 hex digits")
         if f.format not in FORMATS:
             raise RepairError(

@@ -10,13 +10,16 @@ the manager derives from it reaches its members and the round it starts closes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
 from ms_recover.manager.decide import decide
@@ -48,7 +51,7 @@ EPOCHS = _ends(1, B.INT_RANGES["epoch"][1])
 class Job:
     """A manager of one node with two ranks, and its scripted members."""
 
-    def __init__(self) -> None:
+    def __init__(self, strategies: str = "recover-in-place,exit", dump_dir: str = "") -> None:
         self.t = 1000.0
         cfg = JobConfig(
             job_id="bounds",
@@ -58,7 +61,8 @@ class Job:
             heartbeat_s=0.5,
             rank_silence_s=2.0,
             phase_timeout_s=10.0,
-            strategies=parse_strategies("recover-in-place,exit"),
+            strategies=parse_strategies(strategies),
+            dump_dir=dump_dir,
         )
         self.server = ManagerServer(cfg, clock=lambda: self.t)
         self.model = self.server.model
@@ -72,6 +76,7 @@ class Job:
         self.undeliverable: list[str] = []  # what a member's decoder refused
         self.refused: list[str] = []  # what the manager's decoder refused
         self.server.send = self._capture  # type: ignore[method-assign]
+        self.on_dump: Callable[[int, M.Dump], M.Dumped] = _dumped
 
     def _capture(self, identities: Any, msg: M.Message) -> None:
         try:
@@ -122,6 +127,8 @@ class Job:
             elif isinstance(msg, M.Repair):
                 self.committed[rank] = msg.target_step
                 self.send(ident, M.Repaired(rank, msg.attempt, True, msg.target_step, -1, ""))
+            elif isinstance(msg, M.Dump):
+                self.send(ident, self.on_dump(rank, msg))
             elif isinstance(msg, M.Resume):
                 self.committed[rank] = msg.step
                 self.send(ident, M.WorkerHeartbeat(rank, msg.step))
@@ -134,6 +141,11 @@ class Job:
             if not self.outbox:
                 return
             self.answer()
+
+
+def _dumped(rank: int, msg: M.Dump) -> M.Dumped:
+    """What a rank answers to Dump once its file is written."""
+    return M.Dumped(rank, True, msg.step, f"rank_{rank}.npz", "npz", "ab" * 32, 100, "")
 
 
 @pytest.fixture
@@ -258,3 +270,51 @@ def test_relayed_frames_are_held_to_the_same_bounds() -> None:
     assert "committed_step" in str(ack_columns(acks))
     beats = relay_acks(0, "worker_hb", 1, [(b"r0", "rank:0", 5, 0)], [M.WorkerHeartbeat(0, top)])
     assert ack_columns(beats) is None  # the heartbeat that closes a Resume at STEP_MAX
+
+
+#: Dump answers the decoder accepts that no manifest can hold.
+UNRECORDABLE: dict[str, Callable[[int, M.Dump], M.Dumped]] = {
+    "a path, not a name": lambda r, m: dataclasses.replace(_dumped(r, m), file="../../etc/x"),
+    "a name too long": lambda r, m: dataclasses.replace(_dumped(r, m), file="x" * 4000),
+    "an unknown format": lambda r, m: dataclasses.replace(_dumped(r, m), format="pickle"),
+    "a bad digest": lambda r, m: dataclasses.replace(_dumped(r, m), sha256="\x1b" * 64),
+    "another step": lambda r, m: dataclasses.replace(_dumped(r, m), step=B.STEP_MAX),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNRECORDABLE))
+def test_a_dump_answer_no_manifest_can_hold_is_a_failed_dump(tmp_path: Any, case: str) -> None:
+    """A signed Dumped with ok=True that the decoder accepts but no manifest can hold made the
+    executor raise at every tick, until the manager stopped: now it is a failed dump."""
+    job = Job("dump,exit", str(tmp_path))
+    job.on_dump = UNRECORDABLE[case]
+    try:
+        assert job.send(AGENT, M.AgentHello(0, "127.0.0.1", list(RANKS), 500, True), 0)
+        for rank in RANKS:
+            job.hello(rank, 41, 0)
+        job.run()
+        _closed(job)
+        assert job.send(AGENT, M.RankExited(0, 1, 701, 137, 9, job.t))
+        job.run()
+        assert job.model.state in (JobState.EXITING, JobState.FINISHED), job.model.state
+        assert job.model.exit_code == exitcodes.JOB_EXIT
+        end = job.server.events.recent("job_end")
+        assert end and "dump failed" in str(end[-1]), end
+        assert not os.path.exists(tmp_path / "manifest.json")
+    finally:
+        job.server.close()
+
+
+def test_a_good_dump_answer_is_recorded(tmp_path: Any) -> None:
+    job = Job("dump,exit", str(tmp_path))
+    try:
+        assert job.send(AGENT, M.AgentHello(0, "127.0.0.1", list(RANKS), 500, True), 0)
+        for rank in RANKS:
+            job.hello(rank, 41, 0)
+        job.run()
+        assert job.send(AGENT, M.RankExited(0, 1, 701, 137, 9, job.t))
+        job.run()
+        assert job.model.exit_code == exitcodes.DUMPED
+        assert os.path.exists(tmp_path / "manifest.json")
+    finally:
+        job.server.close()
