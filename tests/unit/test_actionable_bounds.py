@@ -222,6 +222,10 @@ def _defaults(cls: type[M.Message]) -> dict[str, Any]:
 UP = [
     (cls, name, value)
     for cls in (
+        M.AgentHello,
+        M.WorkerHello,
+        M.GroupCreated,
+        M.Rebuilt,
         M.AgentHeartbeat,
         M.RankExited,
         M.WorkerHeartbeat,
@@ -250,7 +254,7 @@ def test_every_accepted_field_value_of_a_running_job_can_be_acted_on(
     job.run()
     _closed(job)
     fields = _defaults(cls) | {name: value}
-    ident = AGENT if cls in (M.AgentHeartbeat, M.RankExited) else b"r0.0"
+    ident = AGENT if cls in (M.AgentHello, M.AgentHeartbeat, M.RankExited) else b"r0.0"
     assert job.send(ident, cls(**fields))
     job.run()
     assert not job.undeliverable, job.undeliverable
