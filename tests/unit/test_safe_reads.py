@@ -25,6 +25,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.dumpfiles import MANIFEST_NAME, check_dump_dir, read_manifest
 from ms_recover.errors import ConfigError, MsRecoverError, RepairError
@@ -34,6 +35,7 @@ from ms_recover.manager.main import _listen
 from ms_recover.observability.events import read_events
 from ms_recover.strategy import parse_strategies
 from ms_recover.worker.dump import DumpFile, load_npz, locate, write_manifest, write_rank_dump
+from ms_recover.worker.session import Session
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -335,3 +337,21 @@ def test_the_dump_directory_is_checked_when_the_manager_starts(tmp_path: pathlib
     assert (tmp_path / "new" / "dump").stat().st_mode & 0o777 == 0o700
     fine = cfg.replace(strategies=parse_strategies("recover,exit"))
     _listen(fine, "127.0.0.1").close()  # no dump strategy: the directory is never needed
+
+
+def test_the_dump_directory_is_checked_when_a_rank_starts(tmp_path: pathlib.Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = JobConfig(
+        job_id="dirs",
+        manager_port=1,  # never reached: the check comes before registering
+        dump_dir=str(blocker / "dump"),
+        strategies=parse_strategies("recover,dump,exit"),
+    )
+    session = Session(cfg, 0, LocalBackend(), None)
+    try:
+        message = _one_error(lambda: session.connect(1.0), ConfigError, str(blocker / "dump"))
+        assert "cannot be created" in message
+    finally:
+        assert session.link is not None
+        session.link.close()
