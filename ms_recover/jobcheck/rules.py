@@ -190,7 +190,7 @@ def rule_wait_reschedule(job: Job) -> Iterator[JobIssue]:
     if not isinstance(value, str):
         return
     low, high = WAIT_RESCHEDULE
-    seconds = parse_int(value)
+    seconds = _parse_int(value)
     if seconds is None or not low <= seconds <= high:
         yield _error(
             path,
@@ -305,11 +305,11 @@ def _npu_request(container: dict[str, Any]) -> int:
     for section in ("requests", "limits"):
         for name, amount in _as_dict(resources.get(section)).items():
             if str(name).startswith(NPU_PREFIX):
-                return parse_int(amount) or 0
+                return _parse_int(amount) or 0
     return 0
 
 
-def parse_int(value: Any) -> int | None:
+def _parse_int(value: Any) -> int | None:
     """An int field of a manifest (an int, or its decimal text, spaces around allowed) as an
     int; None for anything else. Never raises, whatever the value."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -364,7 +364,7 @@ def _taskd_port(
 def _manager_port(container: dict[str, Any]) -> int:
     """The port the manager binds: a literal MS_RECOVER_PORT in the env, else 9601."""
     value = _env(container).get("MS_RECOVER_PORT", {}).get("value")
-    port = parse_int(value)
+    port = _parse_int(value)
     return TASKD_PORT if port is None else port
 
 
@@ -412,7 +412,7 @@ def rule_ttp_port(job: Job) -> Iterator[JobIssue]:
         path = replica.container_path + ("env",)
         if raw is None:
             continue  # from a fieldRef or a Secret: not checkable here
-        port = parse_int(raw)
+        port = _parse_int(raw)
         if port is None or not 0 < port < 65536:
             yield _error(path, f"{name}={raw!r} is not a port number (1..65535)")
             continue
