@@ -218,7 +218,8 @@ def _defaults(cls: type[M.Message]) -> dict[str, Any]:
     return out
 
 
-#: (kind, int field, value): both ends of every int field of every message a member sends.
+#: (kind, field, value): both ends of every int field and the longest value of every str field
+#: of every message a member sends.
 UP = [
     (cls, name, value)
     for cls in (
@@ -237,16 +238,25 @@ UP = [
         M.Dumped,
     )
     for name, hint in M.field_types(cls).items()
-    if hint is int
-    for value in B.int_range(name, cls.KIND)
+    if hint in (int, str)
+    for value in (
+        B.int_range(name, cls.KIND) if hint is int else ["\x1b" * B.STR_LIMITS.get(name, B.MAX_STR)]
+    )
 ]
 
 
-@pytest.mark.parametrize(("cls", "name", "value"), UP, ids=lambda v: getattr(v, "__name__", v))
+def _id(value: Any) -> str:
+    if isinstance(value, str) and len(value) > 64:
+        return f"{len(value)}chars"
+    return str(getattr(value, "__name__", value))
+
+
+@pytest.mark.parametrize(("cls", "name", "value"), UP, ids=_id)
 def test_every_accepted_field_value_of_a_running_job_can_be_acted_on(
-    job: Job, cls: type[M.Message], name: str, value: int
+    job: Job, cls: type[M.Message], name: str, value: int | str
 ) -> None:
-    """Both ends of every int field of every member -> manager message, sent to a running job
+    """Both ends of every int field (the longest text of every str field) of every member ->
+    manager message, sent to a running job
     at step 41 (then to the round it may start): nothing the manager derives is undeliverable."""
     assert job.send(AGENT, M.AgentHello(0, "127.0.0.1", list(RANKS), 500, True), 0)
     for rank in RANKS:
