@@ -18,13 +18,11 @@ import zmq
 
 from ms_recover import inputs
 from ms_recover.config import JobConfig
-from ms_recover.dumpfiles import check_dump_dir
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import int_arg, seconds_arg
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.metrics import serve_metrics
-from ms_recover.strategy import Strategy
 
 log = logging.getLogger("ms_recover.manager")
 
@@ -100,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
 def _listen(config: JobConfig, host: str) -> ManagerServer:
     """The bound server; ConfigError naming the address or file when it cannot start."""
     inputs.check_host("--host", host)
-    if Strategy.DUMP in config.strategies:  # checked now, not at the fault that needs it
-        check_dump_dir(config.effective_dump_dir())
     try:
         events = EventLog(config.events_path)
     except OSError as exc:
@@ -111,6 +107,9 @@ def _listen(config: JobConfig, host: str) -> ManagerServer:
         ) from exc
     try:
         return ManagerServer(config, events=events, bind=host)
+    except ConfigError:  # the dump directory, checked at start
+        events.close()
+        raise
     except zmq.ZMQError as exc:
         events.close()
         raise ConfigError(

@@ -32,6 +32,7 @@ from ms_recover.errors import ConfigError, MsRecoverError, RepairError
 from ms_recover.jobcheck import yamlread
 from ms_recover.jobcheck.check import check_job
 from ms_recover.manager.main import _listen
+from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import read_events
 from ms_recover.strategy import parse_strategies
 from ms_recover.worker.dump import DumpFile, load_npz, locate, write_manifest, write_rank_dump
@@ -339,6 +340,9 @@ def test_the_dump_directory_is_checked_when_the_manager_starts(tmp_path: pathlib
     )
     message = _one_error(lambda: _listen(cfg, "127.0.0.1"), ConfigError, str(blocker / "dump"))
     assert "MS_RECOVER_DUMP_DIR" in message
+    # every other start (the scheduler hook, start_taskd_manager, MindIO's controller) too
+    server = lambda: ManagerServer(cfg, bind="127.0.0.1")  # noqa: E731
+    _one_error(server, ConfigError, str(blocker / "dump"))
     check_dump_dir(str(tmp_path / "new" / "dump"))  # a missing one is created, owner only
     assert (tmp_path / "new" / "dump").stat().st_mode & 0o777 == 0o700
     fine = cfg.replace(strategies=parse_strategies("recover,exit"))
