@@ -11,6 +11,12 @@ Guarantees:
   removed again if writing fails.
 * **Verified on read.** The manifest records each file's SHA-256 and size; :func:`locate`
   checks both before returning a path, and raises :class:`RepairError` naming the file.
+* **Read safely.** :func:`read_manifest` reads only a regular file of at most
+  :data:`MAX_MANIFEST_BYTES` (a FIFO, a device or a directory is refused at once), nested at
+  most :data:`MANIFEST_DEPTH` levels, with every count and size checked as plausible (a world
+  of at most :data:`~ms_recover.inputs.MAX_WORLD` ranks) before anything is allocated from it:
+  a bad manifest is one RepairError naming the file and the problem, never a MemoryError, a
+  RecursionError or a wait.
 * **Every rank is covered.** The manifest maps every rank of the world to the file holding its
   shard's state: its own file if it wrote one, else the lowest-ranked replica of its shard that
   did. A manifest that would leave a shard without a file is refused when it is written.
@@ -18,17 +24,28 @@ Guarantees:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import secrets
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ms_recover.errors import RepairError
+from ms_recover.errors import ConfigError, RepairError
+from ms_recover.inputs import MAX_WORLD, load_json, open_regular, os_reason
+from ms_recover.protocol.bounds import STEP_MAX, show
 
 MANIFEST_NAME = "manifest.json"
+#: A manifest of the largest world (MAX_WORLD ranks, each with its own file) is about 40 MiB.
+MAX_MANIFEST_BYTES = 64 << 20
+#: body > "files" list > one file's map: 3 levels are in use.
+MANIFEST_DEPTH = 4
+MAX_FILE_BYTES = 1 << 62  # a dump file's size as the manifest may state it
+_NAME_MAX = 255  # a file name, as most file systems allow
+_HEX = frozenset("0123456789abcdef")
 MANIFEST_VERSION = 1
 FORMATS = {"mindspore": ".ckpt", "npz": ".npz"}
 _CHUNK = 1 << 20
@@ -51,17 +68,25 @@ class DumpFile:
         """A DumpFile from its JSON/msgpack form (``dataclasses.asdict``), checked: RepairError
         for a missing or mistyped field, an unknown format or a name that is not a plain name.
         """
+        if not isinstance(entry, Mapping):
+            raise RepairError(f"dump file entry {show(entry)} is malformed: not a map")
         try:
-            f = cls(
-                rank=int(entry["rank"]),
-                step=int(entry["step"]),
-                file=str(entry["file"]),
-                format=str(entry["format"]),
-                sha256=str(entry["sha256"]),
-                size=int(entry["size"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise RepairError(f"dump file entry {dict(entry)!r} is malformed: {exc!r}") from exc
+            return cls._checked(entry)
+        except RepairError as exc:
+            raise RepairError(f"dump file entry is malformed: {exc}") from exc
+
+    @classmethod
+    def _checked(cls, entry: Mapping[str, Any]) -> DumpFile:
+        f = cls(
+            rank=_int(entry, "rank", 0, MAX_WORLD - 1),
+            step=_int(entry, "step", 0, STEP_MAX),
+            file=_str(entry, "file", _NAME_MAX),
+            format=_str(entry, "format", 16),
+            sha256=_str(entry, "sha256", 64),
+            size=_int(entry, "size", 0, MAX_FILE_BYTES),
+        )
+        if f.sha256 and (len(f.sha256) != 64 or not set(f.sha256) <= _HEX):  # "": unknown
+            raise RepairError(f"dump file {f.file!r} has sha256 {f.sha256!r}, not 64 hex digits")
         if f.format not in FORMATS:
             raise RepairError(
                 f"dump file {f.file!r} has format {f.format!r}, not one of: {', '.join(FORMATS)}"
@@ -69,6 +94,22 @@ class DumpFile:
         if os.path.basename(f.file) != f.file or f.file in ("", ".", ".."):
             raise RepairError(f"dump file name {f.file!r} is not a plain name in the directory")
         return f
+
+
+def _int(entry: Mapping[str, Any], key: str, low: int, high: int) -> int:
+    """``entry[key]``, an int in ``low..high`` (a JSON number, not a bool); else RepairError."""
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RepairError(f"'{key}' is {show(value)}, not an integer in {low}..{high}")
+    return value
+
+
+def _str(entry: Mapping[str, Any], key: str, most: int) -> str:
+    """``entry[key]``, a string of at most ``most`` characters; else RepairError."""
+    value = entry.get(key)
+    if not isinstance(value, str) or len(value) > most:
+        raise RepairError(f"'{key}' is {show(value)}, not a string of at most {most} characters")
+    return value
 
 
 @dataclass(frozen=True)
@@ -149,6 +190,19 @@ def make_private_dirs(directory: str) -> None:
         os.chmod(level, PRIVATE_DIR)  # mkdir's mode is masked by the umask
 
 
+def check_dump_dir(directory: str) -> None:
+    """At a process's start, when its strategies can dump: ``directory`` exists (created
+    owner-only if missing) and this process can create files in it; else ConfigError naming it
+    and the problem, so a job does not learn at its fault that its state cannot be saved."""
+    what = f"dump directory {directory!r} (MS_RECOVER_DUMP_DIR, where the dump strategy writes)"
+    try:
+        make_private_dirs(directory)
+    except OSError as exc:
+        raise ConfigError(f"{what} cannot be created: {os_reason(exc)}") from exc
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} is not writable by this process (uid {os.getuid()})")
+
+
 def _remove_quietly(path: str) -> None:
     try:
         os.remove(path)
@@ -157,10 +211,11 @@ def _remove_quietly(path: str) -> None:
 
 
 def file_sha256(path: str) -> tuple[str, int]:
-    """(SHA-256 hex digest, size in bytes) of the file's contents."""
+    """(SHA-256 hex digest, size in bytes) of the regular file's contents (OSError for a
+    FIFO, a device or a directory: never read or waited on)."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         while chunk := fh.read(_CHUNK):
             h.update(chunk)
             size += len(chunk)
@@ -237,41 +292,61 @@ def write_manifest(
 
 
 def read_manifest(directory: str) -> Manifest:
-    """The dump's manifest; RepairError if it is missing, unreadable or inconsistent."""
+    """The dump's manifest; RepairError naming the file and the problem in one line if it is
+    missing, not a regular file, too large, too deep, implausible or inconsistent."""
     path = os.path.join(directory, MANIFEST_NAME)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError as exc:
+    if not os.path.lexists(path):
         raise RepairError(
             f"no dump manifest at {path}: the directory holds no complete dump (the manifest "
             "is written last, after every chosen rank saved its file)"
-        ) from exc
+        )
+    body = load_json(path, MAX_MANIFEST_BYTES, MANIFEST_DEPTH, "dump manifest", RepairError)
     try:
-        return _parse_manifest(json.loads(raw))
-    except (RepairError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise RepairError(f"dump manifest {path} is malformed: {exc!r}") from exc
+        return _parse_manifest(body)
+    except RepairError as exc:
+        raise RepairError(f"dump manifest {path} is malformed: {exc}") from exc
 
 
-def _parse_manifest(body: dict[str, Any]) -> Manifest:
-    if body["version"] != MANIFEST_VERSION:
-        raise ValueError(f"version {body['version']!r}, this reader knows {MANIFEST_VERSION}")
-    step, world_size = int(body["step"]), int(body["world_size"])
-    files = [DumpFile.from_dict(e) for e in body["files"]]
-    ranks = {int(r): dict(v) for r, v in dict(body["ranks"]).items()}
-    shards = {r: int(v["shard"]) for r, v in ranks.items()}
-    holders = {r: str(v["file"]) for r, v in ranks.items()}
+def _parse_manifest(body: Any) -> Manifest:
+    """The Manifest of a decoded (bounded-depth) body; RepairError naming the first problem.
+    Every count is checked before anything is allocated from it."""
+    if not isinstance(body, dict):
+        raise RepairError(f"it is {show(body)}, not a JSON object")
+    if body.get("version") != MANIFEST_VERSION:
+        raise RepairError(f"version {show(body.get('version'))}, this reader knows 1")
+    step, world_size = _int(body, "step", 0, STEP_MAX), _int(body, "world_size", 1, MAX_WORLD)
+    listed, ranks = body.get("files"), body.get("ranks")
+    if not isinstance(listed, list) or not 0 < len(listed) <= world_size:
+        raise RepairError(f"'files' is not a list of 1..{world_size} (world size) entries")
+    if not isinstance(ranks, dict) or len(ranks) != world_size:
+        raise RepairError(f"'ranks' is not a map of the {world_size} ranks of the world")
+    files = [DumpFile.from_dict(e) for e in listed]
+    shards: dict[int, int] = {}
+    holders: dict[int, str] = {}
+    for key, entry in ranks.items():
+        rank = _rank_key(key, world_size)
+        if not isinstance(entry, dict):
+            raise RepairError(f"rank {rank}'s entry is {show(entry)}, not a map")
+        shards[rank] = _int(entry, "shard", 0, world_size - 1)
+        holders[rank] = _str(entry, "file", _NAME_MAX)
     _check_files(files, step, world_size)
     if holders != _holders(files, shards, world_size):
-        raise ValueError("the rank -> file map disagrees with the files and shards it lists")
+        raise RepairError("the rank -> file map disagrees with the files and shards it lists")
     return Manifest(
-        job_id=str(body["job_id"]),
+        job_id=_str(body, "job_id", 253),
         step=step,
         world_size=world_size,
         files=tuple(files),
         shards=shards,
         holders=holders,
     )
+
+
+def _rank_key(key: str, world_size: int) -> int:
+    """A 'ranks' key: the decimal text of a rank of the world (ASCII digits only)."""
+    if not (key.isascii() and key.isdigit() and len(key) <= 6 and int(key) < world_size):
+        raise RepairError(f"'ranks' key {show(key)} is not a rank 0..{world_size - 1}")
+    return int(key)
 
 
 def locate(directory: str, rank: int) -> tuple[str, DumpFile]:
@@ -285,9 +360,21 @@ def locate(directory: str, rank: int) -> tuple[str, DumpFile]:
     dump = manifest.file_for(rank)
     path = os.path.join(directory, dump.file)
     whose = "its own" if dump.rank == rank else f"rank {dump.rank}'s (same shard)"
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise RepairError(f"dump file {path} for rank {rank} ({whose}) is missing")
-    sha256, size = file_sha256(path)
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or directory)")
+        size = info.st_size
+        if size == dump.size:  # the size first: a file of another size is never hashed
+            sha256, size = file_sha256(path)
+        else:
+            sha256 = "(not computed)"
+    except OSError as exc:
+        raise RepairError(
+            f"dump file {path} for rank {rank} ({whose}) cannot be read: {os_reason(exc)}"
+        ) from exc
     if (sha256, size) != (dump.sha256, dump.size):
         raise RepairError(
             f"dump file {path} for rank {rank} is corrupt: {size} bytes with sha256 {sha256}, "

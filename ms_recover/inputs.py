@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import errno
 import ipaddress
+import json
 import math
 import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from ms_recover.errors import ConfigError
+from ms_recover.errors import ConfigError, MsRecoverError
+from ms_recover.protocol.bounds import depth_ok
 
 #: Kubernetes object names (RFC 1123 subdomains) and UIDs share this form; MINDX_TASK_ID is one.
 JOB_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
@@ -126,6 +128,49 @@ def open_regular(path: str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def os_reason(exc: OSError) -> str:
+    """The one-line reason of a failed open or read (``no such file``, ``is a directory``...)."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    return str(exc.strerror or exc)
+
+
+def read_bounded(
+    path: str, limit: int, what: str, error: type[MsRecoverError] = ConfigError
+) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; else ``error``
+    naming ``what``, the path and the problem in one line (a FIFO, a device or a directory is
+    refused at once, never read or waited on; a larger file is refused before it is read)."""
+    try:
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            data = fh.read(limit + 1) if size <= limit else b""
+    except OSError as exc:
+        raise error(f"{what} {path} cannot be read: {os_reason(exc)}") from exc
+    if size > limit or len(data) > limit:
+        raise error(f"{what} {path} is {max(size, len(data))} bytes; at most {limit} are read")
+    return data
+
+
+def load_json(
+    path: str, limit: int, depth: int, what: str, error: type[MsRecoverError] = ConfigError
+) -> Any:
+    """The JSON value of the regular file ``path`` (:func:`read_bounded`), nested at most
+    ``depth`` levels; else ``error`` naming ``what``, the path and the problem in one line
+    (never ``RecursionError`` or ``MemoryError``: the size bounds the parse)."""
+    data = read_bounded(path, limit, what, error)
+    try:
+        value = json.loads(data)
+    except RecursionError as exc:
+        raise error(f"{what} {path} is malformed: nests deeper than {depth} levels") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a 4300-digit int
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise error(f"{what} {path} is malformed: not JSON ({reason})".replace("\n", " ")) from exc
+    if not depth_ok(value, depth):
+        raise error(f"{what} {path} is malformed: nests deeper than {depth} levels")
+    return value
 
 
 def check_output_file(flag: str, path: str) -> None:

@@ -11,6 +11,7 @@ Sources: MindCluster's sample AscendJobs, the AscendJob CRD and the Ascend Opera
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,9 @@ RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 WAIT_RESCHEDULE = (30, 270)
 NPU_PREFIX = "huawei.com/Ascend"
 # Strategies that restart or move processes: the manager must be reachable by newcomers.
+#: A decimal integer as Kubernetes' and ClusterD's parsers read one: ASCII digits (no Unicode
+#: digits, no '_'), an optional sign, at most 18 digits (an int64, never a 4300-digit string).
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,18}")
 RESCHEDULING = {Strategy.RECOVER, Strategy.RECOVER_IN_PLACE, Strategy.ELASTIC_TRAINING}
 
 
@@ -186,8 +190,8 @@ def rule_wait_reschedule(job: Job) -> Iterator[JobIssue]:
     if not isinstance(value, str):
         return
     low, high = WAIT_RESCHEDULE
-    text = value.strip()
-    if not (text.isdigit() and low <= int(text) <= high):
+    seconds = _parse_int(value)
+    if seconds is None or not low <= seconds <= high:
         yield _error(
             path,
             f"{value!r} must be an integer number of seconds in {low}..{high} (ClusterD falls "
@@ -301,11 +305,19 @@ def _npu_request(container: dict[str, Any]) -> int:
     for section in ("requests", "limits"):
         for name, amount in _as_dict(resources.get(section)).items():
             if str(name).startswith(NPU_PREFIX):
-                try:
-                    return int(str(amount))
-                except ValueError:
-                    return 0
+                return _parse_int(amount) or 0
     return 0
+
+
+def _parse_int(value: Any) -> int | None:
+    """An int field of a manifest (an int, or its decimal text, spaces around allowed) as an
+    int; None for anything else. Never raises, whatever the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None
+    if isinstance(value, int):
+        return value
+    text = value.strip()
+    return int(text) if _DECIMAL.fullmatch(text) else None
 
 
 # --- ms_recover's runtime needs ----------------------------------------------------------------
@@ -352,10 +364,8 @@ def _taskd_port(
 def _manager_port(container: dict[str, Any]) -> int:
     """The port the manager binds: a literal MS_RECOVER_PORT in the env, else 9601."""
     value = _env(container).get("MS_RECOVER_PORT", {}).get("value")
-    try:
-        return int(str(value)) if value is not None else TASKD_PORT
-    except ValueError:
-        return TASKD_PORT
+    port = _parse_int(value)
+    return TASKD_PORT if port is None else port
 
 
 def rule_env(job: Job) -> Iterator[JobIssue]:
@@ -402,11 +412,8 @@ def rule_ttp_port(job: Job) -> Iterator[JobIssue]:
         path = replica.container_path + ("env",)
         if raw is None:
             continue  # from a fieldRef or a Secret: not checkable here
-        try:
-            port = int(str(raw))
-        except ValueError:
-            port = -1
-        if not 0 < port < 65536:
+        port = _parse_int(raw)
+        if port is None or not 0 < port < 65536:
             yield _error(path, f"{name}={raw!r} is not a port number (1..65535)")
             continue
         ports = [p for p in _as_list(replica.container.get("ports")) if isinstance(p, dict)]

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ms_recover.errors import MsRecoverError
 from ms_recover.inputs import open_regular
 
 #: etcd stores at most 1.5 MiB per object; an AscendJob is a few KiB. 1 MiB of YAML composes
@@ -32,7 +33,7 @@ MAX_NODES = 100_000
 MAX_DEPTH = 64
 
 
-class ReadError(Exception):
+class ReadError(MsRecoverError):
     """The input cannot be read or parsed; ``str()`` is a one-line reason."""
 
 

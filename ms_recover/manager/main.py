@@ -109,6 +109,9 @@ def _listen(config: JobConfig, host: str) -> ManagerServer:
         ) from exc
     try:
         return ManagerServer(config, events=events, bind=host)
+    except ConfigError:  # the dump directory, checked at start
+        events.close()
+        raise
     except zmq.ZMQError as exc:
         events.close()
         raise ConfigError(

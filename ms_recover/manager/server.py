@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 
 from ms_recover.config import JobConfig
+from ms_recover.dumpfiles import check_dump_dir
 from ms_recover.errors import ProtocolError
 from ms_recover.manager.acks import FastAcks
 from ms_recover.manager.cadence import Cadence, SharedBeat
@@ -45,6 +46,7 @@ from ms_recover.protocol.transport import (
     recv_frames,
     send_frames,
 )
+from ms_recover.strategy import Strategy
 
 #: From this many ranks the manager freezes its heap once per running epoch (see
 #: :meth:`ManagerServer._freeze_when_running`).
@@ -75,6 +77,8 @@ class ManagerServer:
         tick_s: float = 0.02,
         bind: str | None = None,
     ) -> None:
+        if Strategy.DUMP in config.strategies:  # checked now, not at the fault that needs it
+            check_dump_dir(config.effective_dump_dir())
         self.config = config
         self.events = events or EventLog(config.events_path)
         self.events.job_id = self.events.job_id or config.job_id  # on every event line

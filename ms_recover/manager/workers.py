@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ms_recover.config import JobConfig
-from ms_recover.errors import CommError
+from ms_recover.dumpfiles import DumpFile
+from ms_recover.errors import CommError, RepairError
 from ms_recover.manager import divergence
 from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, RankInfo, Restore
@@ -262,6 +263,20 @@ class WorkerHandlers:
         info = self._rank(ident, msg.rank)
         if info is not None and self._current(env, "dumped"):
             info.dump = msg.to_wire()
+            problem = self._unusable(msg) if msg.ok else ""
+            if problem:  # a failed dump, not a manifest the executor cannot write
+                info.dump |= {"ok": False, "reason": f"rank {msg.rank}'s dump {problem}"}
+
+    def _unusable(self, msg: M.Dumped) -> str:
+        """Why a successful dump answer cannot go into the manifest, or ""."""
+        rnd = self.model.round
+        if rnd is not None and msg.step != rnd.target_step:
+            return f"is of step {msg.step}, not the dumped step {rnd.target_step}"
+        try:
+            DumpFile.from_dict(msg.to_wire())
+        except RepairError as exc:
+            return f"cannot be recorded: {exc}"
+        return ""
 
     def on_done(self, ident: bytes, env: Envelope, msg: M.WorkerDone) -> None:
         info = self._rank(ident, msg.rank)

@@ -105,12 +105,30 @@ def read_ckpt(path: str) -> dict[str, NDArray[Any]]:
     }
     if isinstance(meta, str):
         try:
-            empty = json.loads(meta)["empty"]
-            for name, (shape, dtype) in dict(empty).items():
-                arrays[str(name)] = np.zeros(tuple(int(d) for d in shape), np.dtype(dtype))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RepairError(f"MindSpore checkpoint {path} has malformed {META_KEY}") from exc
+            arrays.update(_empty_arrays(json.loads(meta)["empty"]))
+        except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as exc:
+            raise RepairError(
+                f"MindSpore checkpoint {path} has malformed {META_KEY}: {exc}"
+            ) from exc
     return arrays
+
+
+def _empty_arrays(empty: Any) -> dict[str, NDArray[Any]]:
+    """The arrays of no element that :func:`write_ckpt` records by shape and dtype; ValueError
+    for an entry that is not one (a shape of any other size would allocate from the file's
+    say-so: a corrupted one must not be able to ask for terabytes)."""
+    out: dict[str, NDArray[Any]] = {}
+    for name, (shape, dtype) in dict(empty).items():
+        dims = tuple(shape)
+        if len(dims) > 64 or not all(type(d) is int and 0 <= d < 2**31 for d in dims):
+            raise ValueError(f"entry {str(name)[:64]!r} has shape {str(dims)[:64]}")
+        if 0 not in dims:
+            raise ValueError(f"entry {str(name)[:64]!r} of shape {dims} is not empty")
+        kind = np.dtype(dtype)
+        if kind.hasobject:
+            raise ValueError(f"entry {str(name)[:64]!r} has dtype {kind} (Python objects)")
+        out[str(name)] = np.zeros(dims, kind)
+    return out
 
 
 def _rank_from_env() -> int:

@@ -11,13 +11,18 @@ tell which layout it reads).
 from __future__ import annotations
 
 import collections
+import io
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from ms_recover.errors import ConfigError
+from ms_recover.inputs import open_regular, os_reason
+from ms_recover.protocol.bounds import depth_ok
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +83,57 @@ class EventLog:
                 self._fh = None
 
 
+#: The largest event log read (a week of a 16k-rank job with a recovery an hour is ~100 MiB).
+MAX_LOG_BYTES = 1 << 30
+#: The longest line read as one event; a longer one is skipped as malformed.
+MAX_LINE = 1 << 20
+#: The deepest nesting of one event (the manager writes 3 levels: an event > phases > value).
+MAX_EVENT_DEPTH = 16
+
+
+def open_log(path: str) -> io.TextIOWrapper:
+    """The event log ``path`` opened as UTF-8 text (undecodable bytes replaced), if it is a
+    regular file of at most :data:`MAX_LOG_BYTES`; else ConfigError naming it and the problem
+    in one line (a FIFO, a device or a directory is refused at once, never read)."""
+    try:
+        fh = open_regular(path)
+    except OSError as exc:
+        raise ConfigError(f"event log {path}: {os_reason(exc)}") from exc
+    size = os.fstat(fh.fileno()).st_size
+    if size > MAX_LOG_BYTES:
+        fh.close()
+        raise ConfigError(f"event log {path}: {size} bytes; at most {MAX_LOG_BYTES} are read")
+    return io.TextIOWrapper(fh, "utf-8", errors="replace")
+
+
+def log_lines(fh: io.TextIOWrapper) -> Iterator[str]:
+    """The lines of an open log, each at most :data:`MAX_LINE` characters (a longer line
+    comes in pieces, each of them malformed)."""
+    return iter(lambda: fh.readline(MAX_LINE), "")
+
+
+def parse_event(line: str) -> Event | None:
+    """One log line's event (a JSON object with ``event`` and ``ts``), or None: never raises."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, a 4300-digit number, too deep to parse
+        return None
+    ok = isinstance(record, dict) and "event" in record and "ts" in record
+    return record if ok and depth_ok(record, MAX_EVENT_DEPTH) else None
+
+
 def read_events(path: str) -> tuple[list[Event], int]:
-    """Events of a JSONL file, and the number of malformed lines skipped."""
+    """Events of a JSONL file, and the number of malformed lines skipped; ConfigError naming
+    the file if it cannot be read (:func:`open_log`)."""
     events: list[Event] = []
     bad = 0
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
+    with open_log(path) as fh:
+        for line in log_lines(fh):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+            record = parse_event(line)
+            if record is None:
                 bad += 1
-                continue
-            if isinstance(record, dict) and "event" in record and "ts" in record:
-                events.append(record)
             else:
-                bad += 1
+                events.append(record)
     return events, bad

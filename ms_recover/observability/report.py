@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import math
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from ms_recover.inputs import check_output_file, open_regular
+from ms_recover.errors import ConfigError
+from ms_recover.inputs import check_output_file
 from ms_recover.manager.records import PHASES
+from ms_recover.observability.events import log_lines, open_log
+from ms_recover.observability.safetext import safe
 
 Event = dict[str, Any]
 COLLAPSED = frozenset({"member", "group"})  # one line per run of these, not one per event
@@ -187,26 +189,16 @@ def print_timeline(events: list[Event], out: TextIO) -> None:
         if kind in COLLAPSED:
             run_kind, run_start = kind, (run_start if run_count else event["ts"] - t0)
             run_count += 1
-        elif kind:
-            epoch = event.get("epoch", "-")
-            out.write(
-                f"{event['ts'] - t0:+10.3f}s  epoch {epoch!s:<4} {kind:<10} {describe(event)}\n"
-            )
+        elif kind:  # whatever wrote the log chose the text: escaped (one line, no controls)
+            epoch, text = safe(event.get("epoch", "-")), safe(describe(event))
+            out.write(f"{event['ts'] - t0:+10.3f}s  epoch {epoch:<4} {safe(kind):<10} {text}\n")
             if kind == "fault" and isinstance(event.get("log_tail"), str):
                 out.write(tail_lines(event["log_tail"]))
 
 
 def tail_lines(tail: str, indent: str = " " * 12 + "| ") -> str:
-    """A fault's log tail (a rank's traceback), indented, control characters escaped."""
-    return "".join(f"{indent}{escape(line)}\n" for line in tail.splitlines())
-
-
-def escape(text: str) -> str:
-    """Untrusted text made safe to print on a terminal: control characters escaped.
-
-    Stands in for ``ms_recover.observability.safetext`` (being added in parallel); once it has
-    landed, this body becomes that module's function."""
-    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in text)
+    """A fault's log tail (a rank's traceback), indented, each line escaped."""
+    return "".join(f"{indent}{safe(line)}\n" for line in tail.splitlines())
 
 
 def print_summary(events: list[Event], out: TextIO) -> None:
@@ -299,9 +291,6 @@ def _draw_row(ax: Any, row: int, incident: Incident, t0: float) -> None:
         )
 
 
-MAX_LINE = 1 << 20
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("events", metavar="EVENTS.jsonl", help="the manager's event log")
     parser.add_argument("--plot", metavar="PNG", help="also draw a Gantt chart of the phases")
@@ -312,17 +301,16 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_output_file("--plot", args.plot)
     try:
-        with io.TextIOWrapper(open_regular(args.events), "utf-8", errors="replace") as fh:
+        with open_log(args.events) as fh:  # a regular file of bounded size
             # Bounded lines: one huge line costs at most MAX_LINE at a time and is skipped.
-            loaded = load_events(iter(lambda: fh.readline(MAX_LINE), ""))
-    except OSError as exc:
-        reason = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
-        print(f"ms-recover report: error: {args.events}: {reason}", file=sys.stderr)
+            loaded = load_events(log_lines(fh))
+    except ConfigError as exc:
+        print(f"ms-recover report: error: {exc}", file=sys.stderr)
         return 1
     if loaded.skipped:
         print(
             f"ms-recover report: warning: skipped {loaded.skipped} malformed line(s) "
-            f"(first at {loaded.first_problem})",
+            f"(first at {safe(loaded.first_problem)})",
             file=sys.stderr,
         )
     if not loaded.events:

@@ -20,7 +20,8 @@ import zmq
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import seconds_arg
-from ms_recover.observability.report import escape, tail_lines
+from ms_recover.observability.report import tail_lines
+from ms_recover.observability.safetext import safe
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.transport import manager_channel
 
@@ -77,7 +78,7 @@ def render(status: dict[str, Any], ranks: bool = False) -> str:
     """The summary; with ``ranks``, one line per node agent and per rank as well. Text that
     came from the ranks (hosts, reasons, tracebacks) is escaped."""
     lines = [
-        f"job {escape(str(status['job_id']))}: {status['state']}, epoch {status['epoch']}, "
+        f"job {safe(str(status['job_id']))}: {status['state']}, epoch {status['epoch']}, "
         f"strategy {status['strategies']}, recoveries {status['recoveries']}",
         "  " + _ranks_line(status["ranks"], status["world_size"]),
     ]
@@ -114,7 +115,7 @@ def _fault_lines(faults: list[dict[str, Any]]) -> list[str]:
     if not faults:
         return []
     f = faults[-1]
-    where = f" on {escape(str(f['host']))}" if f.get("host") else ""
+    where = f" on {safe(str(f['host']))}" if f.get("host") else ""
     how = ""
     if f.get("signal"):
         how = f", signal {f['signal']}"
@@ -122,7 +123,7 @@ def _fault_lines(faults: list[dict[str, Any]]) -> list[str]:
         how = f", exit code {f['exit_code']}"
     lines = [
         f"  last fault ({len(faults)} shown of the latest): {f.get('kind')} rank {f.get('rank')} "
-        f"node {f.get('node_rank')}{where}{how}: {escape(str(f.get('detail', '')))}"
+        f"node {f.get('node_rank')}{where}{how}: {safe(str(f.get('detail', '')))}"
     ]
     if f.get("log_tail"):
         lines.append(tail_lines(f["log_tail"], " " * 4 + "| ").rstrip("\n"))
@@ -133,8 +134,8 @@ def _flagged_lines(flagged: list[dict[str, Any]]) -> list[str]:
     if not flagged:
         return []
     shown = [
-        f"rank {f.get('rank')} (node {f.get('node')}, {escape(str(f.get('host', '?')))}, "
-        f"step {f.get('step')}): {escape(str(f.get('reason', '')))}"
+        f"rank {f.get('rank')} (node {f.get('node')}, {safe(str(f.get('host', '?')))}, "
+        f"step {f.get('step')}): {safe(str(f.get('reason', '')))}"
         for f in flagged[:MAX_FLAGGED_SHOWN]
     ]
     more = (
@@ -148,7 +149,7 @@ def _member_lines(status: dict[str, Any]) -> list[str]:
     for a in status["agents"]:
         lines.append(
             f"  node {a['node_rank']}: agent {'up' if a['alive'] else 'DOWN'} "
-            f"pid={a['pid']} ip={escape(a['pod_ip'] or '-')}"
+            f"pid={a['pid']} ip={safe(a['pod_ip'] or '-')}"
             f"{' (scheduler)' if a['is_scheduler'] else ''}"
         )
     for r in status["ranks"]:

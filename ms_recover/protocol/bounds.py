@@ -42,6 +42,35 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 #: deadline is a pod's termination grace (Kubernetes takes any int64 seconds; a day is plenty).
 FLOAT_RANGES: dict[str, tuple[float, float]] = {"deadline_s": (0.0, 86400.0)}
 
+#: Narrower ranges of a field in one message kind: the values the manager takes a successor of.
+#: It resumes at the step after a committed step it learnt from a registration, a stop or a
+#: repair (``Resume(step + 1)``), and starts a round at the epoch after the one a registering
+#: member reports (see :data:`EPOCH_RANGES`); so those are at most ``STEP_MAX - 1``, and what
+#: it derives from them is still within :data:`INT_RANGES`, which its members check. (A
+#: heartbeat's committed step may be ``STEP_MAX`` itself: the one that closes that Resume.)
+KIND_RANGES: dict[tuple[bytes, str], tuple[int, int]] = dict.fromkeys(
+    ((kind, "committed_step") for kind in (b"worker_hello", b"stopped", b"repaired")),
+    (-1, STEP_MAX - 1),
+)
+
+#: The envelope epoch a message kind may carry, where narrower than ``0..STEP_MAX``: a
+#: restarted manager adopts a registering member's epoch and starts its next round at the
+#: epoch after it.
+EPOCH_RANGES: dict[bytes, tuple[int, int]] = dict.fromkeys(
+    (b"worker_hello", b"agent_hello"), (0, STEP_MAX - 1)
+)
+
+
+def int_range(name: str, kind: bytes = b"") -> tuple[int, int]:
+    """The inclusive range of int field ``name`` (of message ``kind``, if given)."""
+    return KIND_RANGES.get((kind, name)) or INT_RANGES.get(name, INT64)
+
+
+def epoch_range(kind: bytes) -> tuple[int, int]:
+    """The inclusive range of the envelope epoch of a message of ``kind``."""
+    return EPOCH_RANGES.get(kind) or INT_RANGES["epoch"]
+
+
 #: The length of each str field by name that is shorter than :data:`MAX_STR`: a state digest
 #: is a hex CRC-32 (8 characters) or SHA-256 (64), and the manager keeps a few per rank.
 STR_LIMITS: dict[str, int] = {"digest": 64, "digests": 64}
@@ -116,8 +145,9 @@ def all_ok(value: list[Any] | dict[Any, Any]) -> bool:
     return True
 
 
-def check_field(value: Any, hint: Any, name: str = "") -> bool:
-    """Whether a decoded value matches a field's type hint and bounds, elements included."""
+def check_field(value: Any, hint: Any, name: str = "", kind: bytes = b"") -> bool:
+    """Whether a decoded value matches a field's type hint and bounds (of message ``kind``,
+    if given), elements included."""
     if hint is Any:
         return scalar_ok(value)
     if hint is float:
@@ -130,28 +160,28 @@ def check_field(value: Any, hint: Any, name: str = "") -> bool:
             and lo <= value <= hi
         )
     if hint is int:
-        return int_in(value, *INT_RANGES.get(name, INT64))
+        return int_in(value, *int_range(name, kind))
     if hint is str:
         return isinstance(value, str) and len(value) <= STR_LIMITS.get(name, MAX_STR)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is list:
-        return isinstance(value, list) and all(check_field(v, args[0], name) for v in value)
+        return isinstance(value, list) and all(check_field(v, args[0], name, kind) for v in value)
     if origin is dict:
         return isinstance(value, dict) and all(
-            check_field(k, args[0], name) and check_field(v, args[1], name)
+            check_field(k, args[0], name, kind) and check_field(v, args[1], name, kind)
             for k, v in value.items()
         )
     return isinstance(value, hint)
 
 
-def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
+def compile_check(hint: Any, name: str = "", kind: bytes = b"") -> Callable[[Any], bool]:
     """:func:`check_field` for one field, built once per message kind: the same answer for
     every decoded value, without walking the type hint again for each value (a node agent's
     heartbeat carries two maps of every local rank, thousands of times a second)."""
     if hint is Any:
         return scalar_ok
     if hint is int:
-        lo, hi = INT_RANGES.get(name, INT64)
+        lo, hi = int_range(name, kind)
         return lambda v: type(v) is int and lo <= v <= hi
     if hint is str:
         most = STR_LIMITS.get(name, MAX_STR)
@@ -160,17 +190,17 @@ def compile_check(hint: Any, name: str = "") -> Callable[[Any], bool]:
         return lambda v: isinstance(v, hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if args in ((int,), (int, int)):  # list[int], dict[int, int]: C-level passes, no per-item call
-        ints = _ints_in(*INT_RANGES.get(name, INT64))
+        ints = _ints_in(*int_range(name, kind))
         if origin is list:
             return lambda v: type(v) is list and ints(v)
-        return _int_map(*INT_RANGES.get(name, INT64))
+        return _int_map(*int_range(name, kind))
     if origin is list:
-        item = compile_check(args[0], name)
+        item = compile_check(args[0], name, kind)
         return lambda v: type(v) is list and all(map(item, v))
     if origin is dict:
-        key, val = compile_check(args[0], name), compile_check(args[1], name)
+        key, val = compile_check(args[0], name, kind), compile_check(args[1], name, kind)
         return lambda v: type(v) is dict and all(key(k) and val(x) for k, x in v.items())
-    return lambda v: check_field(v, hint, name)
+    return lambda v: check_field(v, hint, name, kind)
 
 
 _INT = frozenset({int})

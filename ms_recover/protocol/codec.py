@@ -49,7 +49,7 @@ _TYPES = {kind: field_types(cls) for kind, cls in KINDS.items()}
 #: pass; the other kinds' checks reject any container where a scalar belongs, without recursion.
 _DEEP = frozenset(kind for kind, types in _TYPES.items() if "Any" in repr(types))
 _CHECKS = {
-    kind: {name: B.compile_check(hint, name) for name, hint in types.items()}
+    kind: {name: B.compile_check(hint, name, kind) for name, hint in types.items()}
     for kind, types in _TYPES.items()
 }
 _HEADER_CHECKS = {
@@ -64,8 +64,9 @@ for _kind in _RELAYS:
     _CHECKS[_kind]["bodies"] = lambda v: type(v) is list and all(type(b) is dict for b in v)
 _DEEP -= _RELAYS
 #: Every byte of a frame before its envelope, per kind with only typed scalar and int-map
-#: fields (see :meth:`Codec.quick`).
-_HEADS = {kind: MAGIC + bytes((len(kind),)) + kind for kind in KINDS.keys() - _DEEP - _RELAYS}
+#: fields and no narrower envelope epoch (see :meth:`Codec.quick`).
+_QUICK = KINDS.keys() - _DEEP - _RELAYS - B.EPOCH_RANGES.keys()
+_HEADS = {kind: MAGIC + bytes((len(kind),)) + kind for kind in _QUICK}
 _LIMITS = B.UNPACK_LIMITS
 _hmac, _compare = hmac.digest, hmac.compare_digest
 
@@ -244,7 +245,17 @@ class Codec:
                 if not check(data[key]):
                     raise ProtocolError(f"envelope field {key!r} must be {typ.__name__} in range")
             raise ProtocolError(f"envelope field 'sender' is longer than {MAX_SENDER}")
+        if kind in B.EPOCH_RANGES:
+            check_epoch(kind, epoch)
         return Envelope(self.job_id, epoch, sender, seq, _message(kind, data["body"]), nonce)
+
+
+def check_epoch(kind: bytes, epoch: int) -> None:
+    """ProtocolError unless ``epoch`` is within what a ``kind`` may carry
+    (:data:`~ms_recover.protocol.bounds.EPOCH_RANGES`: a restarted manager acts on it)."""
+    lo, hi = B.epoch_range(kind)
+    if not lo <= epoch <= hi:
+        raise ProtocolError(f"{kind.decode()} envelope field 'epoch' must be in {lo}..{hi}")
 
 
 def field_checks(kind: bytes) -> dict[str, typing.Callable[[Any], bool]]:
@@ -271,7 +282,7 @@ def _message(kind: bytes, body: Any) -> Message:
         if not check(body[name]):
             hint = types[name]
             shown = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
-            lo, hi = B.INT_RANGES.get(name, B.INT64)
+            lo, hi = B.int_range(name, kind)
             bound = f" in {lo}..{hi}" if "int" in str(hint) else ""
             if hint is float and name in B.FLOAT_RANGES:
                 bound = " in {:g}..{:g}".format(*B.FLOAT_RANGES[name])

@@ -24,7 +24,8 @@ from typing import Any
 
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import MAX_SENDER, Envelope, message_of
+from ms_recover.protocol.bounds import EPOCH_RANGES, int_range
+from ms_recover.protocol.codec import MAX_SENDER, Envelope, check_epoch, message_of
 
 #: The first bytes of every virtual identity. libzmq's own generated identities start with a
 #: zero byte too but are 5 bytes long (a zero and a counter, so one socket in 256 hands every
@@ -122,7 +123,12 @@ def ack_columns(msg: M.RelayAcks) -> str | None:
     n = len(msg.ranks)
     sizes = {len(msg.idents), len(msg.senders), len(msg.nonces), len(msg.seqs)}
     filled = [len(col) == (n if i < len(fields) else 0) for i, col in enumerate(_extra(msg))]
-    return None if sizes <= {n} and all(filled) else f"{UNEQUAL} ({msg.kind})"
+    if not (sizes <= {n} and all(filled)):
+        return f"{UNEQUAL} ({msg.kind})"
+    lo, hi = int_range("committed_step", msg.kind.encode())
+    if msg.steps and not lo <= min(msg.steps) <= max(msg.steps) <= hi:  # as each frame's own
+        return f"relayed {msg.kind}.committed_step must be in {lo}..{hi}"
+    return None
 
 
 def ack_item(msg: M.RelayAcks, i: int) -> RawItem:
@@ -173,6 +179,8 @@ def _item(
         return f"{kind[:32].decode(errors='replace')} may not be relayed to the manager"
     try:
         message = message_of(kind, body)
+        if kind in EPOCH_RANGES:
+            check_epoch(kind, epoch)
     except ProtocolError as exc:
         return f"relayed {exc}"
     return Envelope(job_id, epoch, sender, seq, message, nonce)

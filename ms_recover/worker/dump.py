@@ -29,7 +29,10 @@ here), so that the manager writes manifests without importing the worker. Pure n
 
 from __future__ import annotations
 
+import math
+import os
 import zipfile
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -49,6 +52,7 @@ from ms_recover.dumpfiles import (
     write_manifest,
 )
 from ms_recover.errors import RepairError
+from ms_recover.inputs import open_regular
 from ms_recover.worker.state import StateProvider
 
 __all__ = [
@@ -90,13 +94,53 @@ def _save_npz(path: str, arrays: dict[str, NDArray[Any]]) -> None:
         _write_npz(fh, arrays)
 
 
+#: Deflate cannot shrink data much more than 1032:1: an archive whose members claim more
+#: bytes than this many times its own size lies about them.
+_MAX_RATIO = 1100
+#: numpy 1.26 ships no annotations for np.lib.format.
+_NPY_HEADERS: dict[tuple[int, int], Callable[[Any], tuple[tuple[int, ...], bool, np.dtype[Any]]]]
+_NPY_HEADERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
 def load_npz(path: str) -> dict[str, NDArray[Any]]:
-    """Every array of an .npz archive, by name; RepairError naming the file if it is unreadable."""
+    """Every array of an .npz archive, by name; RepairError naming the file and the problem
+    if it is unreadable, not a regular file, or claims more bytes than it holds (each array's
+    shape and dtype are checked against its member's size before anything is allocated)."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        with open_regular(path) as fh:
+            _check_npz(fh, os.fstat(fh.fileno()).st_size)
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+    except RepairError as exc:
+        raise RepairError(f"npz dump file {path} is refused: {exc}") from exc
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, OverflowError) as exc:
         raise RepairError(f"cannot read npz dump file {path}: {exc}") from exc
+
+
+def _check_npz(fh: BinaryIO, size: int) -> None:
+    """RepairError unless every member of the archive ``fh`` (of ``size`` bytes) is a .npy
+    array of a plain dtype whose shape fits in the member's own bytes."""
+    with zipfile.ZipFile(fh) as zf:
+        members = zf.infolist()
+        if sum(m.file_size for m in members) > _MAX_RATIO * size + (1 << 20):
+            raise RepairError(f"its members claim more bytes than {_MAX_RATIO}x its {size}")
+        for member in members:
+            with zf.open(member) as npy:
+                version = np.lib.format.read_magic(npy)  # type: ignore[no-untyped-call]
+                read = _NPY_HEADERS.get(version)
+                if read is None:
+                    raise RepairError(f"{member.filename!r} is .npy version {version}")
+                shape, _, dtype = read(npy)
+            need = math.prod(shape) * dtype.itemsize
+            if dtype.hasobject or need > member.file_size:
+                raise RepairError(
+                    f"{member.filename!r} claims {shape} of {dtype} ({need} bytes) in a "
+                    f"member of {member.file_size} bytes"
+                )
 
 
 # -- rank dumps ------------------------------------------------------------------------------

@@ -37,9 +37,11 @@ from numpy.typing import NDArray
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
+from ms_recover.dumpfiles import check_dump_dir
 from ms_recover.errors import CommError, Interrupted, RecoveryError, RepairError
 from ms_recover.faulthooks import NO_FAULTS, FaultHooks
 from ms_recover.protocol import messages as M
+from ms_recover.strategy import Strategy
 from ms_recover.worker import repair
 from ms_recover.worker.dump import write_rank_dump
 from ms_recover.worker.link import ManagerLink
@@ -133,6 +135,8 @@ class Session:
             self.phase = check(self.rank, self.phase, Phase.TRAINING, "a run without a manager")
             self.comm.init(0, {0: self.comm.endpoint})
             return
+        if Strategy.DUMP in self.config.strategies:  # now, not at the fault that needs it
+            check_dump_dir(self.config.effective_dump_dir())
         self.phase = check(self.rank, self.phase, Phase.REGISTERING, "registration")
         self.link.send(self._hello())
         self.link.registration = self._registration

@@ -8,6 +8,7 @@ another shape is refused with the parameter named and nothing loaded.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -19,7 +20,12 @@ ms = pytest.importorskip("mindspore")
 nn = ms.nn
 
 from ms_recover.errors import RepairError  # noqa: E402
-from ms_recover.mindspore.checkpoint import load_dump, read_ckpt, write_ckpt  # noqa: E402
+from ms_recover.mindspore.checkpoint import (  # noqa: E402
+    META_KEY,
+    load_dump,
+    read_ckpt,
+    write_ckpt,
+)
 from ms_recover.mindspore.state import MindSporeState  # noqa: E402
 from ms_recover.mindspore.step import DataParallelStep  # noqa: E402
 from ms_recover.worker.dump import locate, write_manifest, write_rank_dump  # noqa: E402
@@ -142,3 +148,26 @@ def test_dtypes_mindspore_cannot_read_back_are_refused_before_writing(tmp_path: 
     with pytest.raises(RepairError, match=r"cannot hold 'z' \(complex64\), 's' \(<U1\)"):
         write_ckpt(arrays, str(tmp_path / "x.ckpt"))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("empty", "problem"),
+    [
+        ({"x": [[10**7, 10**7], "<f8"]}, "not empty"),  # 800 TB if it were allocated
+        ({"x": [[0, 2**70], "<f8"]}, "shape"),
+        ({"x": [[0], "O"]}, "Python objects"),
+        ({"x": [[0], "<f8"], "y": "not a pair"}, "malformed"),
+    ],
+)
+def test_a_checkpoint_whose_metadata_claims_an_array_is_refused(
+    tmp_path: Any, empty: dict[str, Any], problem: str
+) -> None:
+    """The metadata names arrays of no element by shape; a corrupted one cannot make the
+    reader allocate (issue 26 #6): one RepairError naming the file."""
+    path = str(tmp_path / "forged.ckpt")
+    entries = [{"name": "w", "data": ms.Tensor(np.ones(2, np.float32))}]
+    meta = json.dumps({"version": 1, "empty": empty})
+    ms.save_checkpoint(entries, path, append_dict={META_KEY: meta})
+    with pytest.raises(RepairError, match="forged.ckpt") as caught:
+        read_ckpt(path)
+    assert problem in str(caught.value) and "\n" not in str(caught.value)

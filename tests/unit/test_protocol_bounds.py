@@ -220,4 +220,5 @@ def test_compiled_checks_agree_with_check_field(value: Any, data: Any) -> None:
     """The codec's per-kind compiled checks answer exactly as check_field, field by field."""
     kind = data.draw(st.sampled_from(sorted(M.KINDS)))
     for name, hint in field_types(M.KINDS[kind]).items():
-        assert B.compile_check(hint, name)(value) == B.check_field(value, hint, name), (kind, name)
+        compiled = B.compile_check(hint, name, kind)(value)
+        assert compiled == B.check_field(value, hint, name, kind), (kind, name)
