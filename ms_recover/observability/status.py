@@ -88,9 +88,9 @@ def render(status: dict[str, Any], ranks: bool = False) -> str:
         lines.append(f"  INSECURE: {INSECURE_HINT}")
     last = status.get("last_recovery")
     if last:
-        phases = ", ".join(f"{k} {v:.3f}s" for k, v in last["phases"].items())
+        phases = ", ".join(f"{safe(k)} {v:.3f}s" for k, v in last["phases"].items())
         lines.append(
-            f"  last recovery: {last['strategy']} {'ok' if last['ok'] else 'FAILED'}, mttr "
+            f"  last recovery: {safe(last['strategy'])} {'ok' if last['ok'] else 'FAILED'}, mttr "
             f"{last['mttr_s']:.3f}s, lost steps {last['lost_steps']} ({phases})"
         )
     lines += _fault_lines(status.get("last_faults") or [])

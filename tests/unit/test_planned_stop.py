@@ -165,7 +165,7 @@ def test_every_node_leaving_writes_a_final_dump_first(
             "step": 10,
             "file": f"rank_{rank}.npz",
             "format": "npz",
-            "sha256": "00",
+            "sha256": "0" * 64,
             "size": 1,
             "reason": "",
         }

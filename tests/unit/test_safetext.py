@@ -79,11 +79,16 @@ def test_status_escapes_what_members_reported() -> None:
                 "node_rank": 0,
                 "done": False,
                 "alive": True,
-                "step": "4\n2",
+                "step": 4,
+                "silent_s": 0.1,
                 "pid": 6,
                 "incarnation": 0,
             }
         ],
+        "last_faults": [
+            {"kind": "rank_exit", "rank": 0, "node_rank": 0, "host": HOSTILE, "detail": HOSTILE}
+        ],
+        "flagged": [{"rank": 0, "node": 0, "host": HOSTILE, "step": 4, "reason": HOSTILE}],
         "last_recovery": {
             "strategy": "recover\x1b]0;t\x07",
             "ok": True,
@@ -92,7 +97,8 @@ def test_status_escapes_what_members_reported() -> None:
             "phases": {"stop\x1b[1A": 0.5},
         },
     }
-    text = render(status)
+    text = render(status, ranks=True)
     assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
-    assert len(text.splitlines()) == 4
-    assert "ip=boom\\x1b[2J" in text and "step    4\\n2" in text
+    assert len(text.splitlines()) == 8
+    assert "ip=boom\\x1b[2J" in text and "on boom\\x1b[2J" in text
+    assert "recover\\x1b]0;t\\x07" in text and "stop\\x1b[1A" in text
