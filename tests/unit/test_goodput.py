@@ -177,3 +177,33 @@ def test_fed_by_the_event_log_with_a_fake_clock(tmp_path: Any) -> None:
     assert fields["wall_s"] == approx(100.0)
     assert fields["ettr"] == pytest.approx((100.0 - 11.5) / 100.0, abs=1e-6)
     json.dumps(fields)  # an event's fields
+
+
+def test_manager_writes_the_ledger_at_job_end() -> None:
+    from ms_recover.config import JobConfig
+    from ms_recover.manager import actions as A
+    from ms_recover.manager.executor import Executor
+    from ms_recover.manager.model import JobModel
+    from ms_recover.manager.records import JobEndRecord, JobStartRecord
+
+    now = [0.0]
+    log = EventLog(clock=lambda: now[0])
+    sent: list[Any] = []
+
+    class Sender:
+        def send(self, identities: Any, msg: Any) -> None:
+            sent.append(msg)
+
+    ex = Executor(
+        JobModel(JobConfig(job_id="g", node_nums=1, proc_per_node=2)), log, lambda: now[0], Sender()
+    )
+    log.write("manager_start", epoch=0)
+    now[0] = 4.0
+    log.write(JobStartRecord.EVENT, epoch=1, **JobStartRecord({}).fields())
+    now[0] = 20.0
+    ex.execute([A.Emit("done", JobEndRecord(0, "every rank finished training"))])
+    (goodput,) = log.recent("goodput")
+    assert goodput["ettr"] == approx(0.8)
+    assert goodput["wall_s"] == approx(20.0)
+    assert goodput["seconds"]["startup"] == approx(4.0)
+    assert goodput["seconds"]["productive"] == approx(16.0)
