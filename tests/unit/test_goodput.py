@@ -207,3 +207,17 @@ def test_manager_writes_the_ledger_at_job_end() -> None:
     assert goodput["wall_s"] == approx(20.0)
     assert goodput["seconds"]["startup"] == approx(4.0)
     assert goodput["seconds"]["productive"] == approx(16.0)
+
+
+def test_report_prints_the_ledger_and_plots_it(tmp_path: Any, capsys: Any) -> None:
+    from ms_recover.cli import main
+
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in one_recovery()))
+    png = tmp_path / "goodput.png"
+    assert main(["report", str(path), "--goodput-plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "goodput ledger over 100.000s of wall time:" in out
+    assert "  startup           10.000s  10.00%" in out
+    assert "ETTR (productive / wall): 88.50%" in out
+    assert png.stat().st_size > 0
