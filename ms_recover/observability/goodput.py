@@ -124,6 +124,7 @@ class GoodputLedger:
         self._fixed = start is not None
         self.ignored = 0
         self._events: list[Event] = []
+        self._cache: list[tuple[float, float, str]] | None = None
 
     def on_event(self, e: Event) -> None:
         """An event listener: keeps the events the ledger needs; never raises."""
@@ -132,14 +133,18 @@ class GoodputLedger:
             return
         if not self._fixed and (self.start is None or e["ts"] < self.start):
             self.start = float(e["ts"])
+            self._cache = None
         if e["event"] in KINDS:
             self._events.append(e)
+            self._cache = None
 
     def snapshot(self, now: float) -> dict[str, float]:
         """Seconds per category from the start to ``now`` (or to ``job_end``, if earlier)."""
         out = dict.fromkeys(CATEGORIES, 0.0)
-        for start, end, cat in self._segments(now):
-            out[cat] += end - start
+        for start, end, cat in self._segments():
+            if start >= now:
+                break
+            out[cat] += min(end, now) - start
         return out
 
     def wall(self, now: float) -> float:
@@ -161,55 +166,37 @@ class GoodputLedger:
             "seconds": {k: round(v, 4) for k, v in times.items()},
         }
 
-    def _segments(self, now: float) -> list[tuple[float, float, str]]:
+    def _segments(self) -> list[tuple[float, float, str]]:
+        """The painted segments, the last one open-ended unless the job ended; recomputed only
+        when an event arrived since the last call."""
+        if self._cache is not None:
+            return self._cache
         if self.start is None:
             return []
         events = sorted(self._events, key=lambda e: e["ts"])  # stable: arrival breaks ties
         ends = [e["ts"] for e in events if e["event"] == "job_end"]
-        t0, t1 = self.start, min([now, *ends])
-        if t1 <= t0:
-            return []
-        canvas = _Paint(t0, t1, "startup")
-        self._paint_states(canvas, events)
-        self._paint_incidents(canvas, events)
-        return self._recompute(canvas.segments(), events)
-
-    @staticmethod
-    def _paint_states(canvas: _Paint, events: list[Event]) -> None:
-        training = False
-        for e in events:
-            kind, ts = e["event"], e["ts"]
-            if kind in ("job_start", "restored") or (kind == "recovery" and e.get("ok")):
-                training = True
-                canvas.paint(ts, canvas.t1, PRODUCTIVE)
-            elif (kind == "fault" and training) or kind == "recovery":
-                training = False
-                canvas.paint(ts, canvas.t1, "other")
-
-    @staticmethod
-    def _paint_incidents(canvas: _Paint, events: list[Event]) -> None:
-        nodes = False  # the last decision restarted whole nodes
+        canvas = _Paint(self.start, min(ends, default=math.inf), "startup")
+        # One pass in time order: a state paints from its event on, an incident only before
+        # its event, so neither hides a later one, and paints land near the end of the canvas.
+        training = nodes = False  # nodes: the last decision restarted whole nodes
         for e in events:
             kind, ts = e["event"], e["ts"]
             if kind == "decision":
                 nodes = bool(e.get("nodes"))
             elif kind == "fault":
+                if training:
+                    training = False
+                    canvas.paint(ts, canvas.t1, "other")
                 canvas.paint(ts - e["detect_s"], ts, "detect")
             elif kind == "recovery":
-                phases = {k: float(v) for k, v in e["phases"].items()}
-                begin = ts - e["mttr_s"]
-                canvas.paint(begin - phases.get("detect", 0.0), begin, "detect")
-                if e.get("strategy") == "dump":
-                    canvas.paint(begin, ts, "dump")
-                    continue
-                t = ts
-                for phase in ("resume", "repair", "rebuild"):
-                    length = min(phases.get(phase, 0.0), t - begin)
-                    canvas.paint(t - length, t, phase)
-                    t -= length
-                stop = min(phases.get("stop", 0.0), t - begin)
-                canvas.paint(begin, begin + stop, "stop")
-                canvas.paint(begin + stop, t, "reschedule" if nodes else "replace")
+                training = bool(e.get("ok"))
+                canvas.paint(ts, canvas.t1, PRODUCTIVE if training else "other")
+                _paint_recovery(canvas, e, nodes)
+            elif kind in ("job_start", "restored"):
+                training = True
+                canvas.paint(ts, canvas.t1, PRODUCTIVE)
+        self._cache = self._recompute(canvas.segments(), events)
+        return self._cache
 
     @staticmethod
     def _recompute(
@@ -242,6 +229,25 @@ class GoodputLedger:
                 trained += end - start
             out.append((start, end, cat))
         return out
+
+
+def _paint_recovery(canvas: _Paint, e: Event, nodes: bool) -> None:
+    """A recovery's detection and phases, before its event (see the module docstring)."""
+    ts = e["ts"]
+    phases = {k: float(v) for k, v in e["phases"].items()}
+    begin = ts - e["mttr_s"]
+    canvas.paint(begin - phases.get("detect", 0.0), begin, "detect")
+    if e.get("strategy") == "dump":
+        canvas.paint(begin, ts, "dump")
+        return
+    t = ts
+    for phase in ("resume", "repair", "rebuild"):
+        length = min(phases.get(phase, 0.0), t - begin)
+        canvas.paint(t - length, t, phase)
+        t -= length
+    stop = min(phases.get("stop", 0.0), t - begin)
+    canvas.paint(begin, begin + stop, "stop")
+    canvas.paint(begin + stop, t, "reschedule" if nodes else "replace")
 
 
 def ledger_from_events(events: list[Event], start: float | None = None) -> GoodputLedger:

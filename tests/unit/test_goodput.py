@@ -87,6 +87,16 @@ def test_unfinished_recovery_is_other_until_its_event() -> None:
     assert times["productive"] == approx(50.0 - 10.0 - 0.5)
 
 
+def test_live_ledger_follows_new_events() -> None:
+    events = one_recovery()
+    ledger = ledger_from_events(events[:4])
+    assert ledger.snapshot(60.0)["other"] == approx(10.0)  # the recovery is still under way
+    ledger.on_event(events[4])
+    after = ledger.snapshot(60.0)
+    assert after["other"] == approx(0.0)
+    assert after["productive"] == approx(60.0 - 10.0 - 0.5 - 1.0)
+
+
 def test_lost_steps_are_recomputed_after_the_recovery() -> None:
     # 10 s of start-up, then 39.5 s of training reached step 12 (target 10 + 2 lost).
     events = one_recovery()
