@@ -19,12 +19,13 @@ How the time is painted onto the wall-clock span from the first event to ``now``
   decision restarted whole nodes (waiting for a rescheduled pod). A ``dump`` recovery's span
   is all ``dump``.
 * ``lost_steps`` of a recovery are recomputed after it: the first ``lost_steps x step time``
-  seconds of productive time after it are ``recompute`` (the step time is the productive time
-  so far over the steps it committed: ``target_step + lost_steps`` per recovery).
+  seconds of productive time after it are ``recompute`` (the step time is the training time
+  so far over the steps it committed: up to ``target_step + lost_steps`` per recovery).
 
-Events are kept (only the few kinds above) and sorted by ``ts`` at each snapshot, so events
-that arrive out of order are placed where they happened. A malformed event is counted in
-``ignored`` and otherwise ignored.
+Events are kept (only the few kinds above) and sorted by ``ts`` when a snapshot follows a new
+event, so events that arrive out of order are placed where they happened; the painted result
+is kept until the next event. A malformed event is counted in ``ignored`` and otherwise
+ignored. A restarted manager's ledger starts at its own first event.
 """
 
 from __future__ import annotations
