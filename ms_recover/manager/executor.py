@@ -29,6 +29,7 @@ from ms_recover.manager.records import (
     WorldRecord,
 )
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.goodput import GoodputLedger
 from ms_recover.protocol.messages import AgentExit, Exit, Message, StartRanks
 
 log = logging.getLogger("ms_recover.manager")
@@ -60,6 +61,8 @@ class Executor:
         self.clock = clock
         self.sender = sender
         self.agent_ids: dict[int, bytes] = {} if agent_ids is None else agent_ids
+        self.goodput = GoodputLedger()
+        events.subscribe(self.goodput.on_event)
         self._handlers: dict[type[A.Action], Callable[[Any], None]] = {
             A.SendRanks: self._send_ranks,
             A.SendAgent: self._send_agent,
@@ -188,11 +191,12 @@ class Executor:
 
     def _emit(self, action: A.Emit) -> None:
         m = self.model
-        self.events.write(
+        e = self.events.write(
             action.record.EVENT, epoch=m.epoch, state=m.state.value, **action.record.fields()
         )
         if isinstance(action.record, JobEndRecord):
             m.exit_code = action.record.exit_code
+            self.events.write("goodput", epoch=m.epoch, **self.goodput.fields(e["ts"]))
 
     def _write(self, record: PhaseRecord | WorldRecord | DumpRecord | JobStartRecord) -> None:
         self.events.write(record.EVENT, epoch=self.model.epoch, **record.fields())

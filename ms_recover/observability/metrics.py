@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from ms_recover.errors import ConfigError
 from ms_recover.manager.model import FaultKind, JobState
 from ms_recover.manager.records import PHASES
 from ms_recover.observability.events import Event, EventLog
+from ms_recover.observability.goodput import GoodputLedger
 
 #: Upper bounds (seconds) of the recovery duration histogram: a retry takes about a second, a
 #: rescheduled pod minutes.
@@ -65,11 +67,13 @@ class ManagerCollector:
         self._lost = 0
         self._duration = Histogram(RECOVERY_BUCKETS)
         self._phases = {phase: Histogram(PHASE_BUCKETS) for phase in PHASES}
+        self._goodput = GoodputLedger()
         events.subscribe(self._on_event)
 
     def _on_event(self, e: Event) -> None:
         kind = e.get("event")
-        with self._lock:
+        with self._lock:  # scrapes read the same state from their own thread
+            self._goodput.on_event(e)
             if kind == "recovery":
                 self._on_recovery(e)
             elif kind == "fault":
@@ -131,6 +135,28 @@ class ManagerCollector:
         for phase, hist in self._phases.items():
             phases.add_metric([phase], hist.buckets(), hist.sum)
         yield phases
+        yield from self._goodput_series()
+
+    def _goodput_series(self) -> Iterator[Any]:
+        """ETTR and the wall time by category, from the goodput ledger (the events' wall clock);
+        absent until the ledger has seen an event."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        times = self._goodput.snapshot(time.time())
+        wall = sum(times.values())
+        if wall <= 0:
+            return
+        yield GaugeMetricFamily(
+            "ms_recover_goodput_ratio",
+            "Productive training time over wall time (ETTR)",
+            value=times.get("productive", 0.0) / wall,
+        )
+        spent = CounterMetricFamily(
+            "ms_recover_time_seconds", "The job's wall time by category", labels=["category"]
+        )
+        for category, seconds in sorted(times.items()):
+            spent.add_metric([category], seconds)
+        yield spent
 
     def _from_status(self, status: dict[str, Any]) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily

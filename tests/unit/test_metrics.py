@@ -96,3 +96,18 @@ def test_the_registry_exports_process_metrics_and_text_format() -> None:
     assert "process_cpu_seconds_total" in text or "process_resident_memory_bytes" in text
     assert "# TYPE ms_recover_recoveries_total counter" in text
     assert "# TYPE ms_recover_recovery_duration_seconds histogram" in text
+
+
+def test_goodput_ratio_and_time_by_category_follow_the_ledger() -> None:
+    clock = iter([1000.0, 1010.0, 1110.0])
+    events = EventLog(clock=lambda: next(clock))
+    collector = ManagerCollector(_status, events)
+    before = _samples(collector)
+    assert not any(name.startswith("ms_recover_goodput") for name, _ in before)  # no value yet
+    events.write("member")
+    events.write("job_start", world_size=4)
+    events.write("job_end", reason="every rank finished training", exit_code=0)
+    s = _samples(collector)
+    assert s[("ms_recover_time_seconds_total", (("category", "startup"),))] == 10.0
+    assert s[("ms_recover_time_seconds_total", (("category", "productive"),))] == 100.0
+    assert abs(s[("ms_recover_goodput_ratio", ())] - 100.0 / 110.0) < 1e-9
