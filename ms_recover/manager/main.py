@@ -21,6 +21,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import int_arg, seconds_arg
 from ms_recover.manager.server import ManagerServer
+from ms_recover.manager.takeover import Watch
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.metrics import serve_metrics
 
@@ -80,8 +81,18 @@ def run(args: argparse.Namespace) -> int:
     hold_sigterm()
     config = config_from_args(args)
     metrics_port = args.metrics_port or _env_port("MS_RECOVER_METRICS_PORT")
-    server = _listen(config, args.host or config.pod_ip)
+    host = args.host or config.pod_ip
+    index = takeover_index(config, host)
+    if index is not None:  # the node hosting a manager is the one that cannot move
+        config = config.replace(sched_node_rank=config.node_rank)
+    server = _listen(config, host)
     log.info("manager for %s listening on port %d", config.describe(), server.port)
+    watch = None
+    if index is not None:
+        server.set_role("standby", 0, False)  # until the watch decides (docs/manager-takeover.md)
+        watch = Watch(config, index, server)
+        watch.decide_start()
+        watch.start()
     if metrics_port:
         try:
             serve_metrics(metrics_port, server.status, server.events)
@@ -92,7 +103,25 @@ def run(args: argparse.Namespace) -> int:
                 "a free port in 1..65535 (--metrics-port / MS_RECOVER_METRICS_PORT)"
             ) from exc
         log.info("Prometheus metrics on port %d", metrics_port)
-    return serve_in_foreground(server)
+    try:
+        return serve_in_foreground(server)
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def takeover_index(config: JobConfig, host: str) -> int | None:
+    """This manager's place in ``MS_RECOVER_MANAGERS`` (None without standbys); ConfigError
+    when its own ``host:port`` is not in the list."""
+    if len(config.managers) < 2:
+        return None
+    me = f"{host}:{config.manager_port}"
+    if me not in config.managers:
+        raise ConfigError(
+            f"this manager ({me}) is not in MS_RECOVER_MANAGERS ({','.join(config.managers)}); "
+            "list every manager as host:port, this one included (--host/POD_IP, --port)"
+        )
+    return config.managers.index(me)
 
 
 def _listen(config: JobConfig, host: str) -> ManagerServer:

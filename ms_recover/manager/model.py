@@ -242,6 +242,9 @@ class JobModel:
     #: heartbeats still unread in the queue of a saturated or stalled manager are never taken
     #: for silence (``inf``: no queue, the clock alone).
     heard_at: float = math.inf
+    #: This manager's role among the job's managers (docs/manager-takeover.md): ``role``
+    #: (active or standby), ``term``, ``node``, ``seen_active``; in every status reply.
+    manager: dict[str, object] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.config
