@@ -3,6 +3,9 @@
 The job is real: NODES x PROCS rank processes train a small MLP with MindSpore on the CPU
 under one agent per node (or, with --launcher msrun, one real msrun per node whose agent is
 ms_recover's taskd shim), a manager, and a local pod supervisor standing in for Kubernetes.
+With the agent launcher the manager is a process of node 0's pod, as the scheduler pod's is
+in Kubernetes, with a standby in node 1's (docs/manager-takeover.md): killing node 0 loses the
+manager too, the standby takes over, and the JSON reports ``manager_takeover_s``.
 One rank (or a whole node) is killed with SIGKILL mid-run; the job recovers with the chosen
 strategy and finishes. With --verify the same job also runs uninterrupted and the final
 weights are compared by SHA-256. Under ``elastic-training`` the world shrinks and grows, so
@@ -33,7 +36,7 @@ from ms_recover.observability.timeline import Timeline
 from ms_recover.strategy import Strategy, format_strategies, parse_strategies
 from ms_recover.testing import worlds
 from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import LocalJob
+from ms_recover.testing.localjob import LocalJob, ManagerPodJob
 from ms_recover.testing.msrunjob import MsrunJob
 
 MAX_DEMO_RANKS = 32
@@ -186,12 +189,40 @@ def _run_job(
     job = (
         MsrunJob(config, command, env, logs, on_event=on_event)
         if launcher == "msrun"
-        else LocalJob(config, command, env, logs, on_event=on_event, spares=spares)
+        else ManagerPodJob(config, command, env, logs, on_event=on_event, spares=spares)
     )
     with job:
-        if not job.wait(timeout):
-            raise ConfigError(f"the job did not finish within {timeout:g}s; logs in {out}/logs")
+        _supervise(job, timeout, out)
     return job, _results(out, config.world_size)
+
+
+#: Say what the job is waiting for when nothing was printed for this long.
+QUIET_S = 5.0
+
+
+def _supervise(job: LocalJob, timeout: float, out: str) -> None:
+    """Wait for the job's end; every :data:`QUIET_S` without an event, one line saying what
+    it waits for. ConfigError naming the logs at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    seen, quiet_since = 0, time.monotonic()
+    while not job.wait(min(QUIET_S, max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"the job did not finish within {timeout:g}s; logs in {out}/logs")
+        events = job.events.recent()
+        if len(events) != seen:
+            seen, quiet_since = len(events), time.monotonic()
+            continue
+        print(f"  ... {_waiting_for(events)} ({time.monotonic() - quiet_since:.0f}s)", flush=True)
+
+
+def _waiting_for(events: list[Event]) -> str:
+    """What a job whose last events are ``events`` is waiting for, in a few words."""
+    kinds = [e["event"] for e in events]
+    if "job_start" not in kinds:
+        return "ranks starting: importing MindSpore and registering"
+    if kinds[-1] in ("fault", "decision", "takeover", "member"):
+        return "recovering: replacement ranks starting"
+    return "training"
 
 
 def _results(out: str, world: int) -> list[dict[str, Any]]:
@@ -225,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         f"fault: {faults.specs[0].kind} (rank {faults.specs[0].rank}) after step "
         f"{args.kill_step}; logs in {workdir}"
     )
+    print(f"each run starts {world} rank processes that import MindSpore first (~10-30 s)")
     result: dict[str, Any] = {}
     elastic = Strategy.ELASTIC_TRAINING in config.strategies
     if args.verify and not elastic:
@@ -242,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
         args.launcher,
     )
     result.update(_summarise(job.find("recovery"), final, world, job.exit_code))
+    takeover = job.find("manager_takeover")
+    if takeover:  # node 0 was lost with the manager: the standby's time to coordinate again
+        result["manager_takeover_s"] = takeover[-1]["takeover_s"]
     if args.verify and elastic:
         result.update(_reference(config, args, workdir, _schedule(final)))
     if args.verify:
@@ -311,8 +346,18 @@ def _verdict(result: dict[str, Any]) -> str:
         )
     else:
         lines.append("  NOT recovered")
+    if "manager_takeover_s" in result:
+        lines.append(
+            f"  the standby manager took over; survivors coordinated again in "
+            f"{result['manager_takeover_s']:.2f}s"
+        )
     lines.append(f"  final weights sha256: {result['final_weights_sha256']}")
-    if "weights_match" in result:
+    if "weights_match" in result and result["final_weights_sha256"] is None:
+        lines.append(
+            f"  weights not compared: the run has no final weights "
+            f"({result['ranks_finished']} ranks finished, job exit {result['job_exit_code']})"
+        )
+    elif "weights_match" in result:
         lines.append(f"  reference sha256:     {result['reference_weights_sha256']}")
         lines.append(
             "  weights match the uninterrupted run bit for bit"
