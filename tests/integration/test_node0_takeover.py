@@ -79,13 +79,15 @@ def test_a_recreated_node_0_stands_by_and_does_not_split_the_brain(tmp_path, ref
         wait_for(lambda: job.find("job_start"), 120, "training under way")
         job.pods.kill_node(0)  # node 0 lost whole: its manager, agent and ranks
         wait_for(lambda: job.find("manager_takeover"), 30, "the standby's takeover")
-        wait_for(lambda: job.pods.restarts.get(0) == 1, 30, "node 0's pod recreated")
 
         def roles() -> tuple[Any, Any] | None:
+            job.pods.poll()  # supervise: the lost pod is recreated
+            if job.pods.restarts.get(0) != 1:
+                return None
             a, b = manager_status(job.config, first), manager_status(job.config, second)
             return (a["manager"], b["manager"]) if a and b else None
 
-        node0, node1 = wait_for(roles, 30, "both managers answering")
+        node0, node1 = wait_for(roles, 60, "node 0's pod recreated, both managers answering")
         assert node0["role"] == "standby" and node0["node"] == 0, node0
         assert node1["role"] == "active" and node1["term"] == 1 and node1["node"] == 1, node1
         assert job.wait(180)
