@@ -111,17 +111,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def takeover_index(config: JobConfig, host: str) -> int | None:
-    """This manager's place in ``MS_RECOVER_MANAGERS`` (None without standbys); ConfigError
-    when its own ``host:port`` is not in the list."""
+    """This manager's place in ``MS_RECOVER_MANAGERS`` (None without standbys): the entry
+    equal to its own ``host:port``, else (the list names Services, the manager binds its
+    POD_IP) the entry of its node: the i-th manager lives on node ``sched_node_rank + i``.
+    ConfigError when neither fits."""
     if len(config.managers) < 2:
         return None
     me = f"{host}:{config.manager_port}"
-    if me not in config.managers:
-        raise ConfigError(
-            f"this manager ({me}) is not in MS_RECOVER_MANAGERS ({','.join(config.managers)}); "
-            "list every manager as host:port, this one included (--host/POD_IP, --port)"
-        )
-    return config.managers.index(me)
+    if me in config.managers:
+        return config.managers.index(me)
+    by_node = (config.node_rank - config.sched_node_rank) % config.node_nums
+    if by_node < len(config.managers):
+        return by_node
+    raise ConfigError(
+        f"this manager ({me}, node {config.node_rank}) is not in MS_RECOVER_MANAGERS "
+        f"({','.join(config.managers)}); list every manager as host:port in takeover order, "
+        f"the i-th on node {config.sched_node_rank}+i (MS_NODE_RANK)"
+    )
 
 
 def _listen(config: JobConfig, host: str) -> ManagerServer:
