@@ -220,8 +220,9 @@ def _waiting_for(events: list[Event]) -> str:
     kinds = [e["event"] for e in events]
     if "job_start" not in kinds:
         return "ranks starting: importing MindSpore and registering"
-    if kinds[-1] in ("fault", "decision", "takeover", "member"):
-        return "recovering: replacement ranks starting"
+    last = {kind: i for i, kind in enumerate(kinds)}
+    if last.get("fault", -1) > last.get("recovery", -1):
+        return "recovering: replacement ranks starting (MindSpore import), then repair"
     return "training"
 
 
