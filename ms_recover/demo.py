@@ -40,6 +40,7 @@ from ms_recover.testing.localjob import LocalJob, ManagerPodJob
 from ms_recover.testing.msrunjob import MsrunJob
 
 MAX_DEMO_RANKS = 32
+DEMO_HANG_TIMEOUT_S = 20.0  # --fault hang: see _validate
 MAX_STEPS = 1_000_000
 FAULTS = {
     "kill": "SIGKILL one rank after --kill-step",
@@ -140,7 +141,6 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         if not 0 <= args.kill_rank < world:
             raise ConfigError(f"--kill-rank {args.kill_rank} is outside 0..{world - 1}")
         faults = Faults().add(fault, rank=args.kill_rank, step=args.kill_step)
-    # A hang is found by the step-progress timeout: keep it short, and silence detection longer.
     config = JobConfig(
         job_id=f"demo-{os.getpid()}",
         node_nums=args.nodes,
@@ -150,7 +150,11 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         secret=secrets.token_hex(32).encode(),  # random per run: never the forgeable default
     )
     if fault == "hang":
-        config = config.replace(hang_timeout_s=6.0, rank_silence_s=60.0)
+        # A hang is found by the step-progress timeout: shorter than the default 120 s, and
+        # silence detection longer. It also bounds every resume (the first step after the
+        # forming round and after a recovery, which compiles the step graph again): 6 s was
+        # shorter than that compile on a busy host, and the job ended before the fault.
+        config = config.replace(hang_timeout_s=DEMO_HANG_TIMEOUT_S, rank_silence_s=60.0)
     if fault == "bitflip":  # the default check every 100 steps would come after a short demo
         config = config.replace(digest_every_steps=10)
     return config, faults
