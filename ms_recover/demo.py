@@ -131,11 +131,15 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         raise ConfigError(f"--kill-step must be in 0..{args.steps - 2} (before the last step)")
     fault = args.fault or ("node" if args.kill_node is not None else "kill")
     if fault == "node":
-        node = (
-            args.kill_node if args.kill_node is not None else args.kill_rank // args.procs_per_node
-        )
+        node = _node_to_kill(args)
         if not 0 <= node < args.nodes:
             raise ConfigError(f"--kill-node {node} is outside 0..{args.nodes - 1}")
+        if node == 0 and args.launcher == "msrun":
+            raise ConfigError(
+                "--launcher msrun cannot recover node 0 yet (its ranks talk to the manager "
+                "directly and do not follow a standby: docs/manager-takeover.md); use "
+                f"--launcher agent, or --kill-node 1..{args.nodes - 1}"
+            )
         faults = Faults().node(rank=node * args.procs_per_node, step=args.kill_step)
     else:
         if not 0 <= args.kill_rank < world:
@@ -158,6 +162,16 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     if fault == "bitflip":  # the default check every 100 steps would come after a short demo
         config = config.replace(digest_every_steps=10)
     return config, faults
+
+
+def _node_to_kill(args: argparse.Namespace) -> int:
+    """``--kill-node``, else the node of ``--kill-rank``; with msrun, whose node 0 cannot be
+    recovered yet, the last node when neither was given."""
+    if args.kill_node is not None:
+        return int(args.kill_node)
+    if args.launcher == "msrun" and args.nodes > 1 and args.kill_rank // args.procs_per_node == 0:
+        return int(args.nodes - 1)
+    return int(args.kill_rank // args.procs_per_node)
 
 
 def _check_outputs(workdir: str | None, json_path: str | None) -> None:

@@ -55,6 +55,10 @@ def test_demo_verify_writes_the_result_json(tmp_path):
         (["--fault", "meteor"], "invalid choice: 'meteor'"),
         (["--launcher", "msrun", "--spares", "1"], "--spares needs --launcher agent"),
         (["--launcher", "slurm"], "invalid choice: 'slurm'"),
+        (
+            ["--launcher", "msrun", "--fault", "node", "--kill-node", "0"],
+            "--launcher msrun cannot recover node 0 yet",
+        ),
     ],
 )
 def test_demo_bad_flags_exit_2_with_a_reason(args, needle):
