@@ -150,7 +150,9 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         node_nums=args.nodes,
         proc_per_node=args.procs_per_node,
         strategies=parse_strategies(args.strategy),
-        wait_reschedule_timeout_s=60.0,
+        # A recreated pod's ranks import MindSpore before they register: on a busy 2-core
+        # host that took over 60 s (measured 27 s to recreate the pod, then the imports).
+        wait_reschedule_timeout_s=120.0,
         secret=secrets.token_hex(32).encode(),  # random per run: never the forgeable default
     )
     if fault == "hang":
