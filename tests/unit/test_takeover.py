@@ -100,3 +100,19 @@ def test_the_managers_list_is_checked_and_carried_to_members() -> None:
             assert "MS_RECOVER_MANAGERS" in str(exc) and "valid" in str(exc)
         else:
             raise AssertionError(f"{bad!r} accepted")
+
+
+def test_a_manager_finds_its_entry_by_address_else_by_its_node() -> None:
+    from ms_recover.manager.main import takeover_index
+
+    two = ("job-mgr-0.ns.svc:9601", "job-mgr-1.ns.svc:9601")
+    cfg = JobConfig(node_nums=3, managers=two, manager_port=9601)
+    assert takeover_index(cfg.replace(managers=()), "10.0.0.5") is None
+    assert takeover_index(cfg.replace(node_rank=1), "10.0.0.5") == 1  # a Service: by node
+    assert takeover_index(cfg.replace(managers=("10.0.0.9:9601", "10.0.0.5:9601")), "10.0.0.5") == 1
+    try:
+        takeover_index(cfg.replace(node_rank=2), "10.0.0.7")
+    except ConfigError as exc:
+        assert "MS_RECOVER_MANAGERS" in str(exc) and "node 2" in str(exc)
+    else:
+        raise AssertionError("a manager on a node without an entry was accepted")
