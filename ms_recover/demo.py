@@ -241,6 +241,8 @@ def _waiting_for(events: list[Event]) -> str:
     if "job_start" not in kinds:
         return "ranks starting: importing MindSpore and registering"
     last = {kind: i for i, kind in enumerate(kinds)}
+    if "job_end" in last:
+        return "the job ended: ranks finishing (final save), pods exiting"
     if last.get("fault", -1) > last.get("recovery", -1):
         return "recovering: replacement ranks starting (MindSpore import), then repair"
     return "training"
