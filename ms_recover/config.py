@@ -77,6 +77,9 @@ class JobConfig:
     relay_endpoint: str = ""  # MS_RECOVER_RELAY_ENDPOINT: the agent's relay ("": the manager)
     #: The pod's terminationGracePeriodSeconds (Kubernetes' default 30 s): SIGTERM to SIGKILL.
     termination_grace_s: float = 30.0  # MS_RECOVER_TERMINATION_GRACE_S
+    #: MS_RECOVER_MANAGERS: ``host:port`` of every manager (the active one and its standbys),
+    #: in takeover order; empty: the one manager at ``manager_host:manager_port``.
+    managers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._validate()
@@ -88,6 +91,13 @@ class JobConfig:
     @property
     def manager_endpoint(self) -> str:
         return f"tcp://{self.manager_host}:{self.manager_port}"
+
+    @property
+    def manager_endpoints(self) -> tuple[str, ...]:
+        """Every manager's endpoint in takeover order (docs/manager-takeover.md)."""
+        if not self.managers:
+            return (self.manager_endpoint,)
+        return tuple(f"tcp://{m}" for m in self.managers)
 
     @property
     def silence_s(self) -> float:
@@ -178,6 +188,8 @@ class JobConfig:
         }
         if self.dump_dir:
             env[E.DUMP_DIR] = self.dump_dir
+        if self.managers:
+            env[E.MANAGERS] = ",".join(self.managers)
         if not self.curve:
             env[E.CURVE] = "0"
         if self.data_curve:
@@ -233,6 +245,7 @@ class JobConfig:
             raise ConfigError(
                 f"sched_node_rank {self.sched_node_rank} is outside 0..{self.node_nums - 1}"
             )
+        _check_managers(self.managers)
         if not 0 <= self.manager_port < 65536:
             raise ConfigError(f"manager_port {self.manager_port} is not in 0..65535 (0: any)")
         if not 0 <= self.tft_port < 65536:
@@ -323,6 +336,20 @@ class JobConfig:
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(JobConfig))
 _MAX_SECRET_BYTES = 4096
 _ENV_KEYS = tuple(v for k, v in vars(E).items() if k.isupper() and isinstance(v, str))
+
+
+def _check_managers(managers: object) -> None:
+    """Each entry of ``managers`` is ``host:port`` with a port in 1..65535."""
+    if not isinstance(managers, tuple):
+        raise ConfigError(f"managers must be a tuple of host:port, got {managers!r}")
+    for entry in managers:
+        host, _, port = str(entry).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(
+                f"{E.MANAGERS} entry {entry!r} is not host:port with a port in 1..65535; "
+                "valid: a comma list such as 10.0.0.1:9601,job-worker-1.job:9601"
+            )
+        inputs.check_host(E.MANAGERS, host)
 
 
 def _check_keys(keys: Mapping[str, Any]) -> None:
@@ -465,5 +492,6 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "digest_every_steps": _int(environ, E.DIGEST_EVERY),
         "relay_endpoint": environ.get(E.RELAY_ENDPOINT) or None,
         "termination_grace_s": _float(environ, E.TERMINATION_GRACE),
+        "managers": tuple(environ[E.MANAGERS].split(",")) if environ.get(E.MANAGERS) else None,
     }
     return {k: v for k, v in found.items() if v is not None}

@@ -3,6 +3,9 @@
 The job is real: NODES x PROCS rank processes train a small MLP with MindSpore on the CPU
 under one agent per node (or, with --launcher msrun, one real msrun per node whose agent is
 ms_recover's taskd shim), a manager, and a local pod supervisor standing in for Kubernetes.
+With the agent launcher the manager is a process of node 0's pod, as the scheduler pod's is
+in Kubernetes, with a standby in node 1's (docs/manager-takeover.md): killing node 0 loses the
+manager too, the standby takes over, and the JSON reports ``manager_takeover_s``.
 One rank (or a whole node) is killed with SIGKILL mid-run; the job recovers with the chosen
 strategy and finishes. With --verify the same job also runs uninterrupted and the final
 weights are compared by SHA-256. Under ``elastic-training`` the world shrinks and grows, so
@@ -33,10 +36,11 @@ from ms_recover.observability.timeline import Timeline
 from ms_recover.strategy import Strategy, format_strategies, parse_strategies
 from ms_recover.testing import worlds
 from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import LocalJob
+from ms_recover.testing.localjob import LocalJob, ManagerPodJob
 from ms_recover.testing.msrunjob import MsrunJob
 
 MAX_DEMO_RANKS = 32
+DEMO_HANG_TIMEOUT_S = 20.0  # --fault hang: see _validate
 MAX_STEPS = 1_000_000
 FAULTS = {
     "kill": "SIGKILL one rank after --kill-step",
@@ -127,30 +131,49 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         raise ConfigError(f"--kill-step must be in 0..{args.steps - 2} (before the last step)")
     fault = args.fault or ("node" if args.kill_node is not None else "kill")
     if fault == "node":
-        node = (
-            args.kill_node if args.kill_node is not None else args.kill_rank // args.procs_per_node
-        )
+        node = _node_to_kill(args)
         if not 0 <= node < args.nodes:
             raise ConfigError(f"--kill-node {node} is outside 0..{args.nodes - 1}")
+        if node == 0 and args.launcher == "msrun":
+            raise ConfigError(
+                "--launcher msrun cannot recover node 0 yet (its ranks talk to the manager "
+                "directly and do not follow a standby: docs/manager-takeover.md); use "
+                f"--launcher agent, or --kill-node 1..{args.nodes - 1}"
+            )
         faults = Faults().node(rank=node * args.procs_per_node, step=args.kill_step)
     else:
         if not 0 <= args.kill_rank < world:
             raise ConfigError(f"--kill-rank {args.kill_rank} is outside 0..{world - 1}")
         faults = Faults().add(fault, rank=args.kill_rank, step=args.kill_step)
-    # A hang is found by the step-progress timeout: keep it short, and silence detection longer.
     config = JobConfig(
         job_id=f"demo-{os.getpid()}",
         node_nums=args.nodes,
         proc_per_node=args.procs_per_node,
         strategies=parse_strategies(args.strategy),
-        wait_reschedule_timeout_s=60.0,
+        # A recreated pod's ranks import MindSpore before they register: on a busy 2-core
+        # host that took over 60 s (measured 27 s to recreate the pod, then the imports).
+        wait_reschedule_timeout_s=120.0,
         secret=secrets.token_hex(32).encode(),  # random per run: never the forgeable default
     )
     if fault == "hang":
-        config = config.replace(hang_timeout_s=6.0, rank_silence_s=60.0)
+        # A hang is found by the step-progress timeout: shorter than the default 120 s, and
+        # silence detection longer. It also bounds every resume (the first step after the
+        # forming round and after a recovery, which compiles the step graph again): 6 s was
+        # shorter than that compile on a busy host, and the job ended before the fault.
+        config = config.replace(hang_timeout_s=DEMO_HANG_TIMEOUT_S, rank_silence_s=60.0)
     if fault == "bitflip":  # the default check every 100 steps would come after a short demo
         config = config.replace(digest_every_steps=10)
     return config, faults
+
+
+def _node_to_kill(args: argparse.Namespace) -> int:
+    """``--kill-node``, else the node of ``--kill-rank``; with msrun, whose node 0 cannot be
+    recovered yet, the last node when neither was given."""
+    if args.kill_node is not None:
+        return int(args.kill_node)
+    if args.launcher == "msrun" and args.nodes > 1 and args.kill_rank // args.procs_per_node == 0:
+        return int(args.nodes - 1)
+    return int(args.kill_rank // args.procs_per_node)
 
 
 def _check_outputs(workdir: str | None, json_path: str | None) -> None:
@@ -186,12 +209,43 @@ def _run_job(
     job = (
         MsrunJob(config, command, env, logs, on_event=on_event)
         if launcher == "msrun"
-        else LocalJob(config, command, env, logs, on_event=on_event, spares=spares)
+        else ManagerPodJob(config, command, env, logs, on_event=on_event, spares=spares)
     )
     with job:
-        if not job.wait(timeout):
-            raise ConfigError(f"the job did not finish within {timeout:g}s; logs in {out}/logs")
+        _supervise(job, timeout, out)
     return job, _results(out, config.world_size)
+
+
+#: Say what the job is waiting for when nothing was printed for this long.
+QUIET_S = 5.0
+
+
+def _supervise(job: LocalJob, timeout: float, out: str) -> None:
+    """Wait for the job's end; every :data:`QUIET_S` without an event, one line saying what
+    it waits for. ConfigError naming the logs at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    seen, quiet_since = 0, time.monotonic()
+    while not job.wait(min(QUIET_S, max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"the job did not finish within {timeout:g}s; logs in {out}/logs")
+        events = job.events.recent()
+        if len(events) != seen:
+            seen, quiet_since = len(events), time.monotonic()
+            continue
+        print(f"  ... {_waiting_for(events)} ({time.monotonic() - quiet_since:.0f}s)", flush=True)
+
+
+def _waiting_for(events: list[Event]) -> str:
+    """What a job whose last events are ``events`` is waiting for, in a few words."""
+    kinds = [e["event"] for e in events]
+    if "job_start" not in kinds:
+        return "ranks starting: importing MindSpore and registering"
+    last = {kind: i for i, kind in enumerate(kinds)}
+    if "job_end" in last:
+        return "the job ended: ranks finishing (final save), pods exiting"
+    if last.get("fault", -1) > last.get("recovery", -1):
+        return "recovering: replacement ranks starting (MindSpore import), then repair"
+    return "training"
 
 
 def _results(out: str, world: int) -> list[dict[str, Any]]:
@@ -225,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
         f"fault: {faults.specs[0].kind} (rank {faults.specs[0].rank}) after step "
         f"{args.kill_step}; logs in {workdir}"
     )
+    print(f"each run starts {world} rank processes that import MindSpore first (~10-30 s)")
     result: dict[str, Any] = {}
     elastic = Strategy.ELASTIC_TRAINING in config.strategies
     if args.verify and not elastic:
@@ -242,6 +297,9 @@ def run(args: argparse.Namespace) -> int:
         args.launcher,
     )
     result.update(_summarise(job.find("recovery"), final, world, job.exit_code))
+    takeover = job.find("manager_takeover")
+    if takeover:  # node 0 was lost with the manager: the standby's time to coordinate again
+        result["manager_takeover_s"] = takeover[-1]["takeover_s"]
     if args.verify and elastic:
         result.update(_reference(config, args, workdir, _schedule(final)))
     if args.verify:
@@ -311,8 +369,18 @@ def _verdict(result: dict[str, Any]) -> str:
         )
     else:
         lines.append("  NOT recovered")
+    if "manager_takeover_s" in result:
+        lines.append(
+            f"  the standby manager took over; survivors coordinated again in "
+            f"{result['manager_takeover_s']:.2f}s"
+        )
     lines.append(f"  final weights sha256: {result['final_weights_sha256']}")
-    if "weights_match" in result:
+    if "weights_match" in result and result["final_weights_sha256"] is None:
+        lines.append(
+            f"  weights not compared: the run has no final weights "
+            f"({result['ranks_finished']} ranks finished, job exit {result['job_exit_code']})"
+        )
+    elif "weights_match" in result:
         lines.append(f"  reference sha256:     {result['reference_weights_sha256']}")
         lines.append(
             "  weights match the uninterrupted run bit for bit"

@@ -66,6 +66,7 @@ STANDBY = "MS_RECOVER_STANDBY"  # ms-recover agent: keep a pre-imported standby 
 STANDBY_LOG = "MS_RECOVER_STANDBY_LOG"  # the rank log a standby writes to once it took a rank
 DIE_WITH = "MS_RECOVER_DIE_WITH_PID"  # LocalPods: the agent dies with this (parent) process
 DIGEST_EVERY = "MS_RECOVER_DIGEST_EVERY_STEPS"
+MANAGERS = "MS_RECOVER_MANAGERS"  # host:port of every manager of the job, in takeover order
 RELAY_ENDPOINT = "MS_RECOVER_RELAY_ENDPOINT"  # set by the agent: its local relay for this rank
 
 ROLE_WORKER = "MS_WORKER"

@@ -35,6 +35,14 @@ Guarantees:
 * it leaves only when the manager says so (``AgentExit``), even once every local rank
   exited 0: only the manager knows whether they finished (``session.finish()``) or left
   early, which is a fault it recovers by restarting them here;
+* with standby managers (``MS_RECOVER_MANAGERS``, docs/manager-takeover.md) the agent leaves
+  its manager for the next one in the list (round robin) when its connection, once up, has
+  been down for ``heartbeat_s`` (ZeroMQ's own PING/PONG ends a connection silent for
+  ``silence_s``, so a lost machine counts too, at no cost to the manager), or when the
+  manager has not welcomed it within ``2 * silence_s`` of its hello (a standby that does not
+  take over). A fresh
+  DEALER connects there and the agent registers again as with ``Rejoin``, its ranks through
+  the relay: they never reconnect themselves;
 * if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
   ranks are killed and the agent exits 1 (0 if every local rank had exited 0): without a
   manager nothing can be recovered.
@@ -49,10 +57,12 @@ import threading
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ms_recover import exitcodes
 from ms_recover.agent.hands import Exited, LauncherError, RankHands
 from ms_recover.agent.leaving import LEFT_AT_DEADLINE, PlannedStop
+from ms_recover.agent.managers import ManagerLinkState
 from ms_recover.agent.ranks import RankSet
 from ms_recover.agent.relay import LocalRelay
 from ms_recover.config import JobConfig
@@ -93,7 +103,23 @@ class Agent:
         self._stop = threading.Event()
         self._epoch = 0
         ident = f"a{config.node_rank}.{os.getpid()}".encode()
-        self.chan = manager_channel(self._ctx, config, f"agent:{config.node_rank}", ident)
+        self._ident, self._endpoints, self._at = ident, config.manager_endpoints, 0
+        self._failover = len(self._endpoints) > 1
+        # With standbys, ZeroMQ's PING/PONG ends a connection silent for silence_s.
+        beats: dict[int, int] = {
+            zmq.HEARTBEAT_IVL: int(config.heartbeat_s * 1000),
+            zmq.HEARTBEAT_TIMEOUT: int(config.silence_s * 1000),
+        }
+        self.chan = manager_channel(
+            self._ctx,
+            config,
+            f"agent:{config.node_rank}",
+            ident,
+            self._endpoints[0],
+            beats if self._failover else None,
+        )
+        self._link = ManagerLinkState(time.monotonic())
+        self._monitor = self._watch_link()
         self._manager_nonce, self._manager_epoch = -1, 0
         self.exit_code: int | None = None
         # The last exit of each local rank, and whether this agent caused it (re-sent on Rejoin).
@@ -137,6 +163,7 @@ class Agent:
         """Announce this node to the manager (ZeroMQ queues it until the manager listens)."""
         cfg = self.config
         is_sched = cfg.node_rank == cfg.sched_node_rank
+        self._link.since = time.monotonic()  # the manager has 2 * silence_s to welcome it
         self.chan.send(
             M.AgentHello(
                 cfg.node_rank, cfg.pod_ip, list(cfg.ranks_of(cfg.node_rank)), os.getpid(), is_sched
@@ -200,6 +227,8 @@ class Agent:
                     # Ranks that all left with 0 may have finished: as before, the node ends 0.
                     self.exit_code = exitcodes.OK if self._all_done() else exitcodes.FAILED
                     break
+                else:
+                    self._fail_over()
                 now = time.monotonic()
                 if now >= next_beat:
                     steps = self.relay.report(now) if self.relay is not None else {}
@@ -240,6 +269,9 @@ class Agent:
         """Close the relay and the manager channel (:meth:`serve` does it on its way out)."""
         if self.relay is not None:
             self.relay.close()
+        if self._monitor is not None:
+            self.chan.sock.disable_monitor()
+            self._monitor.close(0)
         self.chan.close()
         self._ctx.term()
 
@@ -277,6 +309,38 @@ class Agent:
             )
             return False
         return True
+
+    def _watch_link(self) -> zmq.Socket[bytes] | None:
+        """A monitor of the manager connection's ups and downs (with standbys only)."""
+        if not self._failover:
+            return None
+        return self.chan.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+
+    def _fail_over(self) -> None:
+        """Move to the next manager of the list (see the module docstring)."""
+        if self._monitor is None:
+            return
+        now = time.monotonic()
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                break
+            self._link.note(event == zmq.EVENT_CONNECTED, now)
+        why = self._link.why_leave(now, self._welcomed, self.config)
+        if not why:
+            return
+        old = self._endpoints[self._at]
+        self._at = (self._at + 1) % len(self._endpoints)
+        self._poller.unregister(self.chan.sock)
+        self.chan.sock.disable_monitor()
+        self._monitor.close(0)
+        self.chan.endpoint = self._endpoints[self._at]
+        self.chan.reconnect(self._ident + f".m{self._at}.{int(now * 1000)}".encode())
+        self._poller.register(self.chan.sock, zmq.POLLIN)
+        self._monitor = self._watch_link()
+        self._link = ManagerLinkState(now)
+        self._rejoin(f"manager at {old} {why}: moving to {self.chan.endpoint}")
 
     def _rejoin(self, reason: str) -> None:
         """A restarted manager does not know this node: register again, then report the last

@@ -23,6 +23,7 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import int_arg, seconds_arg
 from ms_recover.manager.server import ManagerServer
+from ms_recover.manager.takeover import Watch
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.metrics import serve_metrics
 
@@ -82,8 +83,18 @@ def run(args: argparse.Namespace) -> int:
     hold_sigterm()
     config = config_from_args(args)
     metrics_port = args.metrics_port or _env_port("MS_RECOVER_METRICS_PORT")
-    server = _listen(config, args.host or config.pod_ip)
+    host = args.host or config.pod_ip
+    index = takeover_index(config, host)
+    if index is not None:  # the node hosting a manager is the one that cannot move
+        config = config.replace(sched_node_rank=config.node_rank)
+    server = _listen(config, host)
     log.info("manager for %s listening on port %d", config.describe(), server.port)
+    watch = None
+    if index is not None:
+        server.set_role("standby", 0, False)  # until the watch decides (docs/manager-takeover.md)
+        watch = Watch(config, index, server)
+        watch.decide_start()
+        watch.start()
     if metrics_port:
         try:
             serve_metrics(metrics_port, server.status, server.events)
@@ -94,7 +105,31 @@ def run(args: argparse.Namespace) -> int:
                 "a free port in 1..65535 (--metrics-port / MS_RECOVER_METRICS_PORT)"
             ) from exc
         log.info("Prometheus metrics on port %d", metrics_port)
-    return serve_in_foreground(server)
+    try:
+        return serve_in_foreground(server)
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def takeover_index(config: JobConfig, host: str) -> int | None:
+    """This manager's place in ``MS_RECOVER_MANAGERS`` (None without standbys): the entry
+    equal to its own ``host:port``, else (the list names Services, the manager binds its
+    POD_IP) the entry of its node: the i-th manager lives on node ``sched_node_rank + i``.
+    ConfigError when neither fits."""
+    if len(config.managers) < 2:
+        return None
+    me = f"{host}:{config.manager_port}"
+    if me in config.managers:
+        return config.managers.index(me)
+    by_node = (config.node_rank - config.sched_node_rank) % config.node_nums
+    if by_node < len(config.managers):
+        return by_node
+    raise ConfigError(
+        f"this manager ({me}, node {config.node_rank}) is not in MS_RECOVER_MANAGERS "
+        f"({','.join(config.managers)}); list every manager as host:port in takeover order, "
+        f"the i-th on node {config.sched_node_rank}+i (MS_NODE_RANK)"
+    )
 
 
 def _listen(config: JobConfig, host: str) -> ManagerServer:

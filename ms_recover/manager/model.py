@@ -277,6 +277,9 @@ class JobModel:
     heard_at: float = math.inf
     #: Nodes whose agent announced a planned stop, until a new agent registers for the node.
     leaving: dict[int, Leaving] = dataclasses.field(default_factory=dict)
+    #: This manager's role among the job's managers (docs/manager-takeover.md): ``role``
+    #: (active or standby), ``term``, ``node``, ``seen_active``; in every status reply.
+    manager: dict[str, object] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.config

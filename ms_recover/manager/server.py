@@ -28,7 +28,15 @@ from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.leaving import note_leaving
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Origin, RankInfo
+from ms_recover.manager.model import (
+    Fault,
+    FaultKind,
+    JobModel,
+    JobState,
+    Origin,
+    RankInfo,
+    Restore,
+)
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
@@ -115,6 +123,11 @@ class ManagerServer:
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
         self._seq = 0
         self._frozen_epoch = -1  # the last epoch whose RUNNING state froze the heap
+        # Takeover (docs/manager-takeover.md): a standby serves status requests only; after a
+        # takeover, (lost node, when detected) until every survivor is back.
+        self.standby = False
+        self._forced_exit: int | None = None
+        self._coordinating: tuple[int, float] | None = None
         self.cadence = Cadence(self.model, tick_s)
         self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
         self._poller.register(self._sock, zmq.POLLIN)
@@ -165,6 +178,8 @@ class ManagerServer:
                     self.model.heard_at = self.clock()  # nothing unread: silence is silence
                 with self._lock:
                     self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
+                    if self._coordinating is not None:
+                        self._note_coordinated()
                     self.relay.flush()  # what handlers and decide sent to relayed ranks
                     done = self.model.state in (JobState.FINISHED, JobState.EXITING)
                     self._freeze_when_running()
@@ -219,7 +234,58 @@ class ManagerServer:
             return may_stop(self.model, self.clock(), waited - grace_s)
 
     def exit_code(self) -> int:
+        if self._forced_exit is not None:
+            return self._forced_exit
         return self.executor.exit_code()
+
+    # ------------------------------------------------------------------ takeover
+    def set_role(self, role: str, term: int, seen_active: bool) -> None:
+        """Record this manager's role (:mod:`.takeover`); a standby serves status only."""
+        with self._lock:
+            self.standby = role != "active"
+            self.model.manager = {
+                "role": role,
+                "term": term,
+                "node": self.config.node_rank,
+                "seen_active": seen_active,
+            }
+
+    def take_over(self, lost_node: int, term: int, detected_at: float, reason: str) -> None:
+        """Become the active manager with ``term``: the node of the lost active manager is
+        lost (recovered like any other node), and the survivors that come here are adopted
+        as by a restarted manager (``phases._restoring``)."""
+        with self._lock:
+            m, now = self.model, self.clock()
+            self.standby = False
+            m.manager = {"role": "active", "term": term, "node": self.config.node_rank}
+            if m.state is JobState.FORMING and m.round is None and m.restore is None:
+                m.restore = Restore(now)
+            detail = f"node {lost_node} lost with the active manager: {reason}"
+            m.pending.append(
+                Fault(FaultKind.NODE_LOST, lost_node, -1, detail, now, self.config.silence_s)
+            )
+            self._coordinating = (lost_node, detected_at)
+            self.events.write(
+                "takeover", epoch=m.epoch, term=term, lost_node=lost_node, reason=reason
+            )
+
+    def stand_down(self, code: int, reason: str) -> None:
+        """Stop serving with ``code`` (the job ended, or a higher term is active)."""
+        self.events.write("stand_down", epoch=self.model.epoch, code=code, reason=reason)
+        self._forced_exit = code
+        self._stop.set()
+
+    def _note_coordinated(self) -> None:
+        """After a takeover: once every survivor (agent and rank off the lost node) is
+        registered here, write ``manager_takeover`` with the seconds since the detection."""
+        assert self._coordinating is not None
+        lost, detected_at = self._coordinating
+        m = self.model
+        agents = all(a.alive for n, a in m.agents.items() if n != lost)
+        if agents and all(i.alive or i.done for i in m.ranks.values() if i.node_rank != lost):
+            took = round(self.clock() - detected_at, 4)
+            self.events.write("manager_takeover", epoch=m.epoch, lost_node=lost, takeover_s=took)
+            self._coordinating = None
 
     def start_thread(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve, name="ms-recover-manager", daemon=True)
@@ -282,6 +348,8 @@ class ManagerServer:
         if replayed:
             self.drops.drop(replayed, env.sender[:64])
             return
+        if self.standby and not isinstance(env.msg, M.StatusRequest):
+            return  # a standby serves nobody (docs/manager-takeover.md)
         handler = self._handlers.get(type(env.msg))
         self.cadence.heard(type(env.msg), env.epoch)
         if handler is None:  # a manager -> member kind sent to the manager
@@ -427,6 +495,8 @@ class ManagerServer:
         if got is None:
             return False
         epoch, sender, seq, nonce, body = got
+        if self.standby:
+            return True  # a standby serves nobody (docs/manager-takeover.md)
         with self._lock:
             replayed = self.replay.check(sender, nonce, seq)
             if replayed:

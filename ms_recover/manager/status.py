@@ -27,6 +27,7 @@ def status_of(m: JobModel, now: float, events: EventLog | None = None) -> dict[s
         "insecure": m.config.insecure,  # no secret: anyone reaching the port can drive the job
         "encrypted": m.config.control_curve,
         "last_recovery": m.last_recovery,
+        "manager": {"role": "active", "term": 0, "node": m.config.node_rank, **m.manager},
         "ranks": [
             {
                 "rank": i.rank,

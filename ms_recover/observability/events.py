@@ -72,6 +72,17 @@ class EventLog:
                 log.exception("event listener failed on %s", event)
         return record
 
+    def replay(self, record: Event) -> None:
+        """Keep and announce an event another process wrote (its own ``ts`` kept), as
+        :meth:`write` would; nothing is written to this log's file."""
+        with self._lock:
+            self._recent.append(record)
+        for listener in self._listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("event listener failed on %s", record.get("event"))
+
     def recent(self, event: str | None = None) -> list[Event]:
         with self._lock:
             return [e for e in self._recent if event is None or e["event"] == event]

@@ -126,8 +126,11 @@ class DealerChannel:
         sender: str,
         identity: bytes,
         server_key: bytes | None = None,
+        sockopts: dict[int, int] | None = None,
     ) -> None:
-        """``server_key``: the manager's CURVE public key (Z85), or None for a NULL socket."""
+        """``server_key``: the manager's CURVE public key (Z85), or None for a NULL socket;
+        ``sockopts``: ZeroMQ options set on every socket before it connects."""
+        self.sockopts = dict(sockopts or {})
         self._ctx = ctx
         self.endpoint = endpoint
         self.codec = codec
@@ -144,6 +147,8 @@ class DealerChannel:
         if self.server_key is not None:
             curve_client(sock, self.server_key)
         sock.setsockopt(zmq.ROUTING_ID, self.identity)
+        for opt, value in self.sockopts.items():
+            sock.setsockopt(opt, value)
         sock.connect(self.endpoint)
         return sock
 
@@ -197,6 +202,7 @@ def manager_channel(
     sender: str,
     identity: bytes,
     endpoint: str = "",
+    sockopts: dict[int, int] | None = None,
 ) -> DealerChannel:
     """A member's channel to the manager of ``config``'s job: its codec (a new incarnation
     nonce), the frame cap, and CURVE when the job has a secret. ``endpoint``: where to
@@ -204,4 +210,4 @@ def manager_channel(
     codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
     key = control_server_keys(config.secret, config.job_id)[0] if config.control_curve else None
     where = endpoint or config.manager_endpoint
-    return DealerChannel(ctx, where, codec, sender, identity, key)
+    return DealerChannel(ctx, where, codec, sender, identity, key, sockopts)

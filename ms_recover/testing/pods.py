@@ -8,6 +8,11 @@ or dies from a signal, the pod is recreated: a new agent with the same node rank
 Pods never outlive the process that runs LocalPods (the demo, a test): each agent asks the
 kernel to SIGKILL it when the thread that started it dies (``MS_RECOVER_DIE_WITH_PID``), and
 its ranks die with it. So start pods from a thread that lives as long as the job.
+
+A pod may also hold a manager process (``managers``: node -> the manager's command), as the
+scheduler pod does in Kubernetes (docs/manager-takeover.md): it starts first, in the same
+process group as the pod's agent, so losing the node loses its manager too, and a pod that
+is recreated (or deleted) takes its manager along.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from ms_recover import env as E
 from ms_recover import exitcodes
+from ms_recover.agent.ranks import die_with_parent
 from ms_recover.config import JobConfig
 from ms_recover.strategy import format_strategies
 
@@ -35,6 +42,7 @@ class LocalPods:
         reschedule_delay_s: float = 0.0,
         max_restarts: int = 5,
         spares: int = 0,
+        managers: dict[int, list[str]] | None = None,
     ):
         self.config = config
         self.command = command
@@ -50,6 +58,10 @@ class LocalPods:
         self.restarts: dict[int, int] = {}
         self._due: dict[int, float] = {}
         self._groups: set[int] = set()  # every pod's process group, for close()
+        self.manager_argv = managers or {}
+        self.managers: dict[int, subprocess.Popen[bytes]] = {}  # node -> its pod's manager
+        self.manager_exits: list[tuple[int, int]] = []  # (node, exit code) of ended managers
+        self._pgid: dict[int, int] = {}  # node -> its pod's process group
         self.history: list[tuple[float, int, str]] = []  # (time, node, what)
 
     def agent_argv(self, node: int) -> list[str]:
@@ -85,29 +97,57 @@ class LocalPods:
             self._launch(node)
 
     def _launch(self, node: int) -> None:
+        group: dict[str, Any] = {"start_new_session": True}
+        if node in self.manager_argv:  # the pod's manager leads the group its agent joins
+            # A group of its own in this session (a new session would refuse the agent).
+            mgr = self._spawn(
+                self.manager_argv[node], f"manager_{node}.log", node, {"process_group": 0}
+            )
+            self.managers[node] = mgr
+            self._groups.add(mgr.pid)
+            group = {"process_group": mgr.pid}
+        proc = self.procs[node] = self._spawn(
+            self.agent_argv(node), f"agent_{node}.log", node, group
+        )
+        self._pgid[node] = group.get("process_group", proc.pid)
+        self._groups.add(self._pgid[node])
+        self.history.append((time.time(), node, f"pod started (agent pid {proc.pid})"))
+
+    def _spawn(
+        self, argv: list[str], log: str, node: int, group: dict[str, Any]
+    ) -> subprocess.Popen[bytes]:
         out = None
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-            out = open(os.path.join(self.log_dir, f"agent_{node}.log"), "ab")  # noqa: SIM115
+            out = open(os.path.join(self.log_dir, log), "ab")  # noqa: SIM115
+        env = {**self.env, E.NODE_RANK: str(node)} if node in self.manager_argv else self.env
         try:
-            self.procs[node] = subprocess.Popen(
-                self.agent_argv(node), env=self.env, stdout=out, stderr=out, start_new_session=True
+            # A manager dies with this process as the agent does (MS_RECOVER_DIE_WITH_PID).
+            return subprocess.Popen(
+                argv, env=env, stdout=out, stderr=out, preexec_fn=die_with_parent, **group
             )
         finally:
             if out is not None:
                 out.close()
-        self._groups.add(self.procs[node].pid)
-        self.history.append((time.time(), node, f"pod started (agent pid {self.procs[node].pid})"))
 
     def poll(self) -> None:
         """Reap exited agents and recreate pods that must be rescheduled."""
         now = time.monotonic()
+        for node, mgr in list(self.managers.items()):
+            if mgr.poll() is not None:
+                del self.managers[node]
+                self.manager_exits.append((node, mgr.returncode))
         for node, proc in list(self.procs.items()):
             code = proc.poll()
             if code is None:
                 continue
             del self.procs[node]
             reschedule = code == exitcodes.RESCHEDULE or code < 0
+            if reschedule and node in self.managers:  # the pod goes, its manager with it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._pgid[node], signal.SIGKILL)
+                self.managers[node].wait()
+                self.manager_exits.append((node, self.managers.pop(node).returncode))
             self.history.append((time.time(), node, f"pod exited ({_describe(code)})"))
             if reschedule and self.restarts.get(node, 0) < self.max_restarts:
                 self.restarts[node] = self.restarts.get(node, 0) + 1
@@ -143,9 +183,8 @@ class LocalPods:
 
     def kill_node(self, node: int) -> None:
         """SIGKILL the pod's whole process group: its agent and every rank (a lost node)."""
-        proc = self.procs.get(node)
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if node in self.procs:
+            os.killpg(self._pgid[node], signal.SIGKILL)
 
     def close(self) -> None:
         """Kill every process group we ever started (a dead pod's orphans too) and reap."""
@@ -153,9 +192,10 @@ class LocalPods:
         for pgid in self._groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-        for proc in self.procs.values():
+        for proc in [*self.procs.values(), *self.managers.values()]:
             proc.wait()
         self.procs.clear()
+        self.managers.clear()
 
 
 def _describe(code: int) -> str:

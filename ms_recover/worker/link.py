@@ -55,6 +55,7 @@ class ManagerLink:
         #: log); set by the session. Called on the link thread.
         self.registration: Callable[[], Iterable[M.Message]] | None = None
         self._rejoining = False
+        self._welcomed = False  # a Welcome reached the training thread
         #: Called on the link thread with each Peers (the endpoints of a new group's peers).
         self.on_peers: Callable[[M.Peers], None] | None = None
         self._identity, self._generation = identity, 0
@@ -146,9 +147,13 @@ class ManagerLink:
             return
         if isinstance(env.msg, M.Welcome) and self._rejoining:
             self._rejoining = False
-            if env.msg.ok:  # re-registered: the training thread never needs to know
+            # Re-registered: the training thread never needs to know, unless it still waits
+            # for its first Welcome (its hello went to a standby manager that dropped it).
+            if env.msg.ok and self._welcomed:
                 log.info("rank %d registered again with the restarted manager", self.rank)
                 return
+        if isinstance(env.msg, M.Welcome) and env.msg.ok:
+            self._welcomed = True
         if env.epoch < self.epoch:
             self._chan.drops.drop(f"stale {env.msg.KIND.decode()} of epoch {env.epoch}", "manager")
             return

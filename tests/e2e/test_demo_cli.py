@@ -55,6 +55,10 @@ def test_demo_verify_writes_the_result_json(tmp_path):
         (["--fault", "meteor"], "invalid choice: 'meteor'"),
         (["--launcher", "msrun", "--spares", "1"], "--spares needs --launcher agent"),
         (["--launcher", "slurm"], "invalid choice: 'slurm'"),
+        (
+            ["--launcher", "msrun", "--fault", "node", "--kill-node", "0"],
+            "--launcher msrun cannot recover node 0 yet",
+        ),
     ],
 )
 def test_demo_bad_flags_exit_2_with_a_reason(args, needle):
@@ -62,3 +66,37 @@ def test_demo_bad_flags_exit_2_with_a_reason(args, needle):
     assert run.returncode == 2
     assert needle in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.timeout(900)
+def test_demo_node_0_lost_with_the_manager_is_recovered_by_the_standby(tmp_path):
+    """Issue 26 items 3 and 8: the default node fault kills node 0, whose pod holds the
+    manager; the standby takes over, node 0's ranks come back bit-identical, exit 0."""
+    out = tmp_path / "result.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "node", "--verify"]
+        + ["--json", str(out), "--workdir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["recovered"] is True and result["weights_match"] is True
+    assert result["lost_steps"] == 0 and result["strategy_used"] == "recover"
+    assert 0 < result["manager_takeover_s"] <= 3, result
+    assert "the standby manager took over" in run.stdout
+
+
+@pytest.mark.timeout(900)
+def test_demo_hang_with_its_defaults_exits_0(tmp_path):
+    """Issue 26 item 8: the hang case's own timeout also bounds every first step's compile."""
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "hang", "--verify"]
+        + ["--workdir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "weights match the uninterrupted run bit for bit" in run.stdout

@@ -9,7 +9,8 @@ Each test is one scenario (the ``scenario`` fixture, see tests/conftest.py). A s
 survives when the job ends 0, every recovery it needed succeeded, and the final weights of
 every rank are bit-identical to an uninterrupted run's; it adds the committed steps its
 recoveries lost (always 0 when it survives). The terminal summary prints the tally. The
-manager restart scenarios are in test_manager_restart.py.
+manager restart scenarios are in test_manager_restart.py; node 0 lost whole with the manager
+(a standby takes over) in test_node0_takeover.py.
 """
 
 from __future__ import annotations

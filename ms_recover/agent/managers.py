@@ -1,0 +1,34 @@
+"""When a node agent leaves its manager for the next one of ``MS_RECOVER_MANAGERS``
+(docs/manager-takeover.md): the state of its link to the current manager, kept from the
+connection's monitor events, and the rule, pure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ms_recover.config import JobConfig
+
+
+@dataclasses.dataclass
+class ManagerLinkState:
+    """The link to the manager the agent went to at ``since`` (monotonic seconds)."""
+
+    since: float
+    connected: bool = False
+    down_since: float | None = None  # when the connection, once up, went down
+
+    def note(self, connected: bool, now: float) -> None:
+        """A monitor event: the connection came up or went down at ``now``."""
+        self.connected = connected
+        self.down_since = None if connected else (self.down_since or now)
+
+    def why_leave(self, now: float, welcomed: bool, cfg: JobConfig) -> str:
+        """Why the agent should move on now, or "": the connection, once up, has been down for
+        ``heartbeat_s`` (the manager's process or machine is gone: ZeroMQ's heartbeat ends a
+        silent connection after ``silence_s``), or this manager has not welcomed the agent
+        within ``2 * silence_s`` of its arrival (a standby that is not taking over)."""
+        if self.down_since is not None and now - self.down_since >= cfg.heartbeat_s:
+            return f"unreachable for {now - self.down_since:.1f}s"
+        if not welcomed and now - self.since >= 2 * cfg.silence_s:
+            return f"did not answer within {now - self.since:.1f}s"
+        return ""

@@ -1,0 +1,97 @@
+"""Node 0 lost whole, with the manager (issue 26 item 3, docs/manager-takeover.md): the
+manager is a process of node 0's pod and a standby waits in node 1's. Killing node 0's pod
+(manager, agent and ranks at once) is recovered at process level: the standby takes over,
+the survivors keep their processes and are coordinated again within 3 s of the detection,
+node 0's ranks come back in a recreated pod and are repaired from replicas, 0 lost steps,
+bit-identical; the recreated node 0's manager stands by instead of splitting the brain."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+
+from ms_recover.config import JobConfig
+from ms_recover.observability.status import query
+from ms_recover.testing.faults import Faults
+from ms_recover.testing.localjob import ManagerPodJob
+from ms_recover.testing.wait import wait_for
+
+from .jobs import STEPS, job_config, reference_sha, results
+
+pytestmark = pytest.mark.timeout(240)
+
+#: The target: survivors coordinated again within this many seconds of the loss's detection.
+TAKEOVER_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return reference_sha(str(tmp_path_factory.mktemp("reference")))
+
+
+def pod_job(out: str, faults: Faults | None = None, *extra: str) -> ManagerPodJob:
+    command = [
+        *(sys.executable, "-m", "ms_recover.testing.numpy_trainer"),
+        *("--steps", str(STEPS), "--out", out, *extra),
+    ]
+    env = {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {})}
+    return ManagerPodJob(job_config(), command, env, os.path.join(out, "logs"))
+
+
+def manager_status(cfg: JobConfig, host_port: str) -> dict[str, Any] | None:
+    host, _, port = host_port.rpartition(":")
+    return query(cfg.replace(manager_host=host, manager_port=int(port)), 1.0)
+
+
+def test_node_0_lost_whole_with_the_manager_is_recovered_bit_identical(
+    tmp_path, reference, scenario
+):
+    out = str(tmp_path)
+    with pod_job(out, Faults().node(rank=0, step=12)) as job:
+        assert job.wait(180), f"job did not finish: {job.status()}"
+    assert job.exit_code == 0, [(e["strategy"], e["reason"]) for e in job.find("decision")]
+    takeover = job.find("takeover")
+    assert len(takeover) == 1 and takeover[0]["lost_node"] == 0 and takeover[0]["term"] == 1
+    coordinated = job.find("manager_takeover")
+    assert coordinated and coordinated[0]["takeover_s"] <= TAKEOVER_S, coordinated
+    recovery = job.find("recovery")
+    assert [r["ok"] for r in recovery] == [True] and recovery[0]["strategy"] == "recover"
+    assert sorted(recovery[0]["replaced"]) == [0, 1]
+    scenario.lost_steps = recovery[0]["lost_steps"]
+    assert scenario.lost_steps == 0
+    final = results(out)
+    assert [r["sha256"] for r in final] == [reference] * 4
+    # Node 1's ranks kept their processes; node 0's came back in the recreated pod.
+    assert [r["incarnation"] for r in final] == [0, 0, 0, 0]
+    assert job.pods.restarts == {0: 1}
+    assert all(r["committed"] == STEPS - 1 for r in final)
+
+
+def test_a_recreated_node_0_stands_by_and_does_not_split_the_brain(tmp_path, reference):
+    """After the takeover, node 0's pod comes back with its manager: that one finds node 1's
+    active (term 1) and stands by; exactly one manager is active, and the job ends 0."""
+    out = str(tmp_path)
+    with pod_job(out, None, "--step-time", "0.2") as job:
+        first, second = job.config.managers
+        wait_for(lambda: job.find("job_start"), 120, "training under way")
+        job.pods.kill_node(0)  # node 0 lost whole: its manager, agent and ranks
+        wait_for(lambda: job.find("manager_takeover"), 30, "the standby's takeover")
+
+        def roles() -> tuple[Any, Any] | None:
+            job.pods.poll()  # supervise: the lost pod is recreated
+            if job.pods.restarts.get(0) != 1:
+                return None
+            a, b = manager_status(job.config, first), manager_status(job.config, second)
+            return (a["manager"], b["manager"]) if a and b else None
+
+        node0, node1 = wait_for(roles, 60, "node 0's pod recreated, both managers answering")
+        assert node0["role"] == "standby" and node0["node"] == 0, node0
+        assert node1["role"] == "active" and node1["term"] == 1 and node1["node"] == 1, node1
+        assert job.wait(180)
+    assert job.exit_code == 0
+    assert len(job.find("takeover")) == 1, "a second takeover: two managers contended"
+    assert [r["ok"] for r in job.find("recovery")] == [True]
+    assert [r["sha256"] for r in results(out)] == [reference] * 4

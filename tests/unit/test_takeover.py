@@ -1,0 +1,118 @@
+"""The takeover decisions, pure (docs/manager-takeover.md): when the first manager starts
+active or stands by, when a standby takes over, when a manager stands down; and when an
+agent leaves its manager for the next one."""
+
+from __future__ import annotations
+
+from ms_recover.agent.managers import ManagerLinkState
+from ms_recover.config import JobConfig
+from ms_recover.errors import ConfigError
+from ms_recover.manager.takeover import Role, Seen, start_role, watch_verdict
+
+SILENCE = 2.0
+
+
+def active(term: int = 0, node: int = 0, at: float = 10.0, state: str = "running") -> Seen:
+    return Seen(role="active", term=term, node=node, state=state, seen_active=True, at=at)
+
+
+def standby(seen_active: bool, at: float = 10.0) -> Seen:
+    return Seen(role="standby", term=0, node=1, state="forming", seen_active=seen_active, at=at)
+
+
+def test_the_first_manager_of_a_fresh_job_starts_active_at_once() -> None:
+    assert start_role([standby(seen_active=False)], 0.1, 2.7) is Role.ACTIVE
+
+
+def test_a_recreated_node_0_stands_by_when_another_manager_is_active() -> None:
+    assert start_role([active(term=1, node=1)], 0.1, 2.7) is Role.STANDBY
+
+
+def test_a_recreated_node_0_waits_while_its_standby_is_still_taking_over() -> None:
+    """The standby saw the old node 0 and has not taken over yet: neither role yet."""
+    assert start_role([standby(seen_active=True)], 1.0, 2.7) is None
+    assert start_role([Seen()], 1.0, 2.7) is None  # nobody answered yet
+    assert start_role([Seen()], 2.7, 2.7) is Role.ACTIVE  # nobody at all: start the job
+
+
+def test_an_ended_job_does_not_keep_a_new_manager_standing_by() -> None:
+    assert start_role([active(state="finished")], 3.0, 2.7) is Role.ACTIVE
+
+
+def test_a_standby_takes_over_only_after_the_silence_with_the_next_term() -> None:
+    peers = {0: active(term=0, node=0, at=10.0)}
+    assert watch_verdict(Role.STANDBY, 0, 1, peers, 11.9, SILENCE).take_over is None
+    v = watch_verdict(Role.STANDBY, 0, 1, peers, 12.1, SILENCE)
+    assert v.take_over == (0, 1) and "silent for 2.10s" in v.reason
+
+
+def test_a_standby_further_down_the_list_waits_one_more_silence_per_place() -> None:
+    peers = {0: active(at=10.0), 1: standby(seen_active=True)}
+    assert watch_verdict(Role.STANDBY, 0, 2, peers, 13.0, SILENCE).take_over is None
+    assert watch_verdict(Role.STANDBY, 0, 2, peers, 14.1, SILENCE).take_over == (0, 1)
+
+
+def test_a_standby_that_never_saw_an_active_manager_never_takes_over() -> None:
+    peers = {0: Seen()}
+    assert watch_verdict(Role.STANDBY, 0, 1, peers, 1e9, SILENCE) == watch_verdict(
+        Role.STANDBY, 0, 1, {}, 1e9, SILENCE
+    )
+    assert watch_verdict(Role.STANDBY, 0, 1, peers, 1e9, SILENCE).take_over is None
+
+
+def test_a_standby_stands_down_when_the_job_ended_instead_of_taking_over() -> None:
+    done = watch_verdict(Role.STANDBY, 0, 1, {0: active(state="finished")}, 99.0, SILENCE)
+    assert done.stand_down == 0 and done.take_over is None
+    gave_up = watch_verdict(Role.STANDBY, 0, 1, {0: active(state="exiting")}, 99.0, SILENCE)
+    assert gave_up.stand_down == 1
+
+
+def test_an_active_manager_stands_down_before_a_higher_term() -> None:
+    higher = {1: active(term=1, node=1, at=10.0)}
+    assert watch_verdict(Role.ACTIVE, 0, 0, higher, 10.5, SILENCE).stand_down == 1
+    lower = {1: active(term=0, node=1, at=10.0)}
+    assert watch_verdict(Role.ACTIVE, 1, 0, lower, 10.5, SILENCE).stand_down is None
+
+
+def test_an_agent_leaves_a_dropped_connection_after_a_beat_and_a_silent_manager_later() -> None:
+    cfg = JobConfig(node_nums=2, heartbeat_s=0.5)
+    link = ManagerLinkState(since=0.0)
+    assert link.why_leave(3.0, welcomed=False, cfg=cfg) == ""  # never up: the manager may bind late
+    link.note(True, 0.2)
+    assert link.why_leave(3.0, welcomed=True, cfg=cfg) == ""
+    link.note(False, 5.0)
+    assert link.why_leave(5.4, welcomed=True, cfg=cfg) == ""
+    assert "unreachable for 0.5s" in link.why_leave(5.5, welcomed=True, cfg=cfg)
+    quiet = ManagerLinkState(since=0.0)
+    quiet.note(True, 0.1)  # up, but a standby never welcomes
+    assert "did not answer within 4.0s" in quiet.why_leave(4.0, welcomed=False, cfg=cfg)
+
+
+def test_the_managers_list_is_checked_and_carried_to_members() -> None:
+    cfg = JobConfig.from_env({"MS_RECOVER_MANAGERS": "10.0.0.1:9601,job-worker-1.job:9601"})
+    assert cfg.manager_endpoints == ("tcp://10.0.0.1:9601", "tcp://job-worker-1.job:9601")
+    assert cfg.member_env()["MS_RECOVER_MANAGERS"] == "10.0.0.1:9601,job-worker-1.job:9601"
+    assert JobConfig().manager_endpoints == ("tcp://127.0.0.1:9601",)
+    for bad in ("10.0.0.1", "10.0.0.1:0", "host:99999", ":9601", "bad host:1"):
+        try:
+            JobConfig.from_env({"MS_RECOVER_MANAGERS": bad})
+        except ConfigError as exc:
+            assert "MS_RECOVER_MANAGERS" in str(exc) and "valid" in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+
+
+def test_a_manager_finds_its_entry_by_address_else_by_its_node() -> None:
+    from ms_recover.manager.main import takeover_index
+
+    two = ("job-mgr-0.ns.svc:9601", "job-mgr-1.ns.svc:9601")
+    cfg = JobConfig(node_nums=3, managers=two, manager_port=9601)
+    assert takeover_index(cfg.replace(managers=()), "10.0.0.5") is None
+    assert takeover_index(cfg.replace(node_rank=1), "10.0.0.5") == 1  # a Service: by node
+    assert takeover_index(cfg.replace(managers=("10.0.0.9:9601", "10.0.0.5:9601")), "10.0.0.5") == 1
+    try:
+        takeover_index(cfg.replace(node_rank=2), "10.0.0.7")
+    except ConfigError as exc:
+        assert "MS_RECOVER_MANAGERS" in str(exc) and "node 2" in str(exc)
+    else:
+        raise AssertionError("a manager on a node without an entry was accepted")
