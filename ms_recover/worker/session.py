@@ -488,8 +488,8 @@ class Session:
             self.state.load_state_dict(arrays)
         elif arrays:
             raise RepairError(
-                f"rank {src} sent {len(arrays)} tensors but rank {self.rank} has no state "
-                "provider; pass state= to ms_recover.init()"
+                f"rank {self.rank} received state {sorted(arrays)[:3]} from rank {src} but has "
+                "no state provider; pass state= to ms_recover.init() on every rank"
             )
 
     def _state(self) -> StateProvider:

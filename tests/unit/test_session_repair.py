@@ -135,7 +135,7 @@ def test_state_received_by_a_rank_without_a_provider_is_refused():
     session._handle(4, M.Repair(target_step=9, attempt=0, send_to=[], recv_from=2))
     (reply,) = link.sent
     assert isinstance(reply, M.Repaired) and not reply.ok and session.committed == -1
-    assert "received state ['w'] but has no state provider" in reply.reason
+    assert "received state ['w'] from rank" in reply.reason and "no state provider" in reply.reason
 
 
 def test_no_state_from_a_source_without_a_provider_is_refused():
