@@ -22,6 +22,7 @@ import dataclasses
 import os
 import pathlib
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -94,6 +95,26 @@ def _available_gib() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 3
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit tier starts no process: a test that needs one belongs in tests/integration."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail(
+            f"{request.node.nodeid} starts a process; unit tests start none "
+            "(move it to tests/integration)",
+            pytrace=False,
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
 
 
 # --- leaks -------------------------------------------------------------------------------------
