@@ -134,7 +134,9 @@ class ProcessState:
     @classmethod
     def now(cls) -> ProcessState:
         return cls(
-            frozenset(t for t in threading.enumerate() if t.is_alive()),
+            frozenset(
+                t for t in threading.enumerate() if t.is_alive() and not _lives_on_purpose(t)
+            ),
             _children(),
             _sockets(),
             _handlers(),
@@ -192,9 +194,24 @@ def _sockets() -> frozenset[str]:
     return frozenset(found)
 
 
+def _thread_name(thread: threading.Thread) -> str:
+    """The thread's name, and what it runs when it was not named."""
+    target = getattr(thread, "_target", None)  # threading keeps it; there is no public accessor
+    if target is None:
+        kind = type(thread)
+        return thread.name if kind is threading.Thread else f"{thread.name} ({kind.__qualname__})"
+    return f"{thread.name} ({getattr(target, '__module__', '?')}.{target.__qualname__})"
+
+
+def _lives_on_purpose(thread: threading.Thread) -> bool:
+    """pyzmq's garbage collector: one per process, started by the first zero-copy send, kept
+    until exit by design (it frees the buffers zmq sent from)."""
+    return type(thread).__module__ == "zmq.utils.garbage"
+
+
 def _describe(before: ProcessState, after: ProcessState) -> list[str]:
     leaks = []
-    threads = sorted(t.name for t in after.threads - before.threads)
+    threads = sorted(_thread_name(t) for t in after.threads - before.threads)
     if threads:
         leaks.append(f"{len(threads)} thread(s) still running: {', '.join(threads)}")
     children = {p: c for p, c in after.children.items() if p not in before.children}
