@@ -80,6 +80,7 @@ def _shares_a_wide_fixture(item: pytest.Item) -> bool:
     return any(d.scope in wide for defs in info.name2fixturedefs.values() for d in defs)
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per core, at most 4, and at most one per 3 GiB of available
     memory (an e2e job is a few MindSpore processes of 0.5 GiB each)."""
@@ -127,17 +128,19 @@ class ProcessState:
     """What a test can leak in this process, at one moment."""
 
     threads: frozenset[threading.Thread]
-    children: dict[int, str]  # pid -> command line (or state)
+    spawned: int  # how many children this process had started (len(_SPAWNED))
+    children: dict[int, str]  # pid -> command line (or state), of those started since a mark
     sockets: frozenset[str]  # "socket:[inode]" of the open descriptors
     handlers: dict[int, Handler]
 
     @classmethod
-    def now(cls) -> ProcessState:
+    def now(cls, since: int | None = None) -> ProcessState:
+        """Now; ``children`` holds those started since ``since`` (none when it is None)."""
+        alive = [t for t in threading.enumerate() if t.is_alive() and not _lives_on_purpose(t)]
         return cls(
-            frozenset(
-                t for t in threading.enumerate() if t.is_alive() and not _lives_on_purpose(t)
-            ),
-            _children(),
+            frozenset(alive),
+            len(_SPAWNED),
+            {} if since is None else _children(since),
             _sockets(),
             _handlers(),
         )
@@ -147,7 +150,7 @@ def _handlers() -> dict[int, Handler]:
     """Every signal's handler, except pytest-timeout's SIGALRM: it is armed around each test and
     cancelled as soon as a test fails (before the fixtures' teardown), by design."""
     found: dict[int, Handler] = {}
-    for signum in signal.valid_signals():
+    for signum in signal.Signals:  # the named ones (real-time signals are not ours to take)
         try:
             handler = signal.getsignal(signum)
         except (OSError, ValueError):
@@ -157,25 +160,56 @@ def _handlers() -> dict[int, Handler]:
     return found
 
 
-def _children() -> dict[int, str]:
-    """Child processes of this process (zombies included: a child must be reaped too)."""
+_SPAWNED: list[int] = []  # every child this process started, in order (see _track_spawns)
+
+
+def _track_spawns() -> None:
+    """Record the pid of every child process started from here on: by subprocess, os.fork
+    (multiprocessing's too) or os.posix_spawn. Cheaper than scanning /proc after each test."""
+    execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def execute_child(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        execute(self, *args, **kwargs)
+        _SPAWNED.append(self.pid)
+
+    subprocess.Popen._execute_child = execute_child  # type: ignore[attr-defined]
+    fork, spawn = os.fork, os.posix_spawn
+
+    def tracked_fork() -> int:
+        pid = fork()
+        if pid:
+            _SPAWNED.append(pid)
+        return pid
+
+    def tracked_spawn(*args: Any, **kwargs: Any) -> int:
+        pid = spawn(*args, **kwargs)
+        _SPAWNED.append(pid)
+        return pid
+
+    os.fork = tracked_fork
+    os.posix_spawn = tracked_spawn
+
+
+_track_spawns()
+
+
+def _children(since: int) -> dict[int, str]:
+    """The children started since ``_SPAWNED[since]`` that are still this process's children
+    (zombies included: a child must be reaped too): pid -> command line or state."""
     me, found = os.getpid(), {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in _SPAWNED[since:]:
         try:
-            stat = pathlib.Path(entry.path, "stat").read_text()
+            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         if int(fields[1]) != me:
             continue
-        pid = int(entry.name)
         if fields[0] == "Z":
             found[pid] = f"(zombie, never waited for) {stat[stat.find('(') : stat.rfind(')') + 1]}"
             continue
         try:
-            raw = pathlib.Path(entry.path, "cmdline").read_bytes()
+            raw = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             raw = b""
         found[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
@@ -264,10 +298,10 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     before = ProcessState.now()
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
-    after = ProcessState.now()
+    after = ProcessState.now(before.spawned)
     while _describe(before, after) and time.monotonic() < deadline:
         time.sleep(0.05)
-        after = ProcessState.now()
+        after = ProcessState.now(before.spawned)
     leaks = _describe(before, after)
     if leaks:
         _clean_up(before, after)
