@@ -22,6 +22,7 @@ import dataclasses
 import os
 import pathlib
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -79,6 +80,7 @@ def _shares_a_wide_fixture(item: pytest.Item) -> bool:
     return any(d.scope in wide for defs in info.name2fixturedefs.values() for d in defs)
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per core, at most 4, and at most one per 3 GiB of available
     memory (an e2e job is a few MindSpore processes of 0.5 GiB each)."""
@@ -96,6 +98,26 @@ def _available_gib() -> int:
     return 3
 
 
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit tier starts no process: a test that needs one belongs in tests/integration."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail(
+            f"{request.node.nodeid} starts a process; unit tests start none "
+            "(move it to tests/integration)",
+            pytrace=False,
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+
+
 # --- leaks -------------------------------------------------------------------------------------
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -106,15 +128,19 @@ class ProcessState:
     """What a test can leak in this process, at one moment."""
 
     threads: frozenset[threading.Thread]
-    children: dict[int, str]  # pid -> command line (or state)
+    spawned: int  # how many children this process had started (len(_SPAWNED))
+    children: dict[int, str]  # pid -> command line (or state), of those started since a mark
     sockets: frozenset[str]  # "socket:[inode]" of the open descriptors
     handlers: dict[int, Handler]
 
     @classmethod
-    def now(cls) -> ProcessState:
+    def now(cls, since: int | None = None) -> ProcessState:
+        """Now; ``children`` holds those started since ``since`` (none when it is None)."""
+        alive = [t for t in threading.enumerate() if t.is_alive() and not _lives_on_purpose(t)]
         return cls(
-            frozenset(t for t in threading.enumerate() if t.is_alive()),
-            _children(),
+            frozenset(alive),
+            len(_SPAWNED),
+            {} if since is None else _children(since),
             _sockets(),
             _handlers(),
         )
@@ -124,7 +150,7 @@ def _handlers() -> dict[int, Handler]:
     """Every signal's handler, except pytest-timeout's SIGALRM: it is armed around each test and
     cancelled as soon as a test fails (before the fixtures' teardown), by design."""
     found: dict[int, Handler] = {}
-    for signum in signal.valid_signals():
+    for signum in signal.Signals:  # the named ones (real-time signals are not ours to take)
         try:
             handler = signal.getsignal(signum)
         except (OSError, ValueError):
@@ -134,25 +160,56 @@ def _handlers() -> dict[int, Handler]:
     return found
 
 
-def _children() -> dict[int, str]:
-    """Child processes of this process (zombies included: a child must be reaped too)."""
+_SPAWNED: list[int] = []  # every child this process started, in order (see _track_spawns)
+
+
+def _track_spawns() -> None:
+    """Record the pid of every child process started from here on: by subprocess, os.fork
+    (multiprocessing's too) or os.posix_spawn. Cheaper than scanning /proc after each test."""
+    execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def execute_child(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        execute(self, *args, **kwargs)
+        _SPAWNED.append(self.pid)
+
+    subprocess.Popen._execute_child = execute_child  # type: ignore[attr-defined]
+    fork, spawn = os.fork, os.posix_spawn
+
+    def tracked_fork() -> int:
+        pid = fork()
+        if pid:
+            _SPAWNED.append(pid)
+        return pid
+
+    def tracked_spawn(*args: Any, **kwargs: Any) -> int:
+        pid = spawn(*args, **kwargs)
+        _SPAWNED.append(pid)
+        return pid
+
+    os.fork = tracked_fork
+    os.posix_spawn = tracked_spawn
+
+
+_track_spawns()
+
+
+def _children(since: int) -> dict[int, str]:
+    """The children started since ``_SPAWNED[since]`` that are still this process's children
+    (zombies included: a child must be reaped too): pid -> command line or state."""
     me, found = os.getpid(), {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in _SPAWNED[since:]:
         try:
-            stat = pathlib.Path(entry.path, "stat").read_text()
+            stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
         if int(fields[1]) != me:
             continue
-        pid = int(entry.name)
         if fields[0] == "Z":
             found[pid] = f"(zombie, never waited for) {stat[stat.find('(') : stat.rfind(')') + 1]}"
             continue
         try:
-            raw = pathlib.Path(entry.path, "cmdline").read_bytes()
+            raw = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             raw = b""
         found[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:200]
@@ -171,9 +228,24 @@ def _sockets() -> frozenset[str]:
     return frozenset(found)
 
 
+def _thread_name(thread: threading.Thread) -> str:
+    """The thread's name, and what it runs when it was not named."""
+    target = getattr(thread, "_target", None)  # threading keeps it; there is no public accessor
+    if target is None:
+        kind = type(thread)
+        return thread.name if kind is threading.Thread else f"{thread.name} ({kind.__qualname__})"
+    return f"{thread.name} ({getattr(target, '__module__', '?')}.{target.__qualname__})"
+
+
+def _lives_on_purpose(thread: threading.Thread) -> bool:
+    """pyzmq's garbage collector: one per process, started by the first zero-copy send, kept
+    until exit by design (it frees the buffers zmq sent from)."""
+    return type(thread).__module__ == "zmq.utils.garbage"
+
+
 def _describe(before: ProcessState, after: ProcessState) -> list[str]:
     leaks = []
-    threads = sorted(t.name for t in after.threads - before.threads)
+    threads = sorted(_thread_name(t) for t in after.threads - before.threads)
     if threads:
         leaks.append(f"{len(threads)} thread(s) still running: {', '.join(threads)}")
     children = {p: c for p, c in after.children.items() if p not in before.children}
@@ -226,10 +298,10 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     before = ProcessState.now()
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
-    after = ProcessState.now()
+    after = ProcessState.now(before.spawned)
     while _describe(before, after) and time.monotonic() < deadline:
         time.sleep(0.05)
-        after = ProcessState.now()
+        after = ProcessState.now(before.spawned)
     leaks = _describe(before, after)
     if leaks:
         _clean_up(before, after)

@@ -15,6 +15,8 @@ import os
 import signal
 import threading
 import types
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -80,7 +82,17 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    hold_sigterm()
+    """Serve the job's manager until it ends; the SIGTERM handler the caller had is put back
+    whichever way this returns (``cli.main`` may run inside another program, such as a test)."""
+    previous = hold_sigterm()
+    try:
+        return _run(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     metrics_port = args.metrics_port or _env_port("MS_RECOVER_METRICS_PORT")
     host = args.host or config.pod_ip
@@ -155,14 +167,17 @@ def _listen(config: JobConfig, host: str) -> ManagerServer:
         ) from exc
 
 
+_Handler = Callable[[int, types.FrameType | None], Any] | int | signal.Handlers | None
 _TERM = threading.Event()  # a SIGTERM that came before serve_in_foreground took over
 
 
-def hold_sigterm() -> None:
+def hold_sigterm() -> _Handler:
     """Until :func:`serve_in_foreground`, a SIGTERM is remembered instead of killing the
     process. Called before binding: a supervisor (or a test) may send SIGTERM as soon as the
-    port listens, and the manager must still stop cleanly with the job's exit code."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: _TERM.set())
+    port listens, and the manager must still stop cleanly with the job's exit code. Returns
+    the handler it replaced."""
+    _TERM.clear()
+    return signal.signal(signal.SIGTERM, lambda signum, frame: _TERM.set())
 
 
 def serve_in_foreground(server: ManagerServer) -> int:

@@ -54,14 +54,14 @@ def test_a_restored_handler_and_a_joined_thread():
 
 
 def test_each_leak_fails_its_test_and_names_what_leaked(tmp_path: pathlib.Path) -> None:
-    tier = tmp_path / "tests" / "unit"
+    tier = tmp_path / "tests" / "integration"
     tier.mkdir(parents=True)
     shutil.copy(HERE / "conftest.py", tmp_path / "tests" / "conftest.py")
     (tier / "test_probe.py").write_text(PROBE)
     env = {**os.environ, "MSR_TEST_LEAK_GRACE_S": "0.2"}
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "unit"]
-        + ["-o", "addopts=", "--rootdir", str(tmp_path), str(tier)],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
+        + ["-m", "integration", "-o", "addopts=", "--rootdir", str(tmp_path), str(tier)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -311,39 +309,6 @@ def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["check-job"])
     assert exc.value.code == 2
     assert "Traceback" not in capsys.readouterr().err
-
-
-def test_subprocess_json_over_mixed_files(tmp_path: pathlib.Path) -> None:
-    missing = tmp_path / "missing.yaml"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ms_recover.cli",
-            "check-job",
-            "--json",
-            str(SAMPLES / "ascendjob-combined.yaml"),
-            str(missing),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr
-    report = json.loads(result.stdout)
-    assert report["ok"] is False
-    assert [f["errors"] for f in report["files"]] == [0, 1]
-    assert report["findings"] == [
-        {
-            "file": str(missing),
-            "doc": None,
-            "path": "",
-            "severity": "error",
-            "message": "no such file",
-        }
-    ]
 
 
 # --- the schema validator on its own -----------------------------------------------------------

@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -141,20 +139,6 @@ def test_mindio_handler_of_another_signature_is_refused() -> None:
         proc.register("repair", lambda a, b, c, d, e: None, None)
     with pytest.raises(TtpError, match="unknown handler 'nope'"):
         proc.register("nope", lambda: None, None)
-
-
-def test_mindio_not_importable_without_the_opt_in() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    code = "import importlib.util as u; print(u.find_spec('mindio_ttp') is None)"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "True"
-    out = subprocess.run(
-        [sys.executable, "-m", "ms_recover.cli", "shim-path"],
-        env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert Path(out.stdout.strip(), "mindio_ttp", "framework_ttp.py").is_file()
 
 
 def test_mindio_other_mindspore_release_is_named_at_start(

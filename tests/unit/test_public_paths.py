@@ -100,7 +100,6 @@ def test_a_documented_path_resolves(path: str) -> None:
     assert resolve(path) is not None
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize(
     "path", [p for p in documented_paths() if p.startswith("ms_recover.mindspore")]
 )
@@ -109,7 +108,6 @@ def test_a_documented_mindspore_path_resolves(path: str) -> None:
     assert resolve(path) is not None
 
 
-@pytest.mark.e2e
 def test_mindspore_fit_is_the_function_on_both_paths() -> None:
     pytest.importorskip("mindspore")
     import ms_recover.mindspore as msr
