@@ -20,6 +20,7 @@ from ms_recover.manager.model import JobModel, JobState
 from ms_recover.manager.records import (
     PHASES,
     DumpRecord,
+    FlaggedRecord,
     JobEndRecord,
     JobStartRecord,
     Phase,
@@ -77,6 +78,7 @@ class Executor:
             A.Exhaust: self._exhaust,
             A.WriteManifest: self._write_manifest,
             A.Emit: self._emit,
+            A.Judged: self._judged,
         }
 
     def execute(self, actions: list[A.Action]) -> None:
@@ -189,6 +191,11 @@ class Executor:
         )
         if isinstance(action.record, JobEndRecord):
             m.exit_code = action.record.exit_code
+        if isinstance(action.record, FlaggedRecord):
+            m.flagged[action.record.rank] = action.record.step
+
+    def _judged(self, action: A.Judged) -> None:
+        self.model.judged_rev = action.rev
 
     def _write(self, record: PhaseRecord | WorldRecord | DumpRecord | JobStartRecord) -> None:
         self.events.write(record.EVENT, epoch=self.model.epoch, **record.fields())
@@ -237,7 +244,7 @@ class Executor:
             m.tries.clear()
 
     def _log_action(self, action: A.Action) -> None:
-        quiet = (A.SendRanks, A.SendAgent)
+        quiet = (A.SendRanks, A.SendAgent, A.Judged)
         if isinstance(action, quiet) and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s epoch=%d state=%s %s",

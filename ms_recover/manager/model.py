@@ -25,6 +25,7 @@ import math
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
+from ms_recover.manager.health import RankHealth
 from ms_recover.manager.records import Phase
 from ms_recover.strategy import Strategy
 
@@ -242,6 +243,12 @@ class JobModel:
     #: heartbeats still unread in the queue of a saturated or stalled manager are never taken
     #: for silence (``inf``: no queue, the clock alone).
     heard_at: float = math.inf
+    #: Each rank's last step-timing report (:mod:`ms_recover.manager.health`).
+    health: dict[int, RankHealth] = dataclasses.field(default_factory=dict)
+    health_rev: int = 0  # reports recorded so far
+    judged_rev: int = 0  # reports the fail-slow rule has judged
+    #: Ranks flagged fail-slow or repeat-divergent, and the step they were flagged at.
+    flagged: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.config

@@ -96,7 +96,10 @@ ACK_COLUMNS: dict[str, tuple[str, ...]] = {
 
 def ack_run(msg: M.Message, epoch: int) -> tuple[str, int] | None:
     """The (kind, epoch) of the RelayAcks batch that carries ``msg`` of ``epoch``, None if it
-    travels in a RelayUp: consecutive items with one such key share a batch."""
+    travels in a RelayUp: consecutive items with one such key share a batch. An urgent
+    heartbeat travels in a RelayUp: its step timing has no column."""
+    if isinstance(msg, M.WorkerHeartbeat) and msg.urgent:
+        return None
     kind = msg.KIND.decode()
     return (kind, epoch) if kind in ACK_COLUMNS else None
 
