@@ -16,11 +16,13 @@ heartbeat past its arrival: a late report delays a declaration, it never causes 
 **The culprit.** When some members wait inside a collective, the hang names the ones that do
 not (stuck in their own compute, their heartbeat thread alive): the recovery replaces only them.
 
-**Fail-slow.** Each rank reports the median and lower quartile of its compute time per step
-(outside collectives) over its last steps. A rank whose lower quartile is ``slow_ratio`` times
-the members' median compute time (jobs of three ranks or more) or its own early median (fewer)
-is flagged once, as a ``flagged`` event with the evidence. A quartile, not a mean: a rank
-must be slow on most steps, not on a few, and a loaded host that slows everyone flags no one.
+**Fail-slow.** Each rank reports the median of its compute time per step
+(outside collectives) and its tenth percentile over its last steps. A rank whose percentile is
+``slow_ratio`` times the members' median percentile (jobs of three ranks or more) or its own
+early median (fewer) is flagged once, as a ``flagged`` event with the evidence. A low
+percentile, not a mean: a rank must be slow on nearly every step, not on a few; scheduling
+noise on a loaded host only adds time to some steps; and a host that slows everyone alike flags
+no one.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def slow_flags(m: JobModel) -> list[FlaggedRecord]:
     """The members whose compute time is persistently slow, not flagged before."""
     pairs = reports(m, busy(m)) or []
     timed = [(i, h) for i, h in pairs if not h.long and h.compute_s > 0 and h.compute_lo_s > 0]
-    peers = median([h.compute_s for _, h in timed]) if len(timed) >= PEERS else -1.0
+    peers = median([h.compute_lo_s for _, h in timed]) if len(timed) >= PEERS else -1.0
     out = []
     for info, h in timed:
         if info.rank in m.flagged:
@@ -138,7 +140,7 @@ def slow_flags(m: JobModel) -> list[FlaggedRecord]:
                 step=h.step,
                 reason="slow",
                 detail=(
-                    f"compute time per step {h.compute_s * 1000:.1f}ms (lower quartile "
+                    f"compute time per step {h.compute_s * 1000:.1f}ms (tenth percentile "
                     f"{h.compute_lo_s * 1000:.1f}ms) is {h.compute_lo_s / ref:.2f}x {basis} "
                     f"{ref * 1000:.1f}ms (flagged at >= {m.config.slow_ratio:g}x)"
                 ),

@@ -30,13 +30,13 @@ class RankHealth:
     coll_s: float  # inside its current collective (-1: in none)
     p99_s: float  # -1: too few steps timed
     compute_s: float  # median compute time per step over its window (-1: too few)
-    compute_lo_s: float  # lower quartile of the same
+    compute_lo_s: float  # its tenth percentile (scheduling noise only adds time)
     long: bool  # in a declared long stretch, paused or done
-    #: The rank's first compute medians of this epoch, for a baseline of its own.
+    #: The rank's first compute percentiles of this epoch, for a baseline of its own.
     early: tuple[float, ...] = ()
 
     def baseline(self) -> float:
-        """The median of the rank's first BASELINE_REPORTS medians of this epoch, or -1."""
+        """The median of the rank's first BASELINE_REPORTS percentiles of this epoch, or -1."""
         if len(self.early) < BASELINE_REPORTS:
             return -1.0
         return sorted(self.early)[len(self.early) // 2]
@@ -51,6 +51,6 @@ def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> 
     epoch, idle, coll, p99, med, lo, long = values
     prev = health.get(rank)
     early = prev.early if prev is not None and prev.epoch == int(epoch) else ()
-    if med > 0 and len(early) < BASELINE_REPORTS:
-        early = (*early, med)
+    if lo > 0 and len(early) < BASELINE_REPORTS:
+        early = (*early, lo)
     health[rank] = RankHealth(now, int(epoch), step, idle, coll, p99, med, lo, bool(long), early)

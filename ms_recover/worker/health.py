@@ -4,7 +4,9 @@ The training thread marks each commit and each collective's start and end (a clo
 few stores); the heartbeat thread turns that into the cheap report every heartbeat carries
 (:data:`~ms_recover.protocol.messages.HEALTH_FIELDS`): how long since the last commit, how long
 inside the current collective, the p99 of recent step times, and the rank's own compute time
-per step (time outside collectives) over its last :data:`WINDOW` steps.
+per step (time outside collectives) over its last :data:`WINDOW` steps: the median, and the
+tenth percentile, which scheduling noise on a loaded host barely moves (noise only adds time)
+while a rank that is slow on (nearly) every step moves it all the way.
 
 Guarantees:
 
@@ -13,9 +15,9 @@ Guarantees:
   are not timed; until :data:`MIN_TIMED` steps are timed the p99 is reported as -1 (the
   manager then keeps its fixed bound);
 * a report is ``urgent`` (relayed at once, not folded into the agent's next report) while the
-  rank has not committed for about its own hang limit, and once when its compute time shifts
-  up by :data:`SHIFT` over the level it last reported urgently: the manager hears a hang or a
-  slowdown within a heartbeat, not a report period.
+  rank has not committed for half its own hang limit, and once when its compute time (tenth
+  percentile) shifts up by :data:`SHIFT` over the level it last reported urgently: the manager
+  hears a hang or a slowdown within a heartbeat, not a report period.
 
 Written by the training thread and read by the heartbeat thread: every value is one store, read
 whole under the GIL; the rings are copied before they are sorted.
@@ -30,7 +32,7 @@ from collections.abc import Iterator
 WARM = 5  # steps after a start or a recovery that are not timed (compilation)
 MIN_TIMED = 20  # timed steps before the p99 is reported
 RING = 200  # step times kept for the p99
-WINDOW = 16  # compute times kept for the median and lower quartile
+WINDOW = 24  # compute times kept for the median and tenth percentile
 SHIFT = 1.2  # a compute time this many times the last urgent level is reported at once
 
 
@@ -56,7 +58,7 @@ class StepClock:
         self._last = time.monotonic() if clock is None else clock
         self._coll_since = 0.0  # 0: not inside a collective
         self._coll_sum = 0.0  # time inside collectives in the current step
-        self._shift_level = -1.0  # the compute median last reported urgently
+        self._shift_level = -1.0  # the compute percentile last reported urgently
 
     # ------------------------------------------------------------------ training thread
     def committed(self, now: float) -> None:
@@ -108,7 +110,7 @@ class StepClock:
         p99 = quantile(steps, 0.99) if len(steps) >= MIN_TIMED else -1.0
         med = lo = -1.0
         if len(compute) >= WINDOW:
-            med, lo = quantile(compute, 0.5), quantile(compute, 0.25)
+            med, lo = quantile(compute, 0.5), quantile(compute, 0.1)
         values = [
             float(epoch),
             idle,
@@ -118,16 +120,16 @@ class StepClock:
             lo,
             1.0 if still else 0.0,
         ]
-        return values, not still and (self._stalled(idle, p99) or self._shifted(med, lo))
+        return values, not still and (self._stalled(idle, p99) or self._shifted(lo))
 
     def _stalled(self, idle: float, p99: float) -> bool:
         return p99 >= 0 and idle >= max(self.hang_k * p99, self.hang_floor_s) / 2
 
-    def _shifted(self, med: float, lo: float) -> bool:
-        if med < 0:
+    def _shifted(self, lo: float) -> bool:
+        if lo < 0:
             return False
         if self._shift_level < 0 or lo >= SHIFT * self._shift_level:
             first = self._shift_level < 0
-            self._shift_level = med
+            self._shift_level = lo
             return not first
         return False
