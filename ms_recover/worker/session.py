@@ -467,7 +467,7 @@ class Session:
         try:
             if msg.send_to:
                 self.comm.add_peers(msg.endpoints)  # repair pairs are rarely ring neighbours
-                payload = repair.pack(self._state().state_dict(), self.committed)
+                payload = repair.pack(self._arrays(), self.committed)
                 if self.faults.armed:
                     self.faults.before_repair_send(payload)
                 for dst in msg.send_to:
@@ -478,7 +478,8 @@ class Session:
                     raise RepairError(
                         f"rank {msg.recv_from} sent step {step}, expected {msg.target_step}"
                     )
-                self._state().load_state_dict(arrays)
+                if self.state is not None or arrays:  # a stateless session: the step alone
+                    self._state().load_state_dict(arrays)
                 if step > self.committed:
                     self.skipped.append((self.committed + 1, step))
                 self.committed = step
@@ -493,6 +494,11 @@ class Session:
             )
             return
         self.link.send(M.Repaired(self.rank, msg.attempt, True, self.committed, -1, ""), epoch)
+
+    def _arrays(self) -> dict[str, NDArray[Any]]:
+        """The state a repair sends: none for a session without a state provider (a script
+        that keeps no state through the session: its replacement needs the step alone)."""
+        return {} if self.state is None else self.state.state_dict()
 
     def _state(self) -> StateProvider:
         if self.state is None:
