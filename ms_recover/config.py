@@ -61,7 +61,7 @@ class JobConfig:
     #: A hang is declared after max(hang_k x p99 step time, hang_floor_s), at most
     #: ``hang_timeout_s`` (:mod:`ms_recover.manager.detection`); False (MS_RECOVER_HANG_TIMEOUT_S
     #: is set): after ``hang_timeout_s`` alone.
-    hang_adaptive: bool = True
+    hang_adaptive: bool = True  # MS_RECOVER_HANG_ADAPTIVE
     hang_k: float = 2.0
     hang_floor_s: float = 4.0
     #: A rank whose compute time per step stays this many times its peers' is flagged.
@@ -170,6 +170,7 @@ class JobConfig:
         env = {
             E.HEARTBEAT: repr(self.heartbeat_s),
             E.HANG_TIMEOUT: repr(self.hang_timeout_s),
+            E.HANG_ADAPTIVE: "1" if self.hang_adaptive else "0",
             E.RANK_SILENCE: repr(self.rank_silence_s),
             E.PHASE_TIMEOUT: repr(self.phase_timeout_s),
             E.MANAGER_GRACE: repr(self.manager_grace_s),
@@ -388,6 +389,15 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+def _hang_adaptive(environ: Mapping[str, str]) -> bool | None:
+    """MS_RECOVER_HANG_ADAPTIVE, else False when MS_RECOVER_HANG_TIMEOUT_S is set (it replaces
+    the adaptive rule), else None (the default)."""
+    said = _bool(environ, E.HANG_ADAPTIVE)
+    if said is not None:
+        return said
+    return False if environ.get(E.HANG_TIMEOUT, "").strip() else None
+
+
 def _bool(environ: Mapping[str, str], key: str) -> bool | None:
     raw = environ.get(key, "").strip().lower()
     if not raw:
@@ -439,7 +449,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "secret": _read_secret(environ),
         "heartbeat_s": _float(environ, E.HEARTBEAT),
         "hang_timeout_s": _float(environ, E.HANG_TIMEOUT),
-        "hang_adaptive": False if environ.get(E.HANG_TIMEOUT) else None,
+        "hang_adaptive": _hang_adaptive(environ),
         "rank_silence_s": _float(environ, E.RANK_SILENCE),
         "phase_timeout_s": _float(environ, E.PHASE_TIMEOUT),
         "manager_grace_s": _float(environ, E.MANAGER_GRACE),
