@@ -12,6 +12,12 @@ Kinds:
   target is K whatever the timing; a death with data in flight is ``allreduce``);
 * ``node``        SIGKILL this rank's whole process group (its agent and siblings): a lost node;
 * ``hang``        SIGSTOP this rank after step K (it stops heartbeating: a hung process);
+* ``computehang`` after step K, this rank blocks in its own compute for good, its heartbeat
+  thread alive (a deadlocked data loader): the others wait for it in the next collective;
+* ``slow``        from step K on, this rank's compute (its time before each allreduce) takes
+  1.5x as long (a fail-slow device);
+* ``stopcycle``   from step K on, a helper process SIGSTOPs this rank for 10 ms of every 30 ms
+  (a duty-cycled stall that also freezes its heartbeat thread now and then);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
 * ``memory``      corrupt this rank's state in step K and report a device memory error;
@@ -30,6 +36,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +56,9 @@ KINDS = (
     "kill",
     "node",
     "hang",
+    "computehang",
+    "slow",
+    "stopcycle",
     "allreduce",
     "transient",
     "memory",
@@ -132,6 +144,9 @@ class FaultInjector(FaultHooks):
         self._fired: set[FaultSpec] = set()
         self.armed = bool(self._specs)  # False: every hook is a no-op (skipped on hot paths)
         self._die_at_next_chunk = False
+        slow = [s.step for s in self._specs if s.kind == "slow"]
+        self._slow_from = min(slow) if slow else None
+        self.cycler: subprocess.Popen[bytes] | None = None  # the stopcycle helper
 
     @classmethod
     def from_env(cls, rank: int, incarnation: int) -> FaultInjector:
@@ -147,8 +162,14 @@ class FaultInjector(FaultHooks):
     def after_commit(self, step: int, flush: Callable[[], None] | None = None) -> None:
         """Fire ``kill``, ``node`` or ``hang`` for ``step``; ``flush`` (closing the data plane
         gracefully) runs before a ``kill``."""
-        spec = self._take(("kill", "node", "hang"), step)
+        spec = self._take(("kill", "node", "hang", "computehang", "stopcycle"), step)
         if spec is None:
+            return
+        if spec.kind == "computehang":
+            while True:  # the manager's recovery kills this process
+                time.sleep(3600)
+        if spec.kind == "stopcycle":
+            self.cycler = subprocess.Popen([sys.executable, "-c", _CYCLE, str(os.getpid())])
             return
         if spec.kind == "kill":
             if flush is not None:
@@ -195,6 +216,8 @@ class FaultInjector(FaultHooks):
         """``transient`` raises CommError; ``allreduce`` dies once the first chunk of this
         allreduce is on the wire; ``memory`` zeroes the state, reports it and interrupts."""
         self.before_allreduce(step)
+        if self._slow_from is not None and step >= self._slow_from:
+            time.sleep(0.5 * max(time.monotonic() - session.clock.last_commit, 0.0))
         if self.in_allreduce(step):
             self._die_at_next_chunk = True
         if self.memory_error(step):
@@ -225,6 +248,19 @@ class FaultInjector(FaultHooks):
     def after_chunk_sent(self) -> None:
         if self._die_at_next_chunk:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: The stopcycle helper: SIGSTOP the rank for 10 ms of every 30 ms until it is gone.
+_CYCLE = """
+import os, signal, sys, time
+pid = int(sys.argv[1])
+try:
+    while True:
+        os.kill(pid, signal.SIGSTOP); time.sleep(0.01)
+        os.kill(pid, signal.SIGCONT); time.sleep(0.02)
+except ProcessLookupError:
+    pass
+"""
 
 
 def _flip_one_byte(payload: dict[str, NDArray[Any]]) -> None:

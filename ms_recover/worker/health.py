@@ -60,6 +60,11 @@ class StepClock:
         self._coll_sum = 0.0  # time inside collectives in the current step
         self._shift_level = -1.0  # the compute percentile last reported urgently
 
+    @property
+    def last_commit(self) -> float:
+        """When the last step was committed (or timing restarted), on the monotonic clock."""
+        return self._last
+
     # ------------------------------------------------------------------ training thread
     def committed(self, now: float) -> None:
         """A step was committed at ``now``: time it, unless it is not to be timed."""
