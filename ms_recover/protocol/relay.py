@@ -133,6 +133,8 @@ def ack_item(msg: M.RelayAcks, i: int) -> RawItem:
     body: dict[str, Any] = {"rank": msg.ranks[i]}
     for name, col in zip(ACK_COLUMNS[msg.kind], _extra(msg), strict=False):
         body[name] = col[i]
+    if msg.kind == "worker_hb":  # a heartbeat in columns carries no step timing, and is not urgent
+        body.update(health=[], urgent=False)
     return (msg.idents[i], msg.senders[i], msg.nonces[i], msg.seqs[i], msg.epoch, msg.kind, body)
 
 
