@@ -14,8 +14,9 @@ Kinds:
 * ``hang``        SIGSTOP this rank after step K (it stops heartbeating: a hung process);
 * ``computehang`` after step K, this rank blocks in its own compute for good, its heartbeat
   thread alive (a deadlocked data loader): the others wait for it in the next collective;
-* ``slow``        from step K on, this rank's compute (its time before each allreduce) takes
-  1.5x as long (a fail-slow device);
+* ``slow``        from step K on, this rank's compute (its time outside collectives) takes
+  1.5x as long: half its compute time of step K-1 is added before each allreduce (a fail-slow
+  device);
 * ``stopcycle``   from step K on, a helper process SIGSTOPs this rank for 10 ms of every 30 ms
   (a duty-cycled stall that also freezes its heartbeat thread now and then);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
@@ -146,6 +147,7 @@ class FaultInjector(FaultHooks):
         self._die_at_next_chunk = False
         slow = [s.step for s in self._specs if s.kind == "slow"]
         self._slow_from = min(slow) if slow else None
+        self._slow_extra: float | None = None  # seconds added to each slow step
         self.cycler: subprocess.Popen[bytes] | None = None  # the stopcycle helper
 
     @classmethod
@@ -217,7 +219,9 @@ class FaultInjector(FaultHooks):
         allreduce is on the wire; ``memory`` zeroes the state, reports it and interrupts."""
         self.before_allreduce(step)
         if self._slow_from is not None and step >= self._slow_from:
-            time.sleep(0.5 * max(time.monotonic() - session.clock.last_commit, 0.0))
+            if self._slow_extra is None:  # the compute before the slowdown, measured once
+                self._slow_extra = 0.5 * session.clock.last_compute
+            time.sleep(self._slow_extra)
         if self.in_allreduce(step):
             self._die_at_next_chunk = True
         if self.memory_error(step):

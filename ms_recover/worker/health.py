@@ -4,7 +4,9 @@ The training thread marks each commit and each collective's start and end (a clo
 few stores); the heartbeat thread turns that into the cheap report every heartbeat carries
 (:data:`~ms_recover.protocol.messages.HEALTH_FIELDS`): how long since the last commit, how long
 inside the current collective, the p99 of recent step times, and the rank's own compute time
-per step (time outside collectives) over its last :data:`WINDOW` steps: the median, and the
+per step (time outside collectives, less the time its thread was runnable but waiting for a CPU
+before the step's first collective: a loaded host's doing, not the rank's) over its last
+:data:`WINDOW` steps: the median, and the
 tenth percentile, which scheduling noise on a loaded host barely moves (noise only adds time)
 while a rank that is slow on (nearly) every step moves it all the way.
 
@@ -26,14 +28,32 @@ whole under the GIL; the rings are copied before they are sorted.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 WARM = 5  # steps after a start or a recovery that are not timed (compilation)
 MIN_TIMED = 20  # timed steps before the p99 is reported
 RING = 200  # step times kept for the p99
 WINDOW = 24  # compute times kept for the median and tenth percentile
 SHIFT = 1.2  # a compute time this many times the last urgent level is reported at once
+
+
+def runqueue_wait() -> Callable[[], float]:
+    """A reader of the calling thread's total time spent runnable but waiting for a CPU, in
+    seconds (Linux ``/proc/thread-self/schedstat``); one that reads 0 where there is none."""
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    except OSError:
+        return lambda: 0.0
+
+    def read() -> float:
+        try:
+            return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    return read
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -47,7 +67,13 @@ def quantile(values: list[float], q: float) -> float:
 class StepClock:
     """One rank's step and collective timing (see the module docstring)."""
 
-    def __init__(self, hang_k: float, hang_floor_s: float, clock: float | None = None) -> None:
+    def __init__(
+        self,
+        hang_k: float,
+        hang_floor_s: float,
+        clock: float | None = None,
+        runq: Callable[[], float] | None = None,
+    ) -> None:
         self.hang_k = hang_k
         self.hang_floor_s = hang_floor_s
         self.steps: list[float] = []  # the last RING timed step times
@@ -59,29 +85,40 @@ class StepClock:
         self._coll_since = 0.0  # 0: not inside a collective
         self._coll_sum = 0.0  # time inside collectives in the current step
         self._shift_level = -1.0  # the compute percentile last reported urgently
-
-    @property
-    def last_commit(self) -> float:
-        """When the last step was committed (or timing restarted), on the monotonic clock."""
-        return self._last
+        self.last_compute = 0.0  # of the last committed step, timed or not
+        # Time runnable but not running (a loaded host) is not the rank's compute: read at the
+        # commit and at the step's first collective, once the session's collectives are seen.
+        self._runq = runq if runq is not None else runqueue_wait()
+        self._rq_start = 0.0
+        self._rq_wait = 0.0
+        self._entered = False  # a collective was entered in this step
+        self._uses_coll = False  # in some step: the runqueue is read from then on
 
     # ------------------------------------------------------------------ training thread
     def committed(self, now: float) -> None:
         """A step was committed at ``now``: time it, unless it is not to be timed."""
         step_s, coll_s = now - self._last, self._coll_sum
-        self._last, self._coll_sum = now, 0.0
+        waited = self._rq_wait if self._entered else 0.0
+        self._last, self._coll_sum, self._rq_wait = now, 0.0, 0.0
+        self.last_compute = max(step_s - coll_s - waited, 0.0)
+        self._uses_coll, self._entered = self._uses_coll or self._entered, False
+        if self._uses_coll:
+            self._rq_start = self._runq()
         if self._skip > 0 or self.long or self.paused:
             self._skip = max(self._skip - 1, 1 if self.long else 0)
             return
         self.steps.append(step_s)
         if len(self.steps) > RING:
             del self.steps[0]
-        self.compute.append(max(step_s - coll_s, 0.0))
+        self.compute.append(self.last_compute)
         if len(self.compute) > WINDOW:
             del self.compute[0]
 
     def enter_collective(self, now: float) -> None:
         self._coll_since = now
+        if not self._entered:  # the step's first collective ends its main compute
+            self._entered = True
+            self._rq_wait = self._runq() - self._rq_start
 
     def leave_collective(self, now: float) -> None:
         if self._coll_since:
@@ -92,6 +129,9 @@ class StepClock:
         """A recovery ended (or the rank started): time afresh after WARM steps."""
         self.steps, self.compute = [], []
         self._skip, self._last, self._coll_sum, self._coll_since = WARM, now, 0.0, 0.0
+        self._entered, self._rq_wait = False, 0.0
+        if self._uses_coll:
+            self._rq_start = self._runq()
         self._shift_level = -1.0
         self.paused = False
 

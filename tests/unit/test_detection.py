@@ -163,8 +163,8 @@ def test_a_rank_at_1_5x_its_peers_is_flagged_once_with_its_evidence(job: Job) ->
     job.tick()
     (flag,) = job.events("flagged")
     assert (flag["rank"], flag["node"], flag["host"], flag["reason"]) == (1, 0, "10.0.0.0", "slow")
-    assert flag["step"] == 100 and flag["score"] == pytest.approx(44 / 30, rel=1e-3)
-    assert flag["compute_s"] == pytest.approx(0.045) and flag["reference_s"] == pytest.approx(0.03)
+    assert flag["step"] == 100 and flag["score"] == pytest.approx(44 / 29, rel=1e-3)
+    assert flag["compute_s"] == pytest.approx(0.045) and flag["reference_s"] == pytest.approx(0.029)
     assert job.model.state is JobState.RUNNING and not job.events("fault")  # ignore: reported
 
 
@@ -225,12 +225,12 @@ def run(clock: StepClock, t: float, steps: int, step_s: float, coll_s: float = 0
 
 
 def test_step_clock_skips_the_warm_steps_and_reports_p99_once_enough_are_timed() -> None:
-    c = StepClock(2.0, 4.0, clock=0.0)
+    c = StepClock(2.0, 4.0, clock=0.0, runq=lambda: 0.0)
     t = run(c, 0.0, WARM, 5.0)  # compilation
     t = run(c, t, MIN_TIMED - 1, 0.02, coll_s=0.005)
     values, urgent = c.report(t, 1)
     assert values[3] == -1.0 and not urgent
-    t = run(c, t, 1, 0.02, coll_s=0.005)
+    t = run(c, t, WINDOW - MIN_TIMED + 1, 0.02, coll_s=0.005)
     values, _ = c.report(t + 0.1, 1)
     epoch, idle, coll, p99, med, lo, long = values
     assert (epoch, long, coll) == (1.0, 0.0, -1.0)
@@ -239,7 +239,7 @@ def test_step_clock_skips_the_warm_steps_and_reports_p99_once_enough_are_timed()
 
 
 def test_step_clock_reports_a_stall_and_a_compute_shift_as_urgent() -> None:
-    c = StepClock(2.0, 4.0, clock=0.0)
+    c = StepClock(2.0, 4.0, clock=0.0, runq=lambda: 0.0)
     t = run(c, 0.0, WARM + MIN_TIMED + WINDOW, 0.03)
     assert c.report(t, 1)[1] is False  # first level: not urgent
     c.enter_collective(t + 0.001)
@@ -251,8 +251,19 @@ def test_step_clock_reports_a_stall_and_a_compute_shift_as_urgent() -> None:
     assert c.report(t + 0.01, 1)[1] is False
 
 
+def test_step_clock_leaves_out_time_spent_waiting_for_a_cpu() -> None:
+    """A loaded host: the rank's thread waited 10 ms of each step's compute for a CPU."""
+    waited = [0.0]
+    c = StepClock(2.0, 4.0, clock=0.0, runq=lambda: waited[0])
+    t = 0.0
+    for _ in range(WARM + WINDOW + 1):
+        waited[0] += 0.010  # before the collective
+        t = run(c, t, 1, 0.040, coll_s=0.005)
+    assert c.report(t, 1)[0][4] == pytest.approx(0.025)  # 40 - 5 in the collective - 10 waited
+
+
 def test_step_clock_times_nothing_inside_a_long_stretch_or_a_pause() -> None:
-    c = StepClock(2.0, 4.0, clock=0.0)
+    c = StepClock(2.0, 4.0, clock=0.0, runq=lambda: 0.0)
     t = run(c, 0.0, WARM + MIN_TIMED, 0.02)
     with c.long_stretch():
         t = run(c, t, 3, 60.0)
