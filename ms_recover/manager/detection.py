@@ -22,7 +22,8 @@ not (stuck in their own compute, their heartbeat thread alive): the recovery rep
 early median (fewer) is flagged once, as a ``flagged`` event with the evidence. A low
 percentile, not a mean: a rank must be slow on nearly every step, not on a few; scheduling
 noise on a loaded host only adds time to some steps; and a host that slows everyone alike flags
-no one.
+no one. A rank must also stay ``CPU_SHARE_RATIO`` slower once the time its thread waited for a
+CPU is left out: one that merely got less of an oversubscribed host's CPUs is not flagged.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from ms_recover.manager.records import FlaggedRecord
 
 MIN_COMPUTE_S = 0.002  # compute times below this are timer and scheduler noise: never judged
 PEERS = 3  # members with a compute time needed to judge a rank against its peers
+#: A rank slower in wall-clock compute must also be this much slower once the time it waited
+#: for a CPU is left out: a rank that only got less of a loaded host is not flagged.
+CPU_SHARE_RATIO = 1.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +128,7 @@ def slow_flags(m: JobModel) -> list[FlaggedRecord]:
     pairs = reports(m, busy(m)) or []
     timed = [(i, h) for i, h in pairs if not h.long and h.compute_s > 0 and h.compute_lo_s > 0]
     peers = median([h.compute_lo_s for _, h in timed]) if len(timed) >= PEERS else -1.0
+    cpu = median([h.busy_lo_s for _, h in timed]) if len(timed) >= PEERS else -1.0
     out = []
     for info, h in timed:
         if info.rank in m.flagged:
@@ -131,6 +136,8 @@ def slow_flags(m: JobModel) -> list[FlaggedRecord]:
         ref, basis = (peers, "the members' median") if peers > 0 else (h.baseline(), "its own")
         if ref < MIN_COMPUTE_S or h.compute_lo_s < m.config.slow_ratio * ref:
             continue
+        if cpu > 0 and h.busy_lo_s < CPU_SHARE_RATIO * cpu:
+            continue  # slower only by its share of a loaded host's CPUs
         agent = m.agents.get(info.node_rank)
         out.append(
             FlaggedRecord(

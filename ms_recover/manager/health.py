@@ -32,6 +32,7 @@ class RankHealth:
     compute_s: float  # median compute time per step over its window (-1: too few)
     compute_lo_s: float  # its tenth percentile (scheduling noise only adds time)
     long: bool  # in a declared long stretch, paused or done
+    busy_lo_s: float  # compute_lo_s less the time spent waiting for a CPU
     #: The rank's first compute percentiles of this epoch, for a baseline of its own.
     early: tuple[float, ...] = ()
 
@@ -48,9 +49,11 @@ def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> 
         return
     health = m.health
     m.health_rev += 1
-    epoch, idle, coll, p99, med, lo, long = values
+    epoch, idle, coll, p99, med, lo, long, busy = values
     prev = health.get(rank)
     early = prev.early if prev is not None and prev.epoch == int(epoch) else ()
     if lo > 0 and len(early) < BASELINE_REPORTS:
         early = (*early, lo)
-    health[rank] = RankHealth(now, int(epoch), step, idle, coll, p99, med, lo, bool(long), early)
+    health[rank] = RankHealth(
+        now, int(epoch), step, idle, coll, p99, med, lo, bool(long), busy, early
+    )

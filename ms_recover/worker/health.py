@@ -4,11 +4,11 @@ The training thread marks each commit and each collective's start and end (a clo
 few stores); the heartbeat thread turns that into the cheap report every heartbeat carries
 (:data:`~ms_recover.protocol.messages.HEALTH_FIELDS`): how long since the last commit, how long
 inside the current collective, the p99 of recent step times, and the rank's own compute time
-per step (time outside collectives, less the time its thread was runnable but waiting for a CPU
-before the step's first collective: a loaded host's doing, not the rank's) over its last
-:data:`WINDOW` steps: the median, and the
+per step (time outside collectives) over its last :data:`WINDOW` steps: the median, and the
 tenth percentile, which scheduling noise on a loaded host barely moves (noise only adds time)
-while a rank that is slow on (nearly) every step moves it all the way.
+while a rank that is slow on (nearly) every step moves it all the way. The same percentile of
+the compute time less the time the thread was runnable but waiting for a CPU (before the step's
+first collective) comes along: a rank that only got less of a loaded host's CPUs is not slow.
 
 Guarantees:
 
@@ -77,7 +77,8 @@ class StepClock:
         self.hang_k = hang_k
         self.hang_floor_s = hang_floor_s
         self.steps: list[float] = []  # the last RING timed step times
-        self.compute: list[float] = []  # the last WINDOW timed compute times
+        self.compute: list[float] = []  # the last WINDOW timed compute times (wall clock)
+        self.busy: list[float] = []  # the same, less the time waiting for a CPU
         self.long = 0  # depth of declared long stretches
         self.paused = False  # in a recovery, or done: nothing is timed or judged
         self._skip = WARM
@@ -86,8 +87,8 @@ class StepClock:
         self._coll_sum = 0.0  # time inside collectives in the current step
         self._shift_level = -1.0  # the compute percentile last reported urgently
         self.last_compute = 0.0  # of the last committed step, timed or not
-        # Time runnable but not running (a loaded host) is not the rank's compute: read at the
-        # commit and at the step's first collective, once the session's collectives are seen.
+        # Time runnable but not running (a loaded host) is read at the commit and at the step's
+        # first collective, once the session's collectives are seen (two reads a step).
         self._runq = runq if runq is not None else runqueue_wait()
         self._rq_start = 0.0
         self._rq_wait = 0.0
@@ -100,7 +101,8 @@ class StepClock:
         step_s, coll_s = now - self._last, self._coll_sum
         waited = self._rq_wait if self._entered else 0.0
         self._last, self._coll_sum, self._rq_wait = now, 0.0, 0.0
-        self.last_compute = max(step_s - coll_s - waited, 0.0)
+        self.last_compute = max(step_s - coll_s, 0.0)
+        last_busy = max(self.last_compute - waited, 0.0)
         self._uses_coll, self._entered = self._uses_coll or self._entered, False
         if self._uses_coll:
             self._rq_start = self._runq()
@@ -111,8 +113,10 @@ class StepClock:
         if len(self.steps) > RING:
             del self.steps[0]
         self.compute.append(self.last_compute)
+        self.busy.append(last_busy)
         if len(self.compute) > WINDOW:
             del self.compute[0]
+            del self.busy[0]
 
     def enter_collective(self, now: float) -> None:
         self._coll_since = now
@@ -127,7 +131,7 @@ class StepClock:
 
     def restart(self, now: float) -> None:
         """A recovery ended (or the rank started): time afresh after WARM steps."""
-        self.steps, self.compute = [], []
+        self.steps, self.compute, self.busy = [], [], []
         self._skip, self._last, self._coll_sum, self._coll_since = WARM, now, 0.0, 0.0
         self._entered, self._rq_wait = False, 0.0
         if self._uses_coll:
@@ -148,14 +152,15 @@ class StepClock:
     # ------------------------------------------------------------------ heartbeat thread
     def report(self, now: float, epoch: int) -> tuple[list[float], bool]:
         """The heartbeat's health values and whether it is urgent."""
-        steps, compute = list(self.steps), list(self.compute)
+        steps, compute, busy = list(self.steps), list(self.compute), list(self.busy)
         still = bool(self.long or self.paused)
         idle = now - self._last
         since = self._coll_since
         p99 = quantile(steps, 0.99) if len(steps) >= MIN_TIMED else -1.0
-        med = lo = -1.0
-        if len(compute) >= WINDOW:
+        med = lo = busy_lo = -1.0
+        if len(compute) >= WINDOW and len(busy) >= WINDOW:
             med, lo = quantile(compute, 0.5), quantile(compute, 0.1)
+            busy_lo = quantile(busy, 0.1)
         values = [
             float(epoch),
             idle,
@@ -164,6 +169,7 @@ class StepClock:
             med,
             lo,
             1.0 if still else 0.0,
+            busy_lo,
         ]
         return values, not still and (self._stalled(idle, p99) or self._shifted(lo))
 
