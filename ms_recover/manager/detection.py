@@ -39,7 +39,7 @@ MIN_COMPUTE_S = 0.002  # compute times below this are timer and scheduler noise:
 PEERS = 3  # members with a compute time needed to judge a rank against its peers
 #: A rank slower in wall-clock compute must also be this much slower once the time it waited
 #: for a CPU is left out: a rank that only got less of a loaded host is not flagged.
-CPU_SHARE_RATIO = 1.15
+CPU_SHARE_RATIO = 1.1
 
 
 @dataclasses.dataclass(frozen=True)

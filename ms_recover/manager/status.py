@@ -21,6 +21,8 @@ def status_of(m: JobModel, now: float) -> dict[str, Any]:
         "insecure": m.config.insecure,  # no secret: anyone reaching the port can drive the job
         "encrypted": m.config.control_curve,
         "last_recovery": m.last_recovery,
+        #: Ranks flagged fail-slow (rank -> the step it was flagged at), as strings for JSON.
+        "flagged": {str(r): step for r, step in sorted(m.flagged.items())},
         "ranks": [
             {
                 "rank": i.rank,

@@ -76,6 +76,10 @@ def render(status: dict[str, Any]) -> str:
             f"    rank {r['rank']:>3} node {r['node_rank']}: {state:<4} step {r['step']:>6} "
             f"pid={r['pid']} incarnation={r['incarnation']}"
         )
+    flagged = status.get("flagged") or {}
+    if flagged:
+        ranks = ", ".join(f"rank {r} at step {step}" for r, step in flagged.items())
+        lines.append(f"flagged slow: {ranks}")
     last = status.get("last_recovery")
     if last:
         phases = ", ".join(f"{k} {v:.3f}s" for k, v in last["phases"].items())

@@ -18,8 +18,9 @@ Guarantees:
   manager then keeps its fixed bound);
 * a report is ``urgent`` (relayed at once, not folded into the agent's next report) while the
   rank has not committed for half its own hang limit, and once when its compute time (tenth
-  percentile) shifts up by :data:`SHIFT` over the level it last reported urgently: the manager
-  hears a hang or a slowdown within a heartbeat, not a report period.
+  percentile) shifts up by :data:`SHIFT` over the level it last reported urgently (then on
+  :data:`SHIFT_BEATS` heartbeats): the manager hears a hang or a slowdown within a heartbeat,
+  not a report period.
 
 Written by the training thread and read by the heartbeat thread: every value is one store, read
 whole under the GIL; the rings are copied before they are sorted.
@@ -37,6 +38,7 @@ MIN_TIMED = 20  # timed steps before the p99 is reported
 RING = 200  # step times kept for the p99
 WINDOW = 24  # compute times kept for the median and tenth percentile
 SHIFT = 1.2  # a compute time this many times the last urgent level is reported at once
+SHIFT_BEATS = 4  # ... and on this many heartbeats, each with a fresher window
 
 
 def runqueue_wait() -> Callable[[], float]:
@@ -87,6 +89,7 @@ class StepClock:
         self._coll_sum = 0.0  # time inside collectives in the current step
         self._shift_level = -1.0  # the compute percentile last reported urgently
         self.last_compute = 0.0  # of the last committed step, timed or not
+        self._urgent_left = 0  # urgent heartbeats still to send after a shift
         # Time runnable but not running (a loaded host) is read at the commit and at the step's
         # first collective, once the session's collectives are seen (two reads a step).
         self._runq = runq if runq is not None else runqueue_wait()
@@ -171,7 +174,11 @@ class StepClock:
             1.0 if still else 0.0,
             busy_lo,
         ]
-        return values, not still and (self._stalled(idle, p99) or self._shifted(lo))
+        if not still and self._shifted(lo):
+            self._urgent_left = SHIFT_BEATS
+        urgent = self._urgent_left > 0
+        self._urgent_left = max(self._urgent_left - 1, 0)
+        return values, not still and (urgent or self._stalled(idle, p99))
 
     def _stalled(self, idle: float, p99: float) -> bool:
         return p99 >= 0 and idle >= max(self.hang_k * p99, self.hang_floor_s) / 2

@@ -11,7 +11,9 @@ import pytest
 from ms_recover.config import JobConfig
 from ms_recover.manager.health import note
 from ms_recover.manager.model import JobState
-from ms_recover.worker.health import MIN_TIMED, WARM, WINDOW, StepClock
+from ms_recover.manager.status import status_of
+from ms_recover.observability.status import render
+from ms_recover.worker.health import MIN_TIMED, SHIFT_BEATS, WARM, WINDOW, StepClock
 from tests.unit.test_decide import Job
 
 MS = 0.001
@@ -168,6 +170,9 @@ def test_a_rank_at_1_5x_its_peers_is_flagged_once_with_its_evidence(job: Job) ->
     assert flag["step"] == 100 and flag["score"] == pytest.approx(44 / 29, rel=1e-3)
     assert flag["compute_s"] == pytest.approx(0.045) and flag["reference_s"] == pytest.approx(0.029)
     assert job.model.state is JobState.RUNNING and not job.events("fault")  # ignore: reported
+    status = status_of(job.model, job.now)
+    assert status["flagged"] == {"1": 100}
+    assert "flagged slow: rank 1 at step 100" in render(status)
 
 
 @pytest.mark.parametrize(
@@ -261,8 +266,9 @@ def test_step_clock_reports_a_stall_and_a_compute_shift_as_urgent() -> None:
     assert urgent and values[2] == pytest.approx(2.499)
     c.leave_collective(t + 2.6)
     t = run(c, t + 2.6, WINDOW, 0.045)
-    assert c.report(t, 1)[1] is True  # compute 1.5x: once
-    assert c.report(t + 0.01, 1)[1] is False
+    for beat in range(SHIFT_BEATS):  # compute 1.5x: on the next few beats
+        assert c.report(t + beat * 0.5, 1)[1] is True
+    assert c.report(t + 1.9, 1)[1] is False  # and not yet stalled (2 s)
 
 
 def test_step_clock_leaves_out_time_spent_waiting_for_a_cpu() -> None:
