@@ -19,7 +19,8 @@ not (stuck in their own compute, their heartbeat thread alive): the recovery rep
 **Fail-slow.** Each rank reports the median of its compute time per step
 (outside collectives) and its tenth percentile over its last steps. A rank whose percentile is
 ``slow_ratio`` times the members' median percentile (jobs of three ranks or more) or its own
-early median (fewer) is flagged once, as a ``flagged`` event with the evidence. A low
+early median (fewer) on two of its reports in a row is flagged once, as a ``flagged`` event
+with the evidence. A low
 percentile, not a mean: a rank must be slow on nearly every step, not on a few; scheduling
 noise on a loaded host only adds time to some steps; and a host that slows everyone alike flags
 no one. A rank must also stay ``CPU_SHARE_RATIO`` slower once the time its thread waited for a
@@ -134,9 +135,10 @@ def slow_flags(m: JobModel) -> list[FlaggedRecord]:
         if info.rank in m.flagged:
             continue
         ref, basis = (peers, "the members' median") if peers > 0 else (h.baseline(), "its own")
-        if ref < MIN_COMPUTE_S or h.compute_lo_s < m.config.slow_ratio * ref:
+        slow = min(h.compute_lo_s, h.prev_lo_s)  # on this report and the one before
+        if ref < MIN_COMPUTE_S or slow < m.config.slow_ratio * ref:
             continue
-        if cpu > 0 and h.busy_lo_s < CPU_SHARE_RATIO * cpu:
+        if cpu > 0 and min(h.busy_lo_s, h.prev_busy_lo_s) < CPU_SHARE_RATIO * cpu:
             continue  # slower only by its share of a loaded host's CPUs
         agent = m.agents.get(info.node_rank)
         out.append(
