@@ -138,7 +138,7 @@ def slow_flags(m: JobModel) -> list[FlaggedRecord]:
         slow = min(h.compute_lo_s, h.prev_lo_s)  # on this report and the one before
         if ref < MIN_COMPUTE_S or slow < m.config.slow_ratio * ref:
             continue
-        if cpu > 0 and min(h.busy_lo_s, h.prev_busy_lo_s) < CPU_SHARE_RATIO * cpu:
+        if cpu > 0 and h.busy_lo_s < CPU_SHARE_RATIO * cpu:
             continue  # slower only by its share of a loaded host's CPUs
         agent = m.agents.get(info.node_rank)
         out.append(

@@ -33,10 +33,9 @@ class RankHealth:
     compute_lo_s: float  # its tenth percentile (scheduling noise only adds time)
     long: bool  # in a declared long stretch, paused or done
     busy_lo_s: float  # compute_lo_s less the time spent waiting for a CPU
-    #: The percentiles of the rank's previous report of this epoch (-1: none): a rank is
+    #: The percentile of the rank's previous report of this epoch (-1: none): a rank is
     #: judged slow only on two reports in a row.
     prev_lo_s: float = -1.0
-    prev_busy_lo_s: float = -1.0
     #: The rank's first compute percentiles of this epoch, for a baseline of its own.
     early: tuple[float, ...] = ()
 
@@ -58,9 +57,7 @@ def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> 
     early = prev.early if prev is not None and prev.epoch == int(epoch) else ()
     if lo > 0 and len(early) < BASELINE_REPORTS:
         early = (*early, lo)
-    prev_lo, prev_busy = (-1.0, -1.0)
-    if prev is not None and prev.epoch == int(epoch):
-        prev_lo, prev_busy = prev.compute_lo_s, prev.busy_lo_s
+    prev_lo = prev.compute_lo_s if prev is not None and prev.epoch == int(epoch) else -1.0
     health[rank] = RankHealth(
-        now, int(epoch), step, idle, coll, p99, med, lo, bool(long), busy, prev_lo, prev_busy, early
+        now, int(epoch), step, idle, coll, p99, med, lo, bool(long), busy, prev_lo, early
     )
