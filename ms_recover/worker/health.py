@@ -18,7 +18,7 @@ Guarantees:
   manager then keeps its fixed bound);
 * a report is ``urgent`` (relayed at once, not folded into the agent's next report) while the
   rank has not committed for half its own hang limit, and once when its compute time (tenth
-  percentile) shifts up by :data:`SHIFT` over the level it last reported urgently (then on
+  percentile) shifts up by :data:`SHIFT` over its lowest since it last reported urgently (then on
   :data:`SHIFT_BEATS` heartbeats): the manager hears a hang or a slowdown within a heartbeat,
   not a report period.
 
@@ -87,7 +87,7 @@ class StepClock:
         self._last = time.monotonic() if clock is None else clock
         self._coll_since = 0.0  # 0: not inside a collective
         self._coll_sum = 0.0  # time inside collectives in the current step
-        self._shift_level = -1.0  # the compute percentile last reported urgently
+        self._shift_level = -1.0  # the lowest compute percentile since the last urgent report
         self.last_compute = 0.0  # of the last committed step, timed or not
         self._urgent_left = 0  # urgent heartbeats still to send after a shift
         # Time runnable but not running (a loaded host) is read at the commit and at the step's
@@ -190,4 +190,5 @@ class StepClock:
             first = self._shift_level < 0
             self._shift_level = lo
             return not first
+        self._shift_level = min(self._shift_level, lo)  # the level follows the rank's best
         return False
