@@ -32,7 +32,6 @@ class RankHealth:
     compute_s: float  # median compute time per step over its window (-1: too few)
     compute_lo_s: float  # its tenth percentile (scheduling noise only adds time)
     long: bool  # in a declared long stretch, paused or done
-    busy_lo_s: float  # compute_lo_s less the time spent waiting for a CPU
     #: The percentile of the rank's previous report of this epoch (-1: none): a rank is
     #: judged slow only on two reports in a row.
     prev_lo_s: float = -1.0
@@ -52,12 +51,12 @@ def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> 
         return
     health = m.health
     m.health_rev += 1
-    epoch, idle, coll, p99, med, lo, long, busy = values
+    epoch, idle, coll, p99, med, lo, long = values
     prev = health.get(rank)
     early = prev.early if prev is not None and prev.epoch == int(epoch) else ()
     if lo > 0 and len(early) < BASELINE_REPORTS:
         early = (*early, lo)
     prev_lo = prev.compute_lo_s if prev is not None and prev.epoch == int(epoch) else -1.0
     health[rank] = RankHealth(
-        now, int(epoch), step, idle, coll, p99, med, lo, bool(long), busy, prev_lo, early
+        now, int(epoch), step, idle, coll, p99, med, lo, bool(long), prev_lo, early
     )

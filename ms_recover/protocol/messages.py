@@ -202,18 +202,8 @@ class WorkerHello(Message):
 #: committed a step; seconds inside its current collective (-1: in none); the p99 of its timed
 #: step times (-1: too few timed since its start or last recovery); the median and tenth
 #: percentile of its compute time per step, outside collectives, over its last steps (-1: too
-#: few); 1 while it is in a declared long stretch, paused or done (its steps are not timed);
-#: the tenth percentile of its compute time less the time it waited for a CPU (-1: too few).
-HEALTH_FIELDS = (
-    "epoch",
-    "idle_s",
-    "coll_s",
-    "p99_s",
-    "compute_s",
-    "compute_lo_s",
-    "long",
-    "busy_lo_s",
-)
+#: few); 1 while it is in a declared long stretch, paused or done (its steps are not timed).
+HEALTH_FIELDS = ("epoch", "idle_s", "coll_s", "p99_s", "compute_s", "compute_lo_s", "long")
 
 
 @dataclasses.dataclass(frozen=True)

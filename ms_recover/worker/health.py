@@ -6,9 +6,7 @@ few stores); the heartbeat thread turns that into the cheap report every heartbe
 inside the current collective, the p99 of recent step times, and the rank's own compute time
 per step (time outside collectives) over its last :data:`WINDOW` steps: the median, and the
 tenth percentile, which scheduling noise on a loaded host barely moves (noise only adds time)
-while a rank that is slow on (nearly) every step moves it all the way. The same percentile of
-the compute time less the time the thread was runnable but waiting for a CPU (before the step's
-first collective) comes along: a rank that only got less of a loaded host's CPUs is not slow.
+while a rank that is slow on (nearly) every step moves it all the way.
 
 Guarantees:
 
@@ -29,9 +27,8 @@ whole under the GIL; the rings are copied before they are sorted.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 WARM = 5  # steps after a start or a recovery that are not timed (compilation)
 MIN_TIMED = 20  # timed steps before the p99 is reported
@@ -39,23 +36,6 @@ RING = 200  # step times kept for the p99
 WINDOW = 24  # compute times kept for the median and tenth percentile
 SHIFT = 1.2  # a compute time this many times the last urgent level is reported at once
 SHIFT_BEATS = 4  # ... and on this many heartbeats, each with a fresher window
-
-
-def runqueue_wait() -> Callable[[], float]:
-    """A reader of the calling thread's total time spent runnable but waiting for a CPU, in
-    seconds (Linux ``/proc/thread-self/schedstat``); one that reads 0 where there is none."""
-    try:
-        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-    except OSError:
-        return lambda: 0.0
-
-    def read() -> float:
-        try:
-            return int(os.pread(fd, 128, 0).split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            return 0.0
-
-    return read
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -74,13 +54,11 @@ class StepClock:
         hang_k: float,
         hang_floor_s: float,
         clock: float | None = None,
-        runq: Callable[[], float] | None = None,
     ) -> None:
         self.hang_k = hang_k
         self.hang_floor_s = hang_floor_s
         self.steps: list[float] = []  # the last RING timed step times
         self.compute: list[float] = []  # the last WINDOW timed compute times (wall clock)
-        self.busy: list[float] = []  # the same, less the time waiting for a CPU
         self.long = 0  # depth of declared long stretches
         self.paused = False  # in a recovery, or done: nothing is timed or judged
         self._skip = WARM
@@ -90,25 +68,13 @@ class StepClock:
         self._shift_level = -1.0  # the lowest compute percentile since the last urgent report
         self.last_compute = 0.0  # of the last committed step, timed or not
         self._urgent_left = 0  # urgent heartbeats still to send after a shift
-        # Time runnable but not running (a loaded host) is read at the commit and at the step's
-        # first collective, once the session's collectives are seen (two reads a step).
-        self._runq = runq if runq is not None else runqueue_wait()
-        self._rq_start = 0.0
-        self._rq_wait = 0.0
-        self._entered = False  # a collective was entered in this step
-        self._uses_coll = False  # in some step: the runqueue is read from then on
 
     # ------------------------------------------------------------------ training thread
     def committed(self, now: float) -> None:
         """A step was committed at ``now``: time it, unless it is not to be timed."""
         step_s, coll_s = now - self._last, self._coll_sum
-        waited = self._rq_wait if self._entered else 0.0
-        self._last, self._coll_sum, self._rq_wait = now, 0.0, 0.0
+        self._last, self._coll_sum = now, 0.0
         self.last_compute = max(step_s - coll_s, 0.0)
-        last_busy = max(self.last_compute - waited, 0.0)
-        self._uses_coll, self._entered = self._uses_coll or self._entered, False
-        if self._uses_coll:
-            self._rq_start = self._runq()
         if self._skip > 0 or self.long or self.paused:
             self._skip = max(self._skip - 1, 1 if self.long else 0)
             return
@@ -116,16 +82,11 @@ class StepClock:
         if len(self.steps) > RING:
             del self.steps[0]
         self.compute.append(self.last_compute)
-        self.busy.append(last_busy)
         if len(self.compute) > WINDOW:
             del self.compute[0]
-            del self.busy[0]
 
     def enter_collective(self, now: float) -> None:
         self._coll_since = now
-        if not self._entered:  # the step's first collective ends its main compute
-            self._entered = True
-            self._rq_wait = self._runq() - self._rq_start
 
     def leave_collective(self, now: float) -> None:
         if self._coll_since:
@@ -134,11 +95,8 @@ class StepClock:
 
     def restart(self, now: float) -> None:
         """A recovery ended (or the rank started): time afresh after WARM steps."""
-        self.steps, self.compute, self.busy = [], [], []
+        self.steps, self.compute = [], []
         self._skip, self._last, self._coll_sum, self._coll_since = WARM, now, 0.0, 0.0
-        self._entered, self._rq_wait = False, 0.0
-        if self._uses_coll:
-            self._rq_start = self._runq()
         self._shift_level = -1.0
         self.paused = False
 
@@ -155,15 +113,14 @@ class StepClock:
     # ------------------------------------------------------------------ heartbeat thread
     def report(self, now: float, epoch: int) -> tuple[list[float], bool]:
         """The heartbeat's health values and whether it is urgent."""
-        steps, compute, busy = list(self.steps), list(self.compute), list(self.busy)
+        steps, compute = list(self.steps), list(self.compute)
         still = bool(self.long or self.paused)
         idle = now - self._last
         since = self._coll_since
         p99 = quantile(steps, 0.99) if len(steps) >= MIN_TIMED else -1.0
-        med = lo = busy_lo = -1.0
-        if len(compute) >= WINDOW and len(busy) >= WINDOW:
+        med = lo = -1.0
+        if len(compute) >= WINDOW:
             med, lo = quantile(compute, 0.5), quantile(compute, 0.1)
-            busy_lo = quantile(busy, 0.1)
         values = [
             float(epoch),
             idle,
@@ -172,7 +129,6 @@ class StepClock:
             med,
             lo,
             1.0 if still else 0.0,
-            busy_lo,
         ]
         if not still and self._shifted(lo):
             self._urgent_left = SHIFT_BEATS

@@ -1,8 +1,8 @@
-"""Fail-slow detection on a 2 nodes x 2 ranks job whose ranks each do the same fixed work per
-step (~20-40 ms of Python on this host), then an allreduce: a rank slowed to 1.5x its peers by
-a fault hook that stretches its compute, and separately by a duty-cycled SIGSTOP (10 ms of
-every 30 ms: fixed work, unlike a sleep, is stretched by it), is flagged within 50 steps; the
-same job without a slowdown flags nothing. Under the default sub-health policy (report only)
+"""Fail-slow detection on a 2 nodes x 2 ranks job whose ranks each run ~30 ms of "device work"
+per step (30 waits of 1 ms, as a host launching kernels and waiting for each), then an
+allreduce: a rank slowed to 1.5x its peers by a fault hook that stretches its compute, and
+separately by a duty-cycled SIGSTOP (10 ms of every 30 ms: each stop delays the next launch), is
+flagged within 50 steps; the same job without a slowdown flags nothing. Under the default sub-health policy (report only)
 the job runs on untouched. The compute-hang scenario (named culprit, only it replaced,
 bit-identical) is a row of the fault matrix (test_fault_matrix.py)."""
 
@@ -24,13 +24,14 @@ pytestmark = pytest.mark.timeout(240)
 STEPS, SLOW_FROM, WITHIN = 150, 60, 50
 
 TRAIN = """
-import sys, numpy as np, ms_recover
+import sys, time, numpy as np, ms_recover
 session = ms_recover.init()
 for step in session.steps(int(sys.argv[1])):
     with session.guard():
-        x = 0
-        for i in range(150_000):  # the same work on every rank, outside the collective
-            x += i
+        for _ in range(30):  # ~30 ms of device work, launched in 1 ms kernels, outside the
+            end = time.perf_counter() + 0.001  # collective: a stopped host delays each launch
+            while time.perf_counter() < end:
+                pass
         session.allreduce(np.ones(8, np.float32), "sum")
 session.finish()
 """
