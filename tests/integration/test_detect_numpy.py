@@ -3,8 +3,8 @@ per step (30 waits of 1 ms, as a host launching kernels and waiting for each), t
 allreduce: a rank slowed to 1.5x its peers by a fault hook that stretches its compute, and
 separately by a duty-cycled SIGSTOP (10 ms of every 30 ms: each stop delays the next launch), is
 flagged within 50 steps; the same job without a slowdown flags nothing. Nothing acts on a flag
-yet (report only): the job runs on untouched. The compute-hang scenario (named culprit, only it replaced,
-bit-identical) is a row of the fault matrix (test_fault_matrix.py)."""
+yet (report only): the job runs on untouched. The compute-hang scenario (named culprit, only
+it replaced, bit-identical) is a row of the fault matrix (test_fault_matrix.py)."""
 
 from __future__ import annotations
 
