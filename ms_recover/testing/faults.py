@@ -17,8 +17,6 @@ Kinds:
 * ``slow``        from step K on, this rank's compute (its time outside collectives) takes
   1.5x as long: half its compute time of step K-1 is added before each allreduce (a fail-slow
   device);
-* ``stopcycle``   from step K on, a helper process SIGSTOPs this rank for 10 ms of every 30 ms
-  (a duty-cycled stall that also freezes its heartbeat thread now and then);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
 * ``memory``      corrupt this rank's state in step K and report a device memory error;
@@ -37,8 +35,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -59,7 +55,6 @@ KINDS = (
     "hang",
     "computehang",
     "slow",
-    "stopcycle",
     "allreduce",
     "transient",
     "memory",
@@ -148,7 +143,6 @@ class FaultInjector(FaultHooks):
         slow = [s.step for s in self._specs if s.kind == "slow"]
         self._slow_from = min(slow) if slow else None
         self._slow_extra: float | None = None  # seconds added to each slow step
-        self.cycler: subprocess.Popen[bytes] | None = None  # the stopcycle helper
 
     @classmethod
     def from_env(cls, rank: int, incarnation: int) -> FaultInjector:
@@ -164,15 +158,12 @@ class FaultInjector(FaultHooks):
     def after_commit(self, step: int, flush: Callable[[], None] | None = None) -> None:
         """Fire ``kill``, ``node`` or ``hang`` for ``step``; ``flush`` (closing the data plane
         gracefully) runs before a ``kill``."""
-        spec = self._take(("kill", "node", "hang", "computehang", "stopcycle"), step)
+        spec = self._take(("kill", "node", "hang", "computehang"), step)
         if spec is None:
             return
         if spec.kind == "computehang":
             while True:  # the manager's recovery kills this process
                 time.sleep(3600)
-        if spec.kind == "stopcycle":
-            self.cycler = subprocess.Popen([sys.executable, "-c", _CYCLE, str(os.getpid())])
-            return
         if spec.kind == "kill":
             if flush is not None:
                 flush()
@@ -252,19 +243,6 @@ class FaultInjector(FaultHooks):
     def after_chunk_sent(self) -> None:
         if self._die_at_next_chunk:
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-#: The stopcycle helper: SIGSTOP the rank for 10 ms of every 30 ms until it is gone.
-_CYCLE = """
-import os, signal, sys, time
-pid = int(sys.argv[1])
-try:
-    while True:
-        os.kill(pid, signal.SIGSTOP); time.sleep(0.01)
-        os.kill(pid, signal.SIGCONT); time.sleep(0.02)
-except ProcessLookupError:
-    pass
-"""
 
 
 def _flip_one_byte(payload: dict[str, NDArray[Any]]) -> None:

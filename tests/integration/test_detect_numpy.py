@@ -1,7 +1,6 @@
 """Fail-slow detection on a 2 nodes x 2 ranks job whose ranks each run ~30 ms of "device work"
 per step (30 waits of 1 ms, as a host launching kernels and waiting for each), then an
-allreduce: a rank slowed to 1.5x its peers by a fault hook that stretches its compute, and
-separately by a duty-cycled SIGSTOP (10 ms of every 30 ms: each stop delays the next launch), is
+allreduce: a rank slowed to 1.5x its peers by a fault hook that stretches its compute is
 flagged within 50 steps; the same job without a slowdown flags nothing. Nothing acts on a flag
 yet (report only): the job runs on untouched. The compute-hang scenario (named culprit, only
 it replaced, bit-identical) is a row of the fault matrix (test_fault_matrix.py)."""
@@ -50,9 +49,8 @@ def run(tmp_path: Any, faults: Faults | None) -> list[dict[str, Any]]:
     return job.find("flagged")
 
 
-@pytest.mark.parametrize("kind", ["slow", "stopcycle"])
-def test_a_rank_slowed_to_1_5x_is_flagged_within_50_steps(tmp_path: Any, kind: str) -> None:
-    flags = run(tmp_path, Faults().add(kind, rank=1, step=SLOW_FROM))
+def test_a_rank_slowed_to_1_5x_is_flagged_within_50_steps(tmp_path: Any) -> None:
+    flags = run(tmp_path, Faults().add("slow", rank=1, step=SLOW_FROM))
     assert [f["rank"] for f in flags] == [1], flags
     flag = flags[0]
     assert SLOW_FROM <= flag["step"] <= SLOW_FROM + WITHIN, flag
