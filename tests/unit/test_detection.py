@@ -4,11 +4,13 @@ rank side (ms_recover/worker/health.py)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
 
 from ms_recover.config import JobConfig
+from ms_recover.errors import ConfigError
 from ms_recover.manager.health import note
 from ms_recover.manager.model import JobState
 from ms_recover.manager.status import status_of
@@ -271,3 +273,16 @@ def test_step_clock_times_nothing_inside_a_long_stretch_or_a_pause() -> None:
     assert c.report(t + 100.0, 1)[0][6] == 1.0
     c.restart(t)
     assert c.steps == [] and c.report(t, 2)[0][3] == -1.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("hang_k", 0.5, "hang_k must be a number in 1..1000, got 0.5"),
+        ("hang_floor_s", 0.0, "hang_floor_s must be a positive number of seconds, got 0.0"),
+        ("slow_ratio", 1.0, "slow_ratio must be a number in (1, 100), got 1.0"),
+    ],
+)
+def test_bad_detection_settings_are_named(field: str, value: float, said: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        JobConfig(**{field: value})
