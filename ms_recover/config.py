@@ -58,6 +58,14 @@ class JobConfig:
     liveness: int = 4
     rank_silence_s: float = 10.0  # MS_RECOVER_RANK_SILENCE_S
     hang_timeout_s: float = 120.0  # MS_RECOVER_HANG_TIMEOUT_S
+    #: A hang is declared after max(hang_k x p99 step time, hang_floor_s), at most
+    #: ``hang_timeout_s`` (:mod:`ms_recover.manager.detection`); False (MS_RECOVER_HANG_TIMEOUT_S
+    #: is set): after ``hang_timeout_s`` alone.
+    hang_adaptive: bool = True  # MS_RECOVER_HANG_ADAPTIVE
+    hang_k: float = 2.0
+    hang_floor_s: float = 4.0
+    #: A rank whose compute time per step stays this many times its peers' is flagged.
+    slow_ratio: float = 1.3
     phase_timeout_s: float = 60.0  # MS_RECOVER_PHASE_TIMEOUT_S
     manager_grace_s: float = 0.0  # MS_RECOVER_MANAGER_GRACE_S; 0: phase_timeout_s
     wait_reschedule_timeout_s: float = 270.0  # MS_RECOVER_WAIT_RESCHEDULE_TIMEOUT
@@ -177,6 +185,7 @@ class JobConfig:
         env = {
             E.HEARTBEAT: repr(self.heartbeat_s),
             E.HANG_TIMEOUT: repr(self.hang_timeout_s),
+            E.HANG_ADAPTIVE: "1" if self.hang_adaptive else "0",
             E.RANK_SILENCE: repr(self.rank_silence_s),
             E.PHASE_TIMEOUT: repr(self.phase_timeout_s),
             E.MANAGER_GRACE: repr(self.manager_grace_s),
@@ -229,7 +238,7 @@ class JobConfig:
             )
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ConfigError(f"job_id must be a non-empty string, got {self.job_id!r}")
-        for name in ("require_secret", "curve", "data_curve"):
+        for name in ("require_secret", "curve", "data_curve", "hang_adaptive"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.require_secret and self.insecure:
@@ -262,10 +271,15 @@ class JobConfig:
             "phase_timeout_s",
             "wait_reschedule_timeout_s",
             "rank_silence_s",
+            "hang_floor_s",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.slow_ratio, (int, float)) or not 1 < self.slow_ratio < 100:
+            raise ConfigError(f"slow_ratio must be a number in (1, 100), got {self.slow_ratio!r}")
+        if not isinstance(self.hang_k, (int, float)) or not 1 <= self.hang_k <= 1000:
+            raise ConfigError(f"hang_k must be a number in 1..1000, got {self.hang_k!r}")
         grace = self.manager_grace_s
         if not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
             raise ConfigError(
@@ -415,6 +429,15 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+def _hang_adaptive(environ: Mapping[str, str]) -> bool | None:
+    """MS_RECOVER_HANG_ADAPTIVE, else False when MS_RECOVER_HANG_TIMEOUT_S is set (it replaces
+    the adaptive rule), else None (the default)."""
+    said = _bool(environ, E.HANG_ADAPTIVE)
+    if said is not None:
+        return said
+    return False if environ.get(E.HANG_TIMEOUT, "").strip() else None
+
+
 def _bool(environ: Mapping[str, str], key: str) -> bool | None:
     raw = environ.get(key, "").strip().lower()
     if not raw:
@@ -476,6 +499,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "secret": _read_secret(environ),
         "heartbeat_s": _float(environ, E.HEARTBEAT),
         "hang_timeout_s": _float(environ, E.HANG_TIMEOUT),
+        "hang_adaptive": _hang_adaptive(environ),
         "rank_silence_s": _float(environ, E.RANK_SILENCE),
         "phase_timeout_s": _float(environ, E.PHASE_TIMEOUT),
         "manager_grace_s": _float(environ, E.MANAGER_GRACE),

@@ -233,7 +233,9 @@ class Agent:
                 if now >= next_beat:
                     steps = self.relay.report(now) if self.relay is not None else {}
                     if steps or not self._exchanging(now):
-                        self.chan.send(M.AgentHeartbeat(cfg.node_rank, steps), self._epoch)
+                        health = self.relay.health if steps and self.relay is not None else {}
+                        beat = M.AgentHeartbeat(cfg.node_rank, steps, health)
+                        self.chan.send(beat, self._epoch)
                     next_beat = now + cfg.agent_heartbeat_s
                 self._note_training()
                 self._wait(self.poll_s)

@@ -19,7 +19,8 @@ Guarantees:
 * a rank's periodic heartbeat is folded into the agent's own (``AgentHeartbeat.steps``, once
   per ``JobConfig.rank_report_s``: :meth:`LocalRelay.report`), except the first one at or
   after the step a RESUME named, which the manager waits for to close a recovery: that one is
-  relayed at once;
+  relayed at once, and so is one the rank marked ``urgent`` (a stall or a slowdown); the last
+  folded heartbeat's step timing rides along (``AgentHeartbeat.health``);
 * a :class:`~ms_recover.protocol.messages.RelayDown` from the manager is fanned out in order,
   each message signed once by this agent and sent to each target identity; a message kind that
   is not manager -> worker, or a body that fails its checks, is dropped and logged.
@@ -81,6 +82,8 @@ class LocalRelay:
         self._seq = itertools.count()
         self._items: list[tuple[bytes, Envelope, int]] = []  # (identity, envelope, bytes)
         self._steps: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, committed step)
+        self._health: dict[int, list[float]] = {}  # rank -> its last heartbeat's health
+        self.health: dict[int, list[float]] = {}  # of the ranks in the last take_steps()
         self._latest: dict[int, bytes] = {}  # rank -> the identity it last wrote from
         self.stepped: set[int] = set()  # ranks whose heartbeat named a committed step
         self._urgent: dict[bytes, int] = {}  # identity -> the step its RESUME named
@@ -120,8 +123,10 @@ class LocalRelay:
         if isinstance(msg, M.WorkerHeartbeat):
             if msg.committed_step >= 0:
                 self.stepped.add(rank)
-            if not self._due(ident, msg.committed_step):
+            if not msg.urgent and not self._due(ident, msg.committed_step):
                 self._steps[rank] = (ident, msg.committed_step)
+                if msg.health:
+                    self._health[rank] = msg.health
                 return
         self._items.append((ident, env, sum(map(len, frames[1:]))))
 
@@ -183,7 +188,8 @@ class LocalRelay:
         """The folded heartbeats since the last call: each rank's committed step, from the
         process that last wrote (an exited incarnation's beat is not passed on)."""
         steps = {r: s for r, (ident, s) in self._steps.items() if self._latest.get(r) == ident}
-        self._steps = {}
+        health, self._steps, self._health = self._health, {}, {}
+        self.health = {r: h for r, h in health.items() if r in steps}
         return steps
 
     # ------------------------------------------------------------------ manager -> ranks

@@ -12,6 +12,10 @@ long job. The benchmark then, one at a time, and only once the job is back to ru
   target is 3 s, and the configured silence (``heartbeat_s * liveness``, 2 s by default) is the
   floor. Each node kill costs about ``reschedule-delay`` + a recovery, so at most 5 are run
   (the supervisor's restart budget per pod).
+
+Then the faults that do not crash, each in a job of its own (:mod:`ms_recover.bench.detectrows`):
+a compute hang (<= 2 x p99 step + 5 s), a fail-slow rank (<= 50 steps) and a soak of
+fault-free runs (0 false flags).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from ms_recover.bench import detectrows
 from ms_recover.bench.jobdriver import JobDriver
 from ms_recover.bench.table import Measure, Report, summary
 from ms_recover.config import JobConfig
@@ -54,6 +59,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=4.0,
         help="seconds before a killed pod is recreated (default %(default)s)",
     )
+    p.add_argument(
+        "--soak",
+        type=int,
+        default=20,
+        help="fault-free runs for the false-flag row (default %(default)s; 0: no fail-slow "
+        "and hang rows)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="per-wait deadline in s")
     p.add_argument("--workdir", help="rank logs go here (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
@@ -65,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.repeats < 1 or node_repeats < 0:
         print("ms-recover bench detect: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    if args.soak < 0:
+        print("ms-recover bench detect: --soak must be >= 0 (0: no soak)", file=sys.stderr)
         return 2
     workdir = args.workdir or tempfile.mkdtemp(prefix="ms-recover-bench-detect-")
     config = JobConfig(
@@ -104,7 +119,12 @@ def run(args: argparse.Namespace) -> int:
         bench.until_running(min_step=3)
         rank_ms = [bench.kill_rank_latency((1, 2, 3, 0)[i % 4]) * 1e3 for i in range(args.repeats)]
         node_s = [bench.kill_node_latency(1) for _ in range(node_repeats)]
-    return _report(config, args, rank_ms, node_s, workdir).emit(args.json)
+    report = _report(config, args, rank_ms, node_s, workdir)
+    if args.soak > 0:  # what does not crash (ms_recover.bench.detectrows)
+        measures, samples = detectrows.rows(workdir, args.soak, 6 * args.timeout)
+        report.add(*measures)
+        report.samples["not_crashing"] = samples
+    return report.emit(args.json)
 
 
 class _Bench(JobDriver):

@@ -140,6 +140,14 @@ class WriteManifest(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class Judged(Action):
+    """The fail-slow rule has judged every step-timing report up to ``rev``
+    (``JobModel.health_rev``): it runs again only on a new report."""
+
+    rev: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Emit(Action):
     """Write one event to the job's event log."""
 

@@ -8,7 +8,8 @@ fields. Pure: no zmq, numpy or msgpack.
 
 from __future__ import annotations
 
-from ms_recover.manager.actions import Action
+from ms_recover.manager import detection
+from ms_recover.manager.actions import Action, Emit, Judged
 from ms_recover.manager.ending import after_end
 from ms_recover.manager.leaving import asked_to_stop, settled
 from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, RankInfo
@@ -34,7 +35,17 @@ def decide(m: JobModel, now: float) -> list[Action]:
     progress = PROGRESS[m.state](m, now)
     if isinstance(progress, Failure):
         return escalate(m, now, progress)  # every failed phase re-enters the fault path here
+    if m.state is JobState.RUNNING and m.health_rev != m.judged_rev:
+        return _judge(m) + progress
     return progress
+
+
+def _judge(m: JobModel) -> list[Action]:
+    """The fail-slow rule over the step-timing reports that arrived since it last ran."""
+    flags: list[Action] = [
+        Emit(f"rank {f.rank} flagged {f.reason}: {f.detail}", f) for f in detection.slow_flags(m)
+    ]
+    return [Judged("", m.health_rev), *flags]
 
 
 # ----------------------------------------------------------------------------- detection
@@ -106,7 +117,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
             )
         )
     if m.state is JobState.RUNNING and not faults:
-        faults.extend(_detect_hang(m, now, heard))
+        faults.extend(detection.detect_hang(m, now, heard) or _detect_hang(m, now, heard))
     return faults
 
 

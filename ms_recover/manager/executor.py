@@ -21,6 +21,7 @@ from ms_recover.manager.model import JobModel, JobState
 from ms_recover.manager.records import (
     PHASES,
     DumpRecord,
+    FlaggedRecord,
     JobEndRecord,
     JobStartRecord,
     Phase,
@@ -81,6 +82,7 @@ class Executor:
             A.Exhaust: self._exhaust,
             A.WriteManifest: self._write_manifest,
             A.Emit: self._emit,
+            A.Judged: self._judged,
         }
 
     def execute(self, actions: list[A.Action]) -> None:
@@ -197,6 +199,11 @@ class Executor:
         if isinstance(action.record, JobEndRecord):
             m.exit_code = action.record.exit_code
             self.events.write("goodput", epoch=m.epoch, **self.goodput.fields(e["ts"]))
+        if isinstance(action.record, FlaggedRecord):
+            m.flagged[action.record.rank] = action.record.step
+
+    def _judged(self, action: A.Judged) -> None:
+        self.model.judged_rev = action.rev
 
     def _write(self, record: PhaseRecord | WorldRecord | DumpRecord | JobStartRecord) -> None:
         self.events.write(record.EVENT, epoch=self.model.epoch, **record.fields())
@@ -245,7 +252,7 @@ class Executor:
             m.tries.clear()
 
     def _log_action(self, action: A.Action) -> None:
-        quiet = (A.SendRanks, A.SendAgent)
+        quiet = (A.SendRanks, A.SendAgent, A.Judged)
         if isinstance(action, quiet) and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s epoch=%d state=%s %s",

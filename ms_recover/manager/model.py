@@ -25,6 +25,7 @@ import math
 from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
+from ms_recover.manager.health import RankHealth
 from ms_recover.manager.records import Phase
 from ms_recover.strategy import Strategy
 
@@ -280,6 +281,12 @@ class JobModel:
     #: This manager's role among the job's managers (docs/manager-takeover.md): ``role``
     #: (active or standby), ``term``, ``node``, ``seen_active``; in every status reply.
     manager: dict[str, object] = dataclasses.field(default_factory=dict)
+    #: Each rank's last step-timing report (:mod:`ms_recover.manager.health`).
+    health: dict[int, RankHealth] = dataclasses.field(default_factory=dict)
+    health_rev: int = 0  # reports recorded so far
+    judged_rev: int = 0  # reports the fail-slow rule has judged
+    #: Ranks flagged fail-slow or repeat-divergent, and the step they were flagged at.
+    flagged: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.config

@@ -87,6 +87,23 @@ class DivergenceRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class FlaggedRecord(Record):
+    """A rank found persistently slow (``reason`` "slow") while it lives on, with the evidence
+    (:mod:`ms_recover.manager.detection`)."""
+
+    EVENT: ClassVar[str] = "flagged"
+    rank: int
+    node: int
+    host: str
+    step: int
+    reason: str
+    detail: str
+    score: float
+    compute_s: float
+    reference_s: float
+
+
+@dataclasses.dataclass(frozen=True)
 class RepairRetryRecord(Record):
     EVENT: ClassVar[str] = "repair_retry"
     attempt: int

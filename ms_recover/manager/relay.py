@@ -36,6 +36,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from ms_recover.manager.health import note
 from ms_recover.manager.model import JobModel
 from ms_recover.manager.slots import Slots
 from ms_recover.protocol import messages as M
@@ -182,7 +183,13 @@ class ManagerRelay:
             self.items_in += 1
             handle(virtual_identity(ident, local), item)
 
-    def fold(self, ident: bytes, steps: dict[int, int], now: float | None = None) -> None:
+    def fold(
+        self,
+        ident: bytes,
+        steps: dict[int, int],
+        now: float | None = None,
+        health: dict[int, list[float]] | None = None,
+    ) -> None:
         """The heartbeats of ranks registered through agent ``ident``, folded into its own:
         the rank was heard, and its committed step only grows. Entries for other ranks (a
         rank not, or no longer, registered through this agent) are ignored: it registers
@@ -200,6 +207,8 @@ class ManagerRelay:
                 if step > info.committed_step:
                     info.committed_step = step
                     info.last_progress = now
+                if health and rank in health:
+                    note(self.model, rank, step, health[rank], now)
         self.items_in += heard
 
     # ------------------------------------------------------------------ down

@@ -484,7 +484,7 @@ class ManagerServer:
         return self._agent_ok(ident, node_rank)
 
     def _on_agent_heartbeat(self, ident: bytes, env: Envelope, msg: M.AgentHeartbeat) -> None:
-        self._agent_beat(ident, msg.node_rank, msg.steps)
+        self._agent_beat(ident, msg.node_rank, msg.steps, msg.health)
 
     def _quick_beat(self, ident: bytes, frame: bytes) -> bool:
         """An agent heartbeat handled without the envelope and message objects (the
@@ -504,12 +504,18 @@ class ManagerServer:
                 return True
             self.cadence.heard(M.AgentHeartbeat, epoch)
             try:
-                self._agent_beat(ident, body["node_rank"], body["steps"])
+                self._agent_beat(ident, body["node_rank"], body["steps"], body["health"])
             except Exception as exc:  # as _handle: drop, go on
                 self.errors.drop(f"handler for agent_hb failed: {type(exc).__name__}", sender, exc)
         return True
 
-    def _agent_beat(self, ident: bytes, node_rank: int, steps: dict[int, int]) -> None:
+    def _agent_beat(
+        self,
+        ident: bytes,
+        node_rank: int,
+        steps: dict[int, int],
+        health: dict[int, list[float]] | None = None,
+    ) -> None:
         claims = self.slots.claims  # almost always empty: no slot-claim checks then
         claim = self.slots.claimant(node_rank, ident) if claims else None
         if claim is not None:  # the claimant: is the old one gone now?
@@ -520,7 +526,7 @@ class ManagerServer:
         if claims:
             self._refuse_claims(node_rank)
         now = self.model.agents[node_rank].last_seen = self.clock()
-        self.relay.fold(ident, steps, now)
+        self.relay.fold(ident, steps, now, health)
         self.frames_out += self._beat.send(self._sock, ident)
 
     def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:

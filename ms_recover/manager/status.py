@@ -17,7 +17,7 @@ def status_of(m: JobModel, now: float, events: EventLog | None = None) -> dict[s
     """Members, steps, epoch, state and the last recovery, as plain data; with ``events``,
     also the latest faults and the ranks flagged and not replaced since."""
     return {
-        **(_observed(events) if events is not None else {}),
+        **(_observed(events) if events is not None else _flagged_in(m)),
         "job_id": m.config.job_id,
         "state": m.state.value,
         "epoch": m.epoch,
@@ -55,6 +55,15 @@ def status_of(m: JobModel, now: float, events: EventLog | None = None) -> dict[s
         ],
         "groups": m.group_log.to_wire(),
     }
+
+
+def _flagged_in(m: JobModel) -> dict[str, Any]:
+    """Without the event log: the ranks the model flagged, with their node and step."""
+    flags = [
+        {"rank": r, "node": m.ranks[r].node_rank, "step": step}
+        for r, step in sorted(m.flagged.items())
+    ]
+    return {"flagged": flags}
 
 
 def _observed(events: EventLog) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ms_recover.dumpfiles import DumpFile
 from ms_recover.errors import CommError, RepairError
 from ms_recover.manager import divergence
 from ms_recover.manager.commands import peers_of_group
+from ms_recover.manager.health import note
 from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, RankInfo, Restore
 from ms_recover.manager.slots import Slots
 from ms_recover.manager.status import status_of
@@ -196,6 +197,8 @@ class WorkerHandlers:
         info = self._rank(ident, msg.rank)
         if info is not None and msg.committed_step > info.committed_step:
             info.committed_step, info.last_progress = msg.committed_step, self.clock()
+        if info is not None and msg.health:
+            note(self.model, msg.rank, msg.committed_step, msg.health, self.clock())
 
     def on_group(self, ident: bytes, env: Envelope, msg: M.GroupCreated) -> None:
         if self._rank(ident, msg.rank) is None:

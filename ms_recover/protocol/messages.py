@@ -47,6 +47,8 @@ class AgentHeartbeat(Message):
     #: The committed step of each local rank heard since the agent's last heartbeat: the
     #: ranks' own heartbeats, folded in by the agent's relay (docs/design.md §1c).
     steps: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: The step timing of each local rank in ``steps`` that reported one (WorkerHeartbeat.health).
+    health: dict[int, list[float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,13 +217,28 @@ class WorkerHello(Message):
     shard: int
 
 
+#: The layout of ``WorkerHeartbeat.health``: the epoch the rank is in; seconds since it last
+#: committed a step; seconds inside its current collective (-1: in none); the p99 of its timed
+#: step times (-1: too few timed since its start or last recovery); the median and tenth
+#: percentile of its compute time per step, outside collectives, over its last steps (-1: too
+#: few); 1 while it is in a declared long stretch, paused or done (its steps are not timed).
+HEALTH_FIELDS = ("epoch", "idle_s", "coll_s", "p99_s", "compute_s", "compute_lo_s", "long")
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerHeartbeat(Message):
-    """worker -> manager: liveness plus the last committed step."""
+    """worker -> manager: liveness plus the last committed step.
+
+    ``health``: the rank's step timing (:mod:`ms_recover.worker.health`, laid out as
+    :data:`HEALTH_FIELDS`), empty when it has none; ``urgent``: relayed at
+    once instead of folded into the agent's next report (a stall or a shift in compute time).
+    """
 
     KIND: ClassVar[bytes] = b"worker_hb"
     rank: int
     committed_step: int
+    health: list[float] = dataclasses.field(default_factory=list)
+    urgent: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

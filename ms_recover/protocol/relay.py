@@ -97,7 +97,10 @@ ACK_COLUMNS: dict[str, tuple[str, ...]] = {
 
 def ack_run(msg: M.Message, epoch: int) -> tuple[str, int] | None:
     """The (kind, epoch) of the RelayAcks batch that carries ``msg`` of ``epoch``, None if it
-    travels in a RelayUp: consecutive items with one such key share a batch."""
+    travels in a RelayUp: consecutive items with one such key share a batch. An urgent
+    heartbeat travels in a RelayUp: its step timing has no column."""
+    if isinstance(msg, M.WorkerHeartbeat) and msg.urgent:
+        return None
     kind = msg.KIND.decode()
     return (kind, epoch) if kind in ACK_COLUMNS else None
 
@@ -136,6 +139,8 @@ def ack_item(msg: M.RelayAcks, i: int) -> RawItem:
     body: dict[str, Any] = {"rank": msg.ranks[i]}
     for name, col in zip(ACK_COLUMNS[msg.kind], _extra(msg), strict=False):
         body[name] = col[i]
+    if msg.kind == "worker_hb":  # a heartbeat in columns carries no step timing, and is not urgent
+        body.update(health=[], urgent=False)
     return (msg.idents[i], msg.senders[i], msg.nonces[i], msg.seqs[i], msg.epoch, msg.kind, body)
 
 

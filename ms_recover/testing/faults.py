@@ -14,6 +14,11 @@ Kinds:
 * ``hang``        SIGSTOP this rank after step K (it stops heartbeating: a hung process);
 * ``leave``       exit with code 0 right after committing step K, without ``session.finish()``
   (an early exit: a fault, however clean the exit code);
+* ``computehang`` after step K, this rank blocks in its own compute for good, its heartbeat
+  thread alive (a deadlocked data loader): the others wait for it in the next collective;
+* ``slow``        from step K on, this rank's compute (its time outside collectives) takes
+  1.5x as long: half its compute time of step K-1 is added before each allreduce (a fail-slow
+  device);
 * ``allreduce``   SIGKILL this rank in the middle of step K's gradient allreduce;
 * ``transient``   raise a transient data-plane error in step K's allreduce (the rank survives);
 * ``memory``      corrupt this rank's state in step K and report a device memory error;
@@ -32,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +56,8 @@ KINDS = (
     "node",
     "hang",
     "leave",
+    "computehang",
+    "slow",
     "allreduce",
     "transient",
     "memory",
@@ -138,6 +146,9 @@ class FaultInjector(FaultHooks):
         self._fired: set[FaultSpec] = set()
         self.armed = bool(self._specs)  # False: every hook is a no-op (skipped on hot paths)
         self._die_at_next_chunk = False
+        slow = [s.step for s in self._specs if s.kind == "slow"]
+        self._slow_from = min(slow) if slow else None
+        self._slow_extra: float | None = None  # seconds added to each slow step
 
     @classmethod
     def from_env(cls, rank: int, incarnation: int) -> FaultInjector:
@@ -151,11 +162,14 @@ class FaultInjector(FaultHooks):
         return None
 
     def after_commit(self, step: int, flush: Callable[[], None] | None = None) -> None:
-        """Fire ``kill``, ``node``, ``hang`` or ``leave`` for ``step``; ``flush`` (closing the
-        data plane gracefully) runs before a ``kill`` or a ``leave``."""
-        spec = self._take(("kill", "node", "hang", "leave"), step)
+        """Fire ``kill``, ``node``, ``hang``, ``computehang`` or ``leave`` for ``step``;
+        ``flush`` (closing the data plane gracefully) runs before a ``kill`` or a ``leave``."""
+        spec = self._take(("kill", "node", "hang", "computehang", "leave"), step)
         if spec is None:
             return
+        if spec.kind == "computehang":
+            while True:  # the manager's recovery kills this process
+                time.sleep(3600)
         if spec.kind in ("kill", "leave"):
             if flush is not None:
                 flush()
@@ -203,6 +217,10 @@ class FaultInjector(FaultHooks):
         """``transient`` raises CommError; ``allreduce`` dies once the first chunk of this
         allreduce is on the wire; ``memory`` zeroes the state, reports it and interrupts."""
         self.before_allreduce(step)
+        if self._slow_from is not None and step >= self._slow_from:
+            if self._slow_extra is None:  # the compute before the slowdown, measured once
+                self._slow_extra = 0.5 * session.clock.last_compute
+            time.sleep(self._slow_extra)
         if self.in_allreduce(step):
             self._die_at_next_chunk = True
         if self.memory_error(step):

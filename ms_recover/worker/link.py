@@ -58,6 +58,8 @@ class ManagerLink:
         self._welcomed = False  # a Welcome reached the training thread
         #: Called on the link thread with each Peers (the endpoints of a new group's peers).
         self.on_peers: Callable[[M.Peers], None] | None = None
+        #: The heartbeat's step timing and urgency (``StepClock.report``); set by the session.
+        self.health: Callable[[float, int], tuple[list[float], bool]] | None = None
         self._identity, self._generation = identity, 0
         self._poller = zmq.Poller()
         # The thread sleeps in poll() until the manager writes, a message is queued (a byte on
@@ -123,7 +125,7 @@ class ManagerLink:
                 return
             now = time.monotonic()
             if now >= next_beat:
-                self._chan.send(M.WorkerHeartbeat(self.rank, self.committed), self.epoch)
+                self._chan.send(self._beat(now), self.epoch)
                 next_beat = now + self.config.heartbeat_s
             ready = dict(poller.poll(max(1, int((next_beat - time.monotonic()) * 1000))))
             if self._wake_r in ready:
@@ -133,6 +135,12 @@ class ManagerLink:
             while env is not None:
                 self._latch(env)
                 env = self._chan.recv_ready()
+
+    def _beat(self, now: float) -> M.WorkerHeartbeat:
+        if self.health is None:
+            return M.WorkerHeartbeat(self.rank, self.committed)
+        values, urgent = self.health(now, self.epoch)
+        return M.WorkerHeartbeat(self.rank, self.committed, values, urgent)
 
     def _latch(self, env: Envelope) -> None:
         self.last_heard = time.monotonic()

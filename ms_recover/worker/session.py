@@ -23,6 +23,7 @@ a replica, so it never runs the step itself (:attr:`Session.skipped` records suc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -44,6 +45,7 @@ from ms_recover.protocol import messages as M
 from ms_recover.strategy import Strategy
 from ms_recover.worker import repair
 from ms_recover.worker.dump import write_rank_dump
+from ms_recover.worker.health import StepClock
 from ms_recover.worker.link import ManagerLink
 from ms_recover.worker.phase import COMMANDS, Phase, check
 from ms_recover.worker.state import StateProvider, state_digest
@@ -98,9 +100,12 @@ class Session:
         #: Called once, after the first commit (a former spare tells its agent it settled).
         self.on_first_commit: Callable[[], None] | None = None
         self.link: ManagerLink | None = None
+        #: Step and collective timing for the manager's hang and fail-slow detection.
+        self.clock = StepClock(config.hang_k, config.hang_floor_s)
         if not standalone:
             ident = f"r{rank}.{incarnation}.{os.getpid()}".encode()
             self.link = ManagerLink(config, rank, ident, backend.abort)
+            self.link.health = self.clock.report
             self.link.on_peers = self._on_peers
             backend.on_group_created = self._group_created
         backend.faults = self.faults
@@ -196,6 +201,7 @@ class Session:
         if self.finished:
             return
         self.finished = True
+        self.clock.paused = True
         if self.link is None:
             self.comm.close()
             return
@@ -260,6 +266,7 @@ class Session:
         """
         self.committed = step
         self.next_step = step + 1
+        self.clock.committed(time.monotonic())
         if self.faults.armed:
             self.faults.at_commit(step, self)
         link = self.link
@@ -339,12 +346,32 @@ class Session:
         :meth:`CommBackend.allreduce <ms_recover.comm.base.CommBackend.allreduce>`."""
         if self.faults.armed:
             self.faults.at_allreduce(self.next_step, self)
-        if out is None:  # positional: backends (and test doubles) without ``out`` still work
-            return self.comm.allreduce(array, op)
-        return self.comm.allreduce(array, op, out=out)
+        clock = self.clock
+        clock.enter_collective(time.monotonic())
+        try:
+            if out is None:  # positional: backends (and test doubles) without ``out`` still work
+                return self.comm.allreduce(array, op)
+            return self.comm.allreduce(array, op, out=out)
+        finally:
+            clock.leave_collective(time.monotonic())
+
+    def long_stretch(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Mark a stretch of steps that are long on purpose (``with session.long_stretch(
+        "eval"):``): the manager's adaptive hang limit does not apply while a rank is inside
+        one (the fixed ``hang_timeout_s`` does), and its steps are not timed."""
+        log.debug("rank %d: long stretch %r", self.rank, name)
+        return self.clock.long_stretch()
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
+        assert self.link is not None
+        self.clock.paused = True
+        try:
+            self._serve_recovery()
+        finally:
+            self.clock.restart(time.monotonic())
+
+    def _serve_recovery(self) -> None:
         assert self.link is not None
         limit = self._silence_limit()
         last = time.monotonic()

@@ -46,6 +46,9 @@ MATRIX: dict[str, tuple[Faults, str, str, dict[str, Any]]] = {
         "recover-in-place",
         {"hang_timeout_s": 3.0, "rank_silence_s": 60.0},
     ),
+    # Stuck in its own compute, heartbeat alive: named by the adaptive hang rule (its steps
+    # are timed by then) and the only rank replaced (see test_fault).
+    "compute-hang": (Faults().add("computehang", rank=2, step=27), RIP, "recover-in-place", {}),
     "transient": (Faults().transient(rank=2, step=8), "retry,recover-in-place,exit", "retry", {}),
     "memory": (Faults().add("memory", rank=1, step=6), "retry,exit", "retry", {}),
     "allreduce": (Faults().in_allreduce(rank=3, step=7), RIP, "recover-in-place", {}),
@@ -139,6 +142,10 @@ def test_fault(name: str, tmp_path, reference: str, scenario) -> None:
         run_to_end(job)
     recoveries = assert_survived(job, out, reference, scenario)
     assert recoveries[-1]["strategy"] == last
+    if name == "compute-hang":
+        (fault,) = job.find("fault")
+        assert (fault["kind"], fault["rank"], recoveries[0]["replaced"]) == ("hang", 2, [2])
+        assert fault["detect_s"] < 10.0, fault  # the adaptive limit, not hang_timeout_s (30 s)
     kinds = {s.kind for s in faults.specs}
     if kinds & {"stopdie", "rebuilddie", "resumedie", "boot", "repairdie"} or len(kinds) > 1:
         victims = {s.rank for s in faults.specs}

@@ -250,7 +250,9 @@ def test_an_agent_heartbeat_in_the_old_layout_is_dropped_and_logged(
     frames = _signed(server, AGENT[1], b"agent_hb", _envelope(server, old, 7, sender="agent:1"))
     with caplog.at_level("WARNING", logger="ms_recover.manager"):
         assert _dropped(server, frames)
-    assert "agent_hb body must have exactly the fields ['node_rank', 'steps']" in caplog.text
+    assert (
+        "agent_hb body must have exactly the fields ['health', 'node_rank', 'steps']" in caplog.text
+    )
     assert server.model.agents[1].last_seen == heard
     assert server.model.ranks[2].committed_step == -1
     assert server.errors.total == 0

@@ -586,8 +586,12 @@ def test_the_agent_sends_runs_of_answers_in_columns_and_the_rest_in_order(ctx, r
 
 
 def test_ack_columns_name_the_messages_fields() -> None:
-    """What RelayAcks carries per kind is exactly that message's fields after ``rank``."""
+    """What RelayAcks carries per kind is exactly that message's fields after ``rank``, but a
+    heartbeat's step timing (an urgent one travels in a RelayUp; a folded one's timing rides on
+    its agent's heartbeat)."""
     from ms_recover.protocol.relay import ACK_COLUMNS
 
+    timing = ("health", "urgent")
     for kind, fields in ACK_COLUMNS.items():
-        assert tuple(M.field_types(M.KINDS[kind.encode()])) == ("rank", *fields)
+        names = tuple(M.field_types(M.KINDS[kind.encode()]))
+        assert names == ("rank", *fields, *(timing if kind == "worker_hb" else ()))

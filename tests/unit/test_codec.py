@@ -33,7 +33,15 @@ SAMPLES: dict[bytes, M.Message] = {
             seqs=[5],
             epochs=[1],
             kinds=["stopped"],
-            bodies=[{"rank": 2, "committed_step": 12, "digest": "deadbeef"}],
+            bodies=[
+                {
+                    "rank": 2,
+                    "committed_step": 12,
+                    "digest": "deadbeef",
+                    "health": [],
+                    "urgent": False,
+                }
+            ],
         ),
         M.RelayAcks(
             node_rank=1,
@@ -344,7 +352,7 @@ def test_wrong_field_set(codec: Codec, body: Any) -> None:
         (M.Exit.KIND, {"code": 0, "reason": b"bytes"}, "reason"),
         (M.AgentWelcome.KIND, {"ok": 1, "reason": ""}, "ok"),  # int is not a bool
         (M.KillRanks.KIND, {"ranks": {"0": 1}, "reason": ""}, "ranks"),
-        (M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": [1, 2]}, "steps"),
+        (M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": [1, 2], "health": {}}, "steps"),
         (
             M.RankExited.KIND,
             {
@@ -371,7 +379,7 @@ def test_wrong_field_types(codec: Codec, kind: bytes, body: dict[str, Any], fiel
     ("kind", "body"),
     [
         (M.GroupCreated.KIND, {"rank": 0, "name": "dp0", "ranks": ["a"]}),
-        (M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": {"x": "y"}}),
+        (M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": {"x": "y"}, "health": {}}),
         (M.Rebuild.KIND, {"world": [[0, 1]], "endpoints": {"0": 5}, "full": True, "group_log": []}),
         (M.Rebuild.KIND, {"world": [["a", 1]], "endpoints": {}, "full": True, "group_log": []}),
     ],

@@ -66,13 +66,33 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
 @pytest.mark.parametrize(
     ("kind", "body", "field"),
     [
-        (M.WorkerHeartbeat.KIND, {"rank": 0, "committed_step": 2**63 - 1}, "committed_step"),
-        (M.WorkerHeartbeat.KIND, {"rank": 0, "committed_step": 2**64 - 1}, "committed_step"),
-        (M.WorkerHeartbeat.KIND, {"rank": 0, "committed_step": -2}, "committed_step"),
-        (M.WorkerHeartbeat.KIND, {"rank": 2**40, "committed_step": 1}, "rank"),
+        (
+            M.WorkerHeartbeat.KIND,
+            {"rank": 0, "committed_step": 2**63 - 1, "health": [], "urgent": False},
+            "committed_step",
+        ),
+        (
+            M.WorkerHeartbeat.KIND,
+            {"rank": 0, "committed_step": 2**64 - 1, "health": [], "urgent": False},
+            "committed_step",
+        ),
+        (
+            M.WorkerHeartbeat.KIND,
+            {"rank": 0, "committed_step": -2, "health": [], "urgent": False},
+            "committed_step",
+        ),
+        (
+            M.WorkerHeartbeat.KIND,
+            {"rank": 2**40, "committed_step": 1, "health": [], "urgent": False},
+            "rank",
+        ),
         (M.Resume.KIND, {"step": B.STEP_MAX + 1}, "step"),
         (M.KillRanks.KIND, {"ranks": [0, 2**33], "reason": ""}, "ranks"),
-        (M.AgentHeartbeat.KIND, {"node_rank": 0, "steps": {0: B.STEP_MAX + 1}}, "steps"),
+        (
+            M.AgentHeartbeat.KIND,
+            {"node_rank": 0, "steps": {0: B.STEP_MAX + 1}, "health": {}},
+            "steps",
+        ),
         (M.Exit.KIND, {"code": 2**40, "reason": ""}, "code"),
         (M.Exit.KIND, {"code": 1, "reason": "x" * (B.MAX_STR + 1)}, "reason"),
         (M.StateDigest.KIND, {"rank": 0, "step": B.STEP_MAX + 1, "digest": "ab"}, "step"),

@@ -1,0 +1,62 @@
+"""What the manager keeps of each rank's step timing (``WorkerHeartbeat.health``).
+
+One :class:`RankHealth` per rank, replaced by each report (folded into its agent's heartbeat, or
+relayed at once when urgent). :func:`note` is the one way in; a report of the wrong length is
+ignored. The pure detection over these records is :mod:`ms_recover.manager.detection`. Pure: no
+zmq, numpy or msgpack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from ms_recover.protocol.messages import HEALTH_FIELDS
+
+if typing.TYPE_CHECKING:
+    from ms_recover.manager.model import JobModel
+
+BASELINE_REPORTS = 3  # own-history reports whose median is a rank's baseline (jobs of < 3 ranks)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankHealth:
+    """One rank's last timing report, heard at ``at`` (the manager's clock)."""
+
+    at: float
+    epoch: int
+    step: int  # the committed step of the report
+    idle_s: float  # since its last commit, when it reported
+    coll_s: float  # inside its current collective (-1: in none)
+    p99_s: float  # -1: too few steps timed
+    compute_s: float  # median compute time per step over its window (-1: too few)
+    compute_lo_s: float  # its tenth percentile (scheduling noise only adds time)
+    long: bool  # in a declared long stretch, paused or done
+    #: The percentile of the rank's previous report of this epoch (-1: none): a rank is
+    #: judged slow only on two reports in a row.
+    prev_lo_s: float = -1.0
+    #: The rank's first compute percentiles of this epoch, for a baseline of its own.
+    early: tuple[float, ...] = ()
+
+    def baseline(self) -> float:
+        """The median of the rank's first BASELINE_REPORTS percentiles of this epoch, or -1."""
+        if len(self.early) < BASELINE_REPORTS:
+            return -1.0
+        return sorted(self.early)[len(self.early) // 2]
+
+
+def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> None:
+    """Record ``rank``'s report ``values`` (laid out as HEALTH_FIELDS), heard at ``now``."""
+    if len(values) != len(HEALTH_FIELDS):
+        return
+    health = m.health
+    m.health_rev += 1
+    epoch, idle, coll, p99, med, lo, long = values
+    prev = health.get(rank)
+    early = prev.early if prev is not None and prev.epoch == int(epoch) else ()
+    if lo > 0 and len(early) < BASELINE_REPORTS:
+        early = (*early, lo)
+    prev_lo = prev.compute_lo_s if prev is not None and prev.epoch == int(epoch) else -1.0
+    health[rank] = RankHealth(
+        now, int(epoch), step, idle, coll, p99, med, lo, bool(long), prev_lo, early
+    )
