@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ms_recover.observability import lastwords
 from ms_recover.worker.sampler import make_dataset, shard_indices
 
 pytestmark = pytest.mark.timeout(180)
@@ -155,3 +157,23 @@ def test_same_answer_in_a_fresh_process() -> None:
     x, y = make_dataset(50, 3, 4, 5)
     digest = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()
     assert out.stdout.strip() == f"{shard_indices(21, 2, 3, 12, 100, 7).tolist()} {digest}"
+
+
+def test_an_uncaught_exception_leaves_host_and_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "words.json"
+    code = (
+        "from ms_recover.observability import lastwords\n"
+        f"lastwords.install({str(path)!r})\n"
+        "def load_shard(step):\n"
+        "    raise RuntimeError(f'shard {step} is corrupt')\n"
+        "load_shard(40)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "shard 40 is corrupt" in proc.stderr  # the previous hook still printed it
+    record = json.loads(path.read_text())
+    assert record["host"] == socket.gethostname() and record["pid"] > 0
+    assert "load_shard" in record["traceback"] and "Traceback" in record["traceback"]
+    host, tail = lastwords.collect(str(path), "")
+    assert host == socket.gethostname() and "RuntimeError: shard 40 is corrupt" in tail
+    assert not path.exists()  # read once

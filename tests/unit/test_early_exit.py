@@ -82,7 +82,7 @@ def test_a_worker_done_after_its_exit_report_finishes_the_rank(job: Running) -> 
     job.tick()
     info = job.model.ranks[1]
     assert job.faults() == [] and info.done and not info.alive
-    assert job.model.leaving == {}
+    assert job.model.early_exits == {}
 
 
 def test_a_rank_that_finished_then_exits_0_is_done(job: Running) -> None:
@@ -90,7 +90,7 @@ def test_a_rank_that_finished_then_exits_0_is_done(job: Running) -> None:
     job.exited(1)
     job.later(EARLY_EXIT_GRACE_S + 1.0)
     job.tick()
-    assert job.faults() == [] and job.model.leaving == {}
+    assert job.faults() == [] and job.model.early_exits == {}
     assert job.model.ranks[1].done and not job.model.ranks[1].alive
 
 
@@ -98,7 +98,7 @@ def test_an_exit_0_the_manager_asked_for_is_no_fault(job: Running) -> None:
     job.exited(1, requested=True)
     job.later(EARLY_EXIT_GRACE_S + 1.0)
     job.tick()
-    assert job.faults() == [] and job.model.leaving == {}
+    assert job.faults() == [] and job.model.early_exits == {}
     assert not job.model.ranks[1].done
 
 
@@ -106,4 +106,4 @@ def test_a_restarted_manager_takes_an_exit_0_for_a_finish(job: Running) -> None:
     """Its WorkerDone went to the previous manager: the restarted one cannot tell."""
     job.model.restore = Restore(since=job.t)
     job.exited(1)
-    assert job.model.ranks[1].done and job.model.leaving == {}
+    assert job.model.ranks[1].done and job.model.early_exits == {}

@@ -143,11 +143,6 @@ def test_the_docs_name_no_old_path() -> None:
     assert sorted(p for p in named if p in GONE or p.rsplit(".", 1)[0] in GONE) == []
 
 
-@pytest.mark.xfail(
-    reason="README.md is rewritten by the lead (issue 27 item 2); the old one still names "
-    "ms_recover.api / ms_recover.hooks / ms_recover.events",
-    strict=False,
-)
 def test_the_readme_names_only_paths_that_resolve() -> None:
     unresolved = []
     for path in documented_paths([README]):

@@ -239,12 +239,12 @@ def test_an_exit_0_before_finishing_is_a_fault_after_the_grace(
 ) -> None:
     job = make_job()
     job.running(step=STEP)
-    job.model.leaving[1] = (job.now, job.now - 0.02)  # what the server records
+    job.model.early_exits[1] = (job.now, job.now - 0.02)  # what the server records
     assert job.tick() == []  # a WorkerDone may still be on its way
     job.advance(EARLY_EXIT_GRACE_S)
     job.tick()
     m = job.model
-    assert m.state is JobState.STOPPING and m.leaving == {}
+    assert m.state is JobState.STOPPING and m.early_exits == {}
     (fault,) = job.events("fault")
     assert (fault["kind"], fault["rank"]) == ("rank_exit", 1)
     assert "exit code 0 before it finished (no session.finish())" in fault["detail"]
@@ -259,7 +259,7 @@ def test_a_rank_that_finished_within_the_grace_is_no_fault(
     """A MindIO processor's WorkerDone can arrive after its agent's exit report."""
     job = make_job()
     job.running(step=STEP)
-    job.model.leaving[1] = (job.now, job.now)
+    job.model.early_exits[1] = (job.now, job.now)
     job.model.ranks[1].done = True  # its WorkerDone came
     job.advance(EARLY_EXIT_GRACE_S + 1.0)
     assert job.tick() == []

@@ -27,7 +27,7 @@ def test_pyproject_reads_the_version_from_the_package() -> None:
     assert "version" not in meta["project"] and "version" in meta["project"]["dynamic"]
     dynamic = meta["tool"]["setuptools"]["dynamic"]["version"]
     assert dynamic == {"attr": "ms_recover.__version__"}
-    for key in ("license", "authors", "keywords", "classifiers", "urls"):
+    for key in ("license", "authors", "keywords", "classifiers"):
         assert meta["project"].get(key), f"pyproject [project] has no {key}"
 
 
