@@ -442,6 +442,8 @@ class Agent:
     def _handle(self, msg: M.Message) -> None:
         if isinstance(msg, M.AgentWelcome):
             self._welcomed = msg.ok
+            if msg.ok:
+                self._link.welcomed()
             if not msg.ok:
                 log.error("manager rejected this agent: %s", msg.reason)
                 self.exit_code = exitcodes.USAGE

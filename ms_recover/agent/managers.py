@@ -18,9 +18,18 @@ class ManagerLinkState:
     down_since: float | None = None  # when the connection, once up, went down
 
     def note(self, connected: bool, now: float) -> None:
-        """A monitor event: the connection came up or went down at ``now``."""
+        """A monitor event: the connection came up or went down at ``now``. A connection that
+        went down stays "down" when ZeroMQ reconnects to the same address, until a manager
+        there welcomes the agent (:meth:`welcomed`): the process behind it is another one (a
+        recreated node 0 whose manager stands by), which the agent must not take for the one
+        that went away."""
         self.connected = connected
-        self.down_since = None if connected else (self.down_since or now)
+        if not connected:
+            self.down_since = self.down_since or now
+
+    def welcomed(self) -> None:
+        """A manager at this address welcomed the agent: the link is up again."""
+        self.down_since = None
 
     def why_leave(self, now: float, welcomed: bool, cfg: JobConfig) -> str:
         """Why the agent should move on now, or "": the connection, once up, has been down for

@@ -52,7 +52,17 @@ def test_node_0_lost_whole_with_the_manager_is_recovered_bit_identical(
     out = str(tmp_path)
     with pod_job(out, Faults().node(rank=0, step=12)) as job:
         assert job.wait(180), f"job did not finish: {job.status()}"
-    assert job.exit_code == 0, [(e["strategy"], e["reason"]) for e in job.find("decision")]
+    assert job.exit_code == 0, [
+        (
+            e["event"],
+            e.get("strategy"),
+            e.get("reason"),
+            e.get("rank"),
+            e.get("kind"),
+            e.get("detail"),
+        )
+        for e in job.find("decision") + job.find("fault")
+    ]
     takeover = job.find("takeover")
     assert len(takeover) == 1 and takeover[0]["lost_node"] == 0 and takeover[0]["term"] == 1
     coordinated = job.find("manager_takeover")

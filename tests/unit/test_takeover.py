@@ -88,6 +88,20 @@ def test_an_agent_leaves_a_dropped_connection_after_a_beat_and_a_silent_manager_
     assert "did not answer within 4.0s" in quiet.why_leave(4.0, welcomed=False, cfg=cfg)
 
 
+def test_a_reconnect_to_the_same_address_is_not_the_manager_that_went_away() -> None:
+    """A recreated node 0 brings up a manager at the old address within a second; ZeroMQ
+    reconnects there, but that manager stands by: the agent still moves on a beat after the
+    drop (it used to wait for the standing-by manager to close, 12 s, past the rejoin window)."""
+    cfg = JobConfig(node_nums=2, heartbeat_s=0.5)
+    link = ManagerLinkState(since=0.0)
+    link.note(True, 0.2)
+    link.note(False, 5.0)
+    link.note(True, 5.2)  # the recreated pod's manager, at the same address
+    assert "unreachable for 0.5s" in link.why_leave(5.5, welcomed=True, cfg=cfg)
+    link.welcomed()  # a manager there took the agent in: the link is up again
+    assert link.why_leave(9.0, welcomed=True, cfg=cfg) == ""
+
+
 def test_the_managers_list_is_checked_and_carried_to_members() -> None:
     cfg = JobConfig.from_env({"MS_RECOVER_MANAGERS": "10.0.0.1:9601,job-worker-1.job:9601"})
     assert cfg.manager_endpoints == ("tcp://10.0.0.1:9601", "tcp://job-worker-1.job:9601")
