@@ -39,6 +39,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Path]:
     tmp = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(tmp / "dist"), str(ROOT)],
+        cwd=tmp,  # not the checkout: its build/ directory (pip's) would shadow the package
         capture_output=True,
         text=True,
         timeout=500,
