@@ -55,7 +55,6 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Path]:
         timeout=120,
     )
     deps = pathlib.Path(zmq.__file__).resolve().parents[1]
-    assert not (deps / "ms_recover").exists()
     purelib = subprocess.run(
         [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -63,6 +62,16 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Path]:
         check=True,
     ).stdout.strip()
     pathlib.Path(purelib, "deps-from-test.pth").write_text(f"{deps}\n")
+    # The dependencies' directory may hold an installed ms_recover too (a non-editable install,
+    # as in CI): .pth directories come after the venv's own, so the wheel's copy must win.
+    where = subprocess.run(
+        [py, "-c", "import ms_recover; print(ms_recover.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp,
+    ).stdout.strip()
+    assert where.startswith(purelib), where
     yield tmp
 
 
