@@ -34,13 +34,21 @@ COMMANDS: list[tuple[str, str, str]] = [
         "print a recovery timeline from a manager event log",
     ),
     ("bench", "ms_recover.bench.main", "measure recovery, detection, overhead and bandwidth"),
-    ("hook", "ms_recover.scheduler.hooks", "start, stop or check the manager on the scheduler pod"),
+    (
+        "hook",
+        "ms_recover.integrations.hook.command",
+        "start, stop or check the manager on the scheduler pod",
+    ),
     (
         "shim-path",
-        "ms_recover.shimpath",
+        "ms_recover.integrations.shimpath",
         "print the directory of the opt-in taskd/mindio_ttp shims",
     ),
-    ("hook-path", "ms_recover.hookpath", "print the path of the scheduler hook script"),
+    (
+        "hook-path",
+        "ms_recover.integrations.hook.path",
+        "print the path of the scheduler hook script",
+    ),
     ("config", "ms_recover.configshow", "print the effective configuration and its sources"),
 ]
 

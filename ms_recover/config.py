@@ -24,6 +24,7 @@ from ms_recover.strategy import (
     from_operator_env,
     parse_strategies,
 )
+from ms_recover.subhealth import SubHealthy, parse_sub_healthy
 
 DEFAULT_PORT = 9601
 DEFAULT_STRATEGIES = (Strategy.RECOVER_IN_PLACE, Strategy.RECOVER, Strategy.EXIT)
@@ -66,6 +67,12 @@ class JobConfig:
     hang_floor_s: float = 4.0
     #: A rank whose compute time per step stays this many times its peers' is flagged.
     slow_ratio: float = 1.3
+    #: What a flagged node meets: MindCluster's ``subHealthyStrategy`` (ms_recover.subhealth).
+    sub_healthy: SubHealthy = SubHealthy.IGNORE  # MS_RECOVER_SUB_HEALTHY_STRATEGY
+    #: hotSwitch: how long the new pod may take to come (ClusterD waits a minute).
+    hot_switch_timeout_s: float = 60.0  # MS_RECOVER_HOT_SWITCH_TIMEOUT_S
+    #: A replica that diverges again within this long after a divergence is flagged.
+    diverge_window_s: float = 3600.0
     phase_timeout_s: float = 60.0  # MS_RECOVER_PHASE_TIMEOUT_S
     manager_grace_s: float = 0.0  # MS_RECOVER_MANAGER_GRACE_S; 0: phase_timeout_s
     wait_reschedule_timeout_s: float = 270.0  # MS_RECOVER_WAIT_RESCHEDULE_TIMEOUT
@@ -194,6 +201,8 @@ class JobConfig:
             E.SCHED_NODE_RANK: str(self.sched_node_rank),
             E.BACKEND: self.backend,
             E.DIGEST_EVERY: str(self.digest_every_steps),
+            E.SUB_HEALTHY: self.sub_healthy.value,
+            E.HOT_SWITCH_TIMEOUT: repr(self.hot_switch_timeout_s),
         }
         if self.dump_dir:
             env[E.DUMP_DIR] = self.dump_dir
@@ -272,10 +281,14 @@ class JobConfig:
             "wait_reschedule_timeout_s",
             "rank_silence_s",
             "hang_floor_s",
+            "hot_switch_timeout_s",
+            "diverge_window_s",
         ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.sub_healthy, SubHealthy):
+            self._set("sub_healthy", parse_sub_healthy(str(self.sub_healthy)))
         if not isinstance(self.slow_ratio, (int, float)) or not 1 < self.slow_ratio < 100:
             raise ConfigError(f"slow_ratio must be a number in (1, 100), got {self.slow_ratio!r}")
         if not isinstance(self.hang_k, (int, float)) or not 1 <= self.hang_k <= 1000:
@@ -338,6 +351,10 @@ class JobConfig:
                 f"{inputs.MIN_HEARTBEAT_S:g}s (members poll every 20 ms; a faster heartbeat "
                 "makes every member look lost at start)"
             )
+
+    def _set(self, name: str, value: object) -> None:
+        """Normalise a field given as text (a frozen dataclass: only while validating)."""
+        object.__setattr__(self, name, value)
 
     def describe(self) -> str:
         return (
@@ -517,5 +534,9 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "relay_endpoint": environ.get(E.RELAY_ENDPOINT) or None,
         "termination_grace_s": _float(environ, E.TERMINATION_GRACE),
         "managers": tuple(environ[E.MANAGERS].split(",")) if environ.get(E.MANAGERS) else None,
+        "sub_healthy": parse_sub_healthy(environ[E.SUB_HEALTHY])
+        if environ.get(E.SUB_HEALTHY, "").strip()
+        else None,
+        "hot_switch_timeout_s": _float(environ, E.HOT_SWITCH_TIMEOUT),
     }
     return {k: v for k, v in found.items() if v is not None}

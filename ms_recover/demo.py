@@ -3,20 +3,22 @@
 The job is real: NODES x PROCS rank processes train a small MLP with MindSpore on the CPU
 under one agent per node (or, with --launcher msrun, one real msrun per node whose agent is
 ms_recover's taskd shim), a manager, and a local pod supervisor standing in for Kubernetes.
-With the agent launcher the manager is a process of node 0's pod, as the scheduler pod's is
-in Kubernetes, with a standby in node 1's (docs/manager-takeover.md): killing node 0 loses the
+With either launcher the manager is a process of node 0's pod, as the scheduler pod's is
+in Kubernetes, with a standby in node 1's (docs/manager-takeover.md): killing node 0 (under
+msrun: node 0's msrun, its MindSpore scheduler process, taskd agent and ranks) loses the
 manager too, the standby takes over, and the JSON reports ``manager_takeover_s``.
 One rank (or a whole node) is killed with SIGKILL mid-run; the job recovers with the chosen
 strategy and finishes. With --verify the same job also runs uninterrupted and the final
 weights are compared by SHA-256. Under ``elastic-training`` the world shrinks and grows, so
 the fault-free reference runs afterwards and replays the same world schedule
-(:mod:`ms_recover.testing.worlds`): the comparison stays bit for bit. Exit code 0 only when
+(:mod:`ms_recover.localrun.worlds`): the comparison stays bit for bit. Exit code 0 only when
 the recovery succeeded (and, with --verify, the weights match).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
@@ -31,17 +33,23 @@ from ms_recover import inputs
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import int_arg, seconds_arg
+from ms_recover.localrun import worlds
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.job import LocalJob, ManagerPodJob
+from ms_recover.localrun.msrunjob import MsrunManagerPodJob
+from ms_recover.localrun.slowpod import slow_rank_of_pod
 from ms_recover.observability.events import Event
 from ms_recover.observability.timeline import Timeline
 from ms_recover.strategy import Strategy, format_strategies, parse_strategies
-from ms_recover.testing import worlds
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import LocalJob, ManagerPodJob
-from ms_recover.testing.msrunjob import MsrunJob
+from ms_recover.subhealth import SubHealthy
 
 MAX_DEMO_RANKS = 32
 DEMO_HANG_TIMEOUT_S = 20.0  # --fault hang: see _validate
 MAX_STEPS = 1_000_000
+#: --fault slow: steps at least (a new pod imports MindSpore while training goes on), and each
+#: step's extra time as short sleeps (a stopped rank takes longer over them too).
+SLOW_STEPS, SLOW_WORK = 600, ("--step-time", "0.05", "--slices", "25")
+SLOW_TIMEOUT_S = 900.0  # --fault slow: each run is 600 steps of at least 50 ms
 FAULTS = {
     "kill": "SIGKILL one rank after --kill-step",
     "node": "SIGKILL a whole node (its agent and ranks)",
@@ -51,6 +59,9 @@ FAULTS = {
     "bitflip": "flip one bit of one rank's state silently: found by comparing the replicas' "
     "digests (checked every 10 steps in the demo)",
     "allreduce": "SIGKILL one rank in the middle of its gradient allreduce",
+    "slow": "from --kill-step, stop one rank a third of the time (a duty-cycled SIGSTOP owned "
+    "by its pod): flagged fail-slow, then --sub-healthy-strategy acts (hotSwitch: a new pod, "
+    f"swapped in; at least {SLOW_STEPS} steps are run)",
 }
 LAUNCHERS = {
     "agent": "one 'ms-recover agent' per node launches the ranks",
@@ -77,6 +88,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         + " (default kill, or node with --kill-node)",
     )
     p.add_argument("--kill-rank", type=int, default=1, help="rank to fault (default 1)")
+    p.add_argument(
+        "--sub-healthy-strategy",
+        choices=[s.value for s in SubHealthy],
+        default=SubHealthy.HOT_SWITCH.value,
+        help="--fault slow: what the flagged node meets (MindCluster's subHealthyStrategy; "
+        "default %(default)s)",
+    )
     p.add_argument("--kill-step", type=int, default=15, help="step of the fault (default 15)")
     p.add_argument("--kill-node", type=int, default=None, help="kill this whole node instead")
     p.add_argument(
@@ -130,16 +148,12 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     if not 0 <= args.kill_step < args.steps - 1:
         raise ConfigError(f"--kill-step must be in 0..{args.steps - 2} (before the last step)")
     fault = args.fault or ("node" if args.kill_node is not None else "kill")
-    if fault == "node":
+    if fault == "slow":
+        faults = _slow(args)
+    elif fault == "node":
         node = _node_to_kill(args)
         if not 0 <= node < args.nodes:
             raise ConfigError(f"--kill-node {node} is outside 0..{args.nodes - 1}")
-        if node == 0 and args.launcher == "msrun":
-            raise ConfigError(
-                "--launcher msrun cannot recover node 0 yet (its ranks talk to the manager "
-                "directly and do not follow a standby: docs/manager-takeover.md); use "
-                f"--launcher agent, or --kill-node 1..{args.nodes - 1}"
-            )
         faults = Faults().node(rank=node * args.procs_per_node, step=args.kill_step)
     else:
         if not 0 <= args.kill_rank < world:
@@ -166,13 +180,44 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     return config, faults
 
 
+def _slow(args: argparse.Namespace) -> Faults:
+    """--fault slow: no in-process fault (the harness stops the rank from outside); the rank
+    is moved off node 0 (it hosts the manager: it cannot move) and the run made long enough."""
+    if args.launcher != "agent":
+        raise ConfigError("--fault slow needs --launcher agent (its pods are started anew)")
+    if args.kill_rank // args.procs_per_node == 0 and args.nodes > 1:
+        args.kill_rank = (args.nodes - 1) * args.procs_per_node
+    if not 0 <= args.kill_rank < args.nodes * args.procs_per_node:
+        raise ConfigError(
+            f"--kill-rank {args.kill_rank} is outside 0..{args.nodes * args.procs_per_node - 1}"
+        )
+    args.steps = max(args.steps, SLOW_STEPS)
+    args.timeout = max(args.timeout, SLOW_TIMEOUT_S)
+    return Faults()
+
+
+def _faulty(config: JobConfig, args: argparse.Namespace) -> JobConfig:
+    """The faulty run's config; with --fault slow, its sub-health policy (the reference run
+    keeps ``ignore``: on a loaded host a CPU-bound rank can look slow, and the reference must
+    run untouched)."""
+    faulty = config.replace(job_id=config.job_id + "-f")
+    if args.fault == "slow":
+        faulty = faulty.replace(sub_healthy=SubHealthy(args.sub_healthy_strategy))
+    return faulty
+
+
+def _chaos(args: argparse.Namespace) -> Any:
+    """The outside fault of --fault slow for a job, or None."""
+    if args.fault != "slow":
+        return None
+    rank, node = args.kill_rank, args.kill_rank // args.procs_per_node
+    return lambda job: slow_rank_of_pod(job, node, rank, args.kill_step)
+
+
 def _node_to_kill(args: argparse.Namespace) -> int:
-    """``--kill-node``, else the node of ``--kill-rank``; with msrun, whose node 0 cannot be
-    recovered yet, the last node when neither was given."""
+    """``--kill-node``, else the node of ``--kill-rank``."""
     if args.kill_node is not None:
         return int(args.kill_node)
-    if args.launcher == "msrun" and args.nodes > 1 and args.kill_rank // args.procs_per_node == 0:
-        return int(args.nodes - 1)
     return int(args.kill_rank // args.procs_per_node)
 
 
@@ -194,6 +239,7 @@ def _run_job(
     spares: int = 0,
     launcher: str = "agent",
     env: dict[str, str] | None = None,
+    chaos: Any = None,
 ) -> tuple[LocalJob, list[dict[str, Any]]]:
     command = [
         sys.executable,
@@ -203,15 +249,16 @@ def _run_job(
         str(steps),
         "--out",
         out,
+        *(SLOW_WORK if chaos is not None else ()),
     ]
     env = {**(faults.to_env() if faults else {}), **(env or {})}
     logs = os.path.join(out, "logs")
     job = (
-        MsrunJob(config, command, env, logs, on_event=on_event)
+        MsrunManagerPodJob(config, command, env, logs, on_event=on_event)
         if launcher == "msrun"
         else ManagerPodJob(config, command, env, logs, on_event=on_event, spares=spares)
     )
-    with job:
+    with job, chaos(job) if chaos is not None else contextlib.nullcontext():
         _supervise(job, timeout, out)
     return job, _results(out, config.world_size)
 
@@ -275,10 +322,10 @@ def run(args: argparse.Namespace) -> int:
         f"training, {args.steps} steps, strategy {format_strategies(config.strategies)}, "
         f"launcher {args.launcher}"
     )
-    print(
-        f"fault: {faults.specs[0].kind} (rank {faults.specs[0].rank}) after step "
-        f"{args.kill_step}; logs in {workdir}"
+    kind, rank = (
+        (faults.specs[0].kind, faults.specs[0].rank) if faults.specs else ("slow", args.kill_rank)
     )
+    print(f"fault: {kind} (rank {rank}) after step {args.kill_step}; logs in {workdir}")
     print(f"each run starts {world} rank processes that import MindSpore first (~10-30 s)")
     result: dict[str, Any] = {}
     elastic = Strategy.ELASTIC_TRAINING in config.strategies
@@ -287,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     print("\nrun with fault injection:", flush=True)
     timeline = Timeline(sys.stdout)
     job, final = _run_job(
-        config.replace(job_id=config.job_id + "-f"),
+        _faulty(config, args),
         args.steps,
         os.path.join(workdir, "faulty"),
         faults,
@@ -295,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
         timeline.on_event,
         args.spares,
         args.launcher,
+        chaos=_chaos(args),
     )
     result.update(_summarise(job.find("recovery"), final, world, job.exit_code))
     takeover = job.find("manager_takeover")

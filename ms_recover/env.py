@@ -67,10 +67,13 @@ SPARE_FD = "MS_RECOVER_SPARE_FD"  # a pre-warmed spare reads its rank's environm
 SPARE_SETTLED_FD = "MS_RECOVER_SPARE_SETTLED_FD"  # ... and writes a byte once it committed
 STANDBY = "MS_RECOVER_STANDBY"  # ms-recover agent: keep a pre-imported standby (on/off)
 STANDBY_LOG = "MS_RECOVER_STANDBY_LOG"  # the rank log a standby writes to once it took a rank
+WARM_UP_MARK = "MS_RECOVER_WARM_UP_MARK"  # a rank creates this file if its init() has a warm_up
 DIE_WITH = "MS_RECOVER_DIE_WITH_PID"  # LocalPods: the agent dies with this (parent) process
 DIGEST_EVERY = "MS_RECOVER_DIGEST_EVERY_STEPS"
 MANAGERS = "MS_RECOVER_MANAGERS"  # host:port of every manager of the job, in takeover order
 RELAY_ENDPOINT = "MS_RECOVER_RELAY_ENDPOINT"  # set by the agent: its local relay for this rank
+SUB_HEALTHY = "MS_RECOVER_SUB_HEALTHY_STRATEGY"  # the job's subHealthyStrategy label
+HOT_SWITCH_TIMEOUT = "MS_RECOVER_HOT_SWITCH_TIMEOUT_S"  # how long a hot switch waits for its pod
 
 ROLE_WORKER = "MS_WORKER"
 ROLE_SCHED = "MS_SCHED"

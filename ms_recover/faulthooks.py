@@ -3,7 +3,7 @@
 The worker's :class:`~ms_recover.worker.session.Session` and the host backend call these hooks
 at named points. The default, :data:`NO_FAULTS`, does nothing; a test kit subclasses
 :class:`FaultHooks` to kill, hang or corrupt a rank at one of them
-(:class:`ms_recover.testing.faults.FaultInjector` does, for the tests, the demo and the
+(:class:`ms_recover.localrun.faults.FaultInjector` does, for the tests, the demo and the
 benchmarks).
 
 Guarantees:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ms_recover.worker.session import Session
 
 # The module whose ``FaultInjector.from_env(rank, incarnation)`` reads a fault plan.
-FAULT_KIT = "ms_recover.testing.faults"
+FAULT_KIT = "ms_recover.localrun.faults"
 
 
 class FaultHooks:

@@ -3,7 +3,7 @@
 MindCluster's documentation has users drop a ``manager.py`` next to their training script and run
 it in the background on the scheduler pod (``if [[ "$MS_SCHED_HOST" == "$POD_IP" ]]``). This is
 the same script for ms_recover: only the import changes, from ``taskd.api`` to
-``ms_recover.scheduler.api``. With ``scheduler_hooks/ms_recover_hook.sh`` you do not need it at all.
+``ms_recover.integrations.taskd.manager_api``. With ``ms_recover/integrations/hook/ms_recover_hook.sh`` you do not need it at all.
 
 ``node_nums`` and ``proc_per_node`` default to what the Ascend Operator injects
 (``MS_WORKER_NUM`` and ``MS_LOCAL_WORKER``); set ``MS_RECOVER_NODE_NUMS`` /
@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from ms_recover.scheduler.api import init_taskd_manager, start_taskd_manager
+from ms_recover.integrations.taskd.manager_api import init_taskd_manager, start_taskd_manager
 
 
 def _env_int(name: str, default: int) -> int:

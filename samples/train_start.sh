@@ -9,9 +9,9 @@
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-hook="${MS_RECOVER_HOOK:-${script_dir}/../scheduler_hooks/ms_recover_hook.sh}"
+hook="${MS_RECOVER_HOOK:-${script_dir}/../ms_recover/integrations/hook/ms_recover_hook.sh}"
 
-# shellcheck source=scheduler_hooks/ms_recover_hook.sh source-path=SCRIPTDIR/..
+# shellcheck source=ms_recover/integrations/hook/ms_recover_hook.sh source-path=SCRIPTDIR/..
 source "${hook}"
 trap ms_recover_hook_stop EXIT
 

@@ -1,7 +1,8 @@
 """The node agent: launches this node's ranks, reports their exits, obeys the manager.
 
 It touches rank processes only through its hands (:mod:`ms_recover.agent.hands`): processes it
-spawns itself, or msrun's callbacks when msrun is the launcher (:mod:`ms_recover.agent.taskd`).
+spawns itself, or msrun's callbacks when msrun is the launcher
+(:mod:`ms_recover.integrations.taskd.agent`).
 
 Guarantees:
 
@@ -27,8 +28,8 @@ Guarantees:
 * the ranks it launches itself talk to it, not to the manager (:mod:`ms_recover.agent.relay`):
   their frames are relayed in batches, their heartbeats folded into the agent's own, and the
   manager's messages for them fanned out, so the manager's load grows with nodes, not ranks.
-  Ranks launched by msrun (the TaskD shim, :mod:`ms_recover.agent.taskd`) keep their own
-  connection to the manager;
+  Ranks launched by msrun (the TaskD shim, :mod:`ms_recover.integrations.taskd.agent`) keep
+  their own connection to the manager;
 * it beats every ``agent_heartbeat_s``, except when it relayed a frame to the manager and heard
   from it within that interval (the relayed frame already says the node is alive); a beat that
   carries its ranks' steps is always sent;
@@ -145,6 +146,11 @@ class Agent:
             self._leaving = PlannedStop(time.monotonic(), reason)
 
     @property
+    def manager_index(self) -> int:
+        """The place in ``MS_RECOVER_MANAGERS`` of the manager this agent talks to now."""
+        return self._at
+
+    @property
     def stopping(self) -> bool:
         """True once :meth:`stop` was called."""
         return self._stop.is_set()
@@ -182,10 +188,14 @@ class Agent:
         was noticed) is decided when the claimant speaks again, once the old agent has been
         silent long enough (:mod:`ms_recover.manager.slots`). Without the beats the claim
         would wait for nothing and the node would run without fault recovery.
+
+        With standby managers it moves on as :meth:`serve` does (a recreated node 0's own
+        manager stands by and never welcomes it: the active one is the next in the list).
         """
         now = time.monotonic()
         deadline, next_beat = now + timeout_s, now + self.config.agent_heartbeat_s
         while not self._stop.is_set() and self._leaving is None and now < deadline:
+            self._fail_over()  # a standby that does not welcome it: the next manager
             if now >= next_beat:
                 self.chan.send(M.AgentHeartbeat(self.config.node_rank, {}), self._epoch)
                 next_beat = now + self.config.agent_heartbeat_s

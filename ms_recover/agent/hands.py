@@ -6,8 +6,8 @@ processes only through this interface, which has two implementations:
 
 * :class:`~ms_recover.agent.ranks.RankSet`: processes the agent spawns itself
   (``ms-recover agent -- python train.py``);
-* :class:`~ms_recover.agent.msrun.MsrunHands`: msrun's four callbacks, when msrun is the
-  launcher and ms_recover's ``taskd`` shim is its agent.
+* :class:`~ms_recover.integrations.msrun.hands.MsrunHands`: msrun's four callbacks, when msrun
+  is the launcher and ms_recover's ``taskd`` shim is its agent.
 
 Ranks are global rank ids throughout.
 """

@@ -58,8 +58,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--standby",
         choices=("on", "off"),
         help="keep one standby interpreter per node with MindSpore imported, started once the "
-        "ranks train, to restart a failed rank without a cold start; ignored with --spares "
-        f"(env {E.STANDBY}, default on)",
+        "ranks train, to restart a failed rank without a cold start; when the ranks' program "
+        "passes ms_recover.init(warm_up=...), the standby runs it up to there and compiles "
+        f"its step too; ignored with --spares (env {E.STANDBY}, default on)",
     )
     p.add_argument(
         "command",

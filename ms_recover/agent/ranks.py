@@ -96,6 +96,9 @@ class RankSet:
         # Pre-warmed spares if asked for; else one standby interpreter, if the command allows.
         pool_command = command if spares else standby_command(command) if standby else None
         self.standby = not spares and pool_command is not None
+        # A rank whose program passes init(warm_up=...) creates this file: the standby may
+        # then run the program up to init() and compile there (see training()).
+        self._warm_mark = os.path.join(self._words_dir, "warm_up")
         self.spares = SparePool(
             pool_command or command,
             {**os.environ, **spare_env(config)},
@@ -114,7 +117,15 @@ class RankSet:
 
     def training(self) -> None:
         """Every local rank committed a step: start the standby now, so its import does not
-        compete with the ranks' own start (a live one is kept: the pool fills only up)."""
+        compete with the ranks' own start (a live one is kept: the pool fills only up).
+
+        The standby is *warm* (the rank command itself, run as a pre-warmed spare: up to
+        ``init()``, its ``warm_up`` compiled there) when a rank showed that its program passes
+        ``warm_up`` and the data plane is the host's (a spare would open no device); else, or
+        once a warm one died before it took a rank, a bare interpreter with MindSpore imported.
+        """
+        if self.standby and self.config.backend != "ascend" and os.path.exists(self._warm_mark):
+            self.spares.fallback, self.spares.command = self.spares.command, self.command
         if self.standby:
             self.spares.fill()
 
@@ -125,6 +136,7 @@ class RankSet:
         self.incarnations[rank] = inc
         env = rank_env(self.config, rank, inc, self.relay_endpoint)
         env[lastwords.ERROR_FILE] = self._words_path(rank)
+        env[E.WARM_UP_MARK] = self._warm_mark
         with contextlib.suppress(FileNotFoundError):  # a former incarnation's
             os.unlink(env[lastwords.ERROR_FILE])
         # A pre-warmed spare or the standby, if one is ready; poll() starts the next once this

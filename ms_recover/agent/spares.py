@@ -16,7 +16,9 @@ steps).
 A spare that dies while it waits (killed, out of memory) is replaced, after
 :data:`RESPAWN_MIN_S`; each death within :data:`RESPAWN_RESET_S` of its start doubles that
 pause, up to :data:`RESPAWN_MAX_S`, so a command that cannot start costs one process start
-a minute, not one per agent loop.
+a minute, not one per agent loop. A pool with a ``fallback`` command (the agent's warm
+standby, :mod:`ms_recover.agent.ranks`) switches to it for good on such an early death: the
+program could not run up to ``init()`` without a rank's identity.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class SparePool:
         self.spares: list[Spare] = []
         self.settling: list[Spare] = []  # taken, not yet settled: no refill meanwhile
         self.respawns = 0  # waiting spares that died and were replaced
+        self.fallback: list[str] | None = None  # command to switch to on an early death
         self._pause = 0.0  # before the next replacement of a dead one (0: none yet)
         self._respawn_at = 0.0  # monotonic time of the next replacement, if one is due
 
@@ -105,6 +108,7 @@ class SparePool:
                 return
             now = time.monotonic()
             if any(now - s.started_at < RESPAWN_RESET_S for s in dead):  # an early death
+                self._fall_back()
                 self._pause = min(RESPAWN_MAX_S, 2 * self._pause) if self._pause else RESPAWN_MIN_S
             else:
                 self._pause = RESPAWN_MIN_S
@@ -121,6 +125,14 @@ class SparePool:
             alive = sum(1 for s in self.spares if s.proc.poll() is None)
             self.fill()
             self.respawns += len(self.spares) - alive
+
+    def _fall_back(self) -> None:
+        if self.fallback is not None:
+            log.warning(
+                "a warm standby died before it took a rank; the node keeps a bare standby "
+                "(MindSpore imported, nothing compiled) from now on"
+            )
+            self.command, self.fallback = self.fallback, None
 
     def activate(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """Hand ``env`` (a rank's variables) to a live spare; None if none is left."""

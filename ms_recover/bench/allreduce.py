@@ -25,7 +25,7 @@ repetition by repetition (each after a barrier), so a loaded host slows both ali
 
 The raw exchange sends from and receives into buffers it keeps across repetitions. The plain
 ``allreduce(x)`` returns a new array each call (the bench drops it at once; two ranks reuse a
-dropped result's memory, see :mod:`~ms_recover.comm.lanebuffers`); a training loop passes a
+dropped result's memory, see :mod:`~ms_recover.comm.host.lane.buffers`); a training loop passes a
 buffer it keeps, as the raw exchange does, so two more calls are timed against the same
 baselines and targets: ``allreduce(x, out=buf)`` (another buffer, kept) and
 ``allreduce(g, "mean", out=g)`` (in place, as GraphStep reduces a gradient bucket; ``g`` holds
@@ -498,8 +498,8 @@ def _rank_main(
 
 
 def _backend(rank: int, world: int, chunk_bytes: int, io_threads: int, curve: bool) -> Any:
-    from ms_recover.comm.host import HostBackend  # in the child: keep the parent light
-    from ms_recover.comm.hostauth import DataCurve, data_plane_password
+    from ms_recover.comm.host.auth import DataCurve, data_plane_password
+    from ms_recover.comm.host.backend import HostBackend  # in the child: keep the parent light
 
     secret = b"bench allreduce"  # the keys of a job with a secret (and CURVE if asked)
     return HostBackend(

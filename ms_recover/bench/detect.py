@@ -1,6 +1,6 @@
 """Fault detection latency (``ms-recover bench detect``): kill -9 to the manager's ``fault`` event.
 
-A 2 nodes x 2 ranks :class:`~ms_recover.testing.localjob.LocalJob` of the numpy trainer runs a
+A 2 nodes x 2 ranks :class:`~ms_recover.localrun.job.LocalJob` of the numpy trainer runs a
 long job. The benchmark then, one at a time, and only once the job is back to running:
 
 * SIGKILLs one rank process (by its pid, rotating over ranks 1, 2, 3, 0). The latency is the
@@ -14,8 +14,9 @@ long job. The benchmark then, one at a time, and only once the job is back to ru
   (the supervisor's restart budget per pod).
 
 Then the faults that do not crash, each in a job of its own (:mod:`ms_recover.bench.detectrows`):
-a compute hang (<= 2 x p99 step + 5 s), a fail-slow rank (<= 50 steps) and a soak of
-fault-free runs (0 false flags).
+a compute hang (<= 2 x p99 step + 5 s), a fail-slow rank, by a fault hook and by a duty-cycled
+SIGSTOP (<= 50 steps), a soak of fault-free runs in parallel (0 false flags), and a hot switch's
+pause against a recover-in-place MTTR (<= 1x).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from ms_recover.bench import detectrows
 from ms_recover.bench.jobdriver import JobDriver
 from ms_recover.bench.table import Measure, Report, summary
 from ms_recover.config import JobConfig
+from ms_recover.localrun.job import LocalJob
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.localjob import LocalJob
 
 RANK_TARGET_MS = 200.0
 NODE_TARGET_S = 3.0
@@ -65,6 +66,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=20,
         help="fault-free runs for the false-flag row (default %(default)s; 0: no fail-slow "
         "and hang rows)",
+    )
+    p.add_argument(
+        "--soak-parallel",
+        type=int,
+        default=4,
+        help="soak runs at a time, loading one another (default %(default)s)",
     )
     p.add_argument("--timeout", type=float, default=60.0, help="per-wait deadline in s")
     p.add_argument("--workdir", help="rank logs go here (default: a temp dir)")
@@ -101,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     command = [
         sys.executable,
         "-m",
-        "ms_recover.testing.numpy_trainer",
+        "ms_recover.localrun.numpy_trainer",
         "--steps",
         str(LONG_RUN_STEPS),
         "--out",
@@ -121,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
         node_s = [bench.kill_node_latency(1) for _ in range(node_repeats)]
     report = _report(config, args, rank_ms, node_s, workdir)
     if args.soak > 0:  # what does not crash (ms_recover.bench.detectrows)
-        measures, samples = detectrows.rows(workdir, args.soak, 6 * args.timeout)
+        measures, samples = detectrows.rows(
+            workdir, args.soak, 6 * args.timeout, args.soak_parallel
+        )
         report.add(*measures)
         report.samples["not_crashing"] = samples
     return report.emit(args.json)

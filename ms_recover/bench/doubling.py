@@ -1,7 +1,7 @@
 """The small-allreduce rows of ``ms-recover bench allreduce`` at more than two ranks.
 
 Groups of more than two members reduce buffers up to
-:data:`~ms_recover.comm.hostdoubling.DOUBLING_MAX_BYTES` by recursive doubling (``log2 n``
+:data:`~ms_recover.comm.host.doubling.DOUBLING_MAX_BYTES` by recursive doubling (``log2 n``
 message latencies) instead of the ring (``2 (n - 1)``). What a user would get otherwise is the
 ring, so the rows time both in the same rank processes, interleaved repetition by repetition,
 each call after a barrier and an untimed call of its own kind (as the two-rank small sizes
@@ -124,7 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def problems(args: argparse.Namespace, count: Callable[[float], int]) -> list[str]:
     """What is wrong with the options (empty strings where nothing is); ``count``: elements
     of a size in MiB."""
-    from ms_recover.comm.hostdoubling import DOUBLING_MAX_BYTES  # zmq: only when checking
+    from ms_recover.comm.host.doubling import DOUBLING_MAX_BYTES  # zmq: only when checking
 
     if args.doubling_world == 0:
         return []

@@ -37,6 +37,7 @@ PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("overhead", ()),
     ("controlplane", ()),
     ("allreduce", ()),
+    ("goodput", ()),
 )
 BEGIN, END = "<!-- bench-all:begin -->", "<!-- bench-all:end -->"
 

@@ -37,7 +37,7 @@ import zmq
 
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import TAG_BYTES, Codec
-from ms_recover.protocol.transport import recv_frames, send_frames
+from ms_recover.protocol.transport import curve_client, recv_frames, send_frames
 
 _EVENTS, _EV, _POLLIN = zmq.backend.Socket.get, int(zmq.EVENTS), int(zmq.POLLIN)
 
@@ -65,6 +65,9 @@ class FakeSpec:
     #: How often a simulated agent's beat carries its ranks' steps (``JobConfig.rank_report_s``,
     #: as real agents); 0: every beat.
     rank_report_s: float = 0.0
+    #: The manager's CURVE public key (Z85) when the job has a secret, as a real member's
+    #: channel (:func:`~ms_recover.protocol.transport.manager_channel`); empty: plain TCP.
+    server_key: bytes = b""
 
     @property
     def agent_s(self) -> float:
@@ -148,6 +151,9 @@ class FakeCluster:
         self._unwelcomed = 0
         self.handled = 0
         self.held: list[_Member] = []  # ranks whose restart waits for the parent's release
+        # One CURVE key pair for the process's sockets: a real member draws its own, which
+        # costs the manager nothing more (it accepts any client key that knows its own).
+        self._curve = zmq.curve_keypair() if spec.server_key else None
 
     # ------------------------------------------------------------------ sending
     def send(self, m: _Member, msg: M.Message, epoch: int | None = None) -> None:
@@ -188,6 +194,8 @@ class FakeCluster:
             sock.setsockopt(zmq.LINGER, 0)
             tag = "a" if m.is_agent else "r"
             sock.setsockopt(zmq.ROUTING_ID, f"{tag}{max(m.rank, m.node)}.fake".encode())
+            if self._curve is not None:
+                curve_client(sock, self.spec.server_key, self._curve)
             sock.connect(self.spec.endpoint)
             m.sock = sock
             fd = int(sock.getsockopt(zmq.FD))

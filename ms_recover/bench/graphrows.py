@@ -4,9 +4,9 @@ The arms (:mod:`~ms_recover.mindspore.programs.overhead_graph`) run interleaved 
 in one process, on one model, (g), (gc) and (gb) on one GraphStep (one compiled graph), in a
 fresh random order each round; each row is
 the median of the differences of the same round's steps, relative to the cell's median step.
-The null row (a second TrainOneStepCell) is the method's own noise. The (g) and (gb) rows
-carry docs/design.md §8's targets: <= +10 % at the demo's ~1 ms step, <= +2 % at the wide MLP's
-~10 ms one.
+The null row (a second TrainOneStepCell) is the method's own noise. The (gb) row carries the
+targets: <= +4 % at the demo's ~1 ms step (docs/design.md §8 aims at +2 %), <= +2 % at the wide
+MLP's ~10 ms one; (g) keeps the earlier +10 % at ~1 ms.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 
 from ms_recover.bench.table import Measure
 
-VS_CELL_TARGET_PCT = 10.0
-WIDE_TARGET_PCT = 2.0
+VS_CELL_TARGET_PCT = 10.0  # (g), the demo MLP
+SESSION_TARGET_PCT = 4.0  # (gb), the demo MLP (~1 ms step)
+WIDE_TARGET_PCT = 2.0  # (g) and (gb), the wide MLP (~10 ms step)
 
 
 def graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
@@ -57,7 +58,8 @@ def graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
 
 def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measure]:
     rows = []
-    for got, target, what in ((inter, VS_CELL_TARGET_PCT, "demo MLP"), (wide, WIDE_TARGET_PCT, "")):
+    demo = (inter, VS_CELL_TARGET_PCT, SESSION_TARGET_PCT, "demo MLP")
+    for got, target, gb_target, what in (demo, (wide, WIDE_TARGET_PCT, WIDE_TARGET_PCT, "")):
         if got is None:
             continue
         g = graph_stats(got)
@@ -103,7 +105,7 @@ def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measu
                 g["gsession_pct"],
                 "%",
                 "<=",
-                target,
+                gb_target,
                 f"steps()/guard()/commit + session.allreduce in the op + the digest check "
                 f"amortized; halves (without it): {halves}",
             ),

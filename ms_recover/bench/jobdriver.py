@@ -1,4 +1,4 @@
-"""Driving a running :class:`~ms_recover.testing.localjob.LocalJob` from a benchmark.
+"""Driving a running :class:`~ms_recover.localrun.job.LocalJob` from a benchmark.
 
 While a benchmark waits it also plays the pod supervisor (``LocalPods.poll``: reap exited pods,
 recreate the ones to reschedule), which ``LocalJob.wait`` would otherwise do.
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ms_recover.env import SPARE_FD
-from ms_recover.testing.localjob import LocalJob
-from ms_recover.testing.wait import wait_for
+from ms_recover.localrun.job import LocalJob
+from ms_recover.localrun.wait import wait_for
 
 
 class JobDriver:

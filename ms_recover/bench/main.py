@@ -15,6 +15,8 @@ The host is shared, so every number is a median over repeats.
   allreduce     host allreduce bus bandwidth vs MindSpore's CPU AllReduce (>= 5x), 16-64 MiB vs
                 a raw full-duplex socket exchange (>= 85 %), 37 KB vs a one-way socket copy
                 (<= 2x its time)
+  goodput       ETTR under rank kills (>= 98 %), node losses and a mixed schedule (>= 95 %),
+                ms_recover vs plain msrun restarting from its checkpoints, same job and faults
   all           every benchmark above, one after the other, and the Measured table from them
 """
 
@@ -51,6 +53,11 @@ BENCHES: list[tuple[str, str, str]] = [
         "allreduce",
         "ms_recover.bench.allreduce",
         "host allreduce vs MindSpore's CPU AllReduce and raw socket copies and exchanges",
+    ),
+    (
+        "goodput",
+        "ms_recover.bench.goodput",
+        "ETTR under seeded fault schedules: ms_recover vs plain msrun's restart, same job",
     ),
     (
         "all",

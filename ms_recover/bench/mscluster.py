@@ -102,7 +102,7 @@ class RankProgress:
     error: str = ""
 
 
-class Phase(str, enum.Enum):
+class AttemptState(str, enum.Enum):
     """One attempt's lifecycle.
 
     FORMING until every worker's ``init()`` has returned, then RUNNING until every worker has
@@ -118,17 +118,17 @@ class Phase(str, enum.Enum):
 
 # Workers only ever append to their reports, so an attempt never moves backwards. It may skip
 # RUNNING: a small run can form and finish between two polls.
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.FORMING: frozenset({Phase.RUNNING, Phase.DONE, Phase.FAILED}),
-    Phase.RUNNING: frozenset({Phase.DONE, Phase.FAILED}),
-    Phase.DONE: frozenset(),
-    Phase.FAILED: frozenset(),
+TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    AttemptState.FORMING: frozenset({AttemptState.RUNNING, AttemptState.DONE, AttemptState.FAILED}),
+    AttemptState.RUNNING: frozenset({AttemptState.DONE, AttemptState.FAILED}),
+    AttemptState.DONE: frozenset(),
+    AttemptState.FAILED: frozenset(),
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    phase: Phase
+    phase: AttemptState
     reason: str = ""
     retry: bool = False
 
@@ -191,17 +191,17 @@ def assess(
     formed = all(p.formed for p in ranks)
     for r, p in enumerate(ranks):
         if p.error:
-            return Verdict(Phase.FAILED, f"rank {r}: {p.error}", retry=not p.formed)
+            return Verdict(AttemptState.FAILED, f"rank {r}: {p.error}", retry=not p.formed)
     for r, p in enumerate(ranks):
         if p.times is not None and not _complete(plan, p.times):
             got = {n: len(ts) for n, ts in p.times.items()}
             return Verdict(
-                Phase.FAILED,
+                AttemptState.FAILED,
                 f"rank {r} reported {got} (element count: repetitions), not "
                 f"{plan.repeats} repetitions of each of {list(plan.counts)}",
             )
     if all(p.times is not None for p in ranks):
-        return Verdict(Phase.DONE, f"all {plan.world} ranks reported")
+        return Verdict(AttemptState.DONE, f"all {plan.world} ranks reported")
     finished = {f"rank {r}" for r, p in enumerate(ranks) if p.times is not None}
     dead = [
         f"{name} exited with {_describe(code)}"
@@ -210,23 +210,23 @@ def assess(
     ]
     when = "every rank reported" if formed else "the cluster formed"
     if dead:
-        return Verdict(Phase.FAILED, f"{'; '.join(dead)} before {when}", retry=not formed)
+        return Verdict(AttemptState.FAILED, f"{'; '.join(dead)} before {when}", retry=not formed)
     if not formed:
         if now - started < limits.form_s:
-            return Verdict(Phase.FORMING)
+            return Verdict(AttemptState.FORMING)
         done = [r for r, p in enumerate(ranks) if p.formed]
         return Verdict(
-            Phase.FAILED,
+            AttemptState.FAILED,
             f"the cluster did not form within {limits.form_s:g} s (init() returned on ranks "
             f"{done} of {plan.world})",
             retry=True,
         )
     since_formed = 0.0 if formed_at is None else now - formed_at
     if since_formed < limits.run_s:
-        return Verdict(Phase.RUNNING)
+        return Verdict(AttemptState.RUNNING)
     waiting = [r for r, p in enumerate(ranks) if p.times is None]
     return Verdict(
-        Phase.FAILED, f"ranks {waiting} did not report within {limits.run_s:g} s of forming"
+        AttemptState.FAILED, f"ranks {waiting} did not report within {limits.run_s:g} s of forming"
     )
 
 
@@ -267,7 +267,7 @@ def measure(plan: Plan, workdir: Path, limits: Limits) -> Outcome:
     tries: list[str] = []
     for attempt in range(1, limits.tries + 1):
         verdict, progress = _attempt(plan, workdir / f"try-{attempt}", limits)
-        if verdict.phase is Phase.DONE:
+        if verdict.phase is AttemptState.DONE:
             return Outcome(rank_times(plan, progress), tries=tuple(tries))
         tries.append(f"try {attempt}: {verdict.reason}")
         log.warning("MindSpore cluster %s (retry=%s)", tries[-1], verdict.retry)
@@ -289,7 +289,7 @@ def _attempt(plan: Plan, adir: Path, limits: Limits) -> tuple[Verdict, dict[int,
         for r in range(plan.world):
             env = cluster_env(os.environ, E.ROLE_WORKER, port, plan, r, limits)
             cluster.start(f"rank {r}", argv, env)
-        started, formed_at, phase = time.monotonic(), None, Phase.FORMING
+        started, formed_at, phase = time.monotonic(), None, AttemptState.FORMING
         while True:
             exits = cluster.exit_codes()  # before the reports: see assess()
             progress = {r: _read_progress(adir / f"rank-{r}.jsonl") for r in range(plan.world)}
@@ -305,18 +305,18 @@ def _attempt(plan: Plan, adir: Path, limits: Limits) -> tuple[Verdict, dict[int,
                     verdict.reason,
                 )
                 phase = verdict.phase
-            if phase is Phase.RUNNING and formed_at is None:
+            if phase is AttemptState.RUNNING and formed_at is None:
                 formed_at = now
-            elif phase is Phase.DONE:
+            elif phase is AttemptState.DONE:
                 cluster.wait_all(EXIT_GRACE_S)  # every report is in: a clean exit is a courtesy
                 return verdict, progress
-            elif phase is Phase.FAILED:
+            elif phase is AttemptState.FAILED:
                 explained = dataclasses.replace(verdict, reason=cluster.explain(verdict.reason))
                 return explained, progress
             time.sleep(POLL_S)
 
 
-def _check_transition(old: Phase, new: Phase) -> None:
+def _check_transition(old: AttemptState, new: AttemptState) -> None:
     if new not in TRANSITIONS[old]:
         raise MsRecoverError(
             f"MindSpore cluster attempt: illegal transition {old.value} -> {new.value}"

@@ -41,11 +41,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ms_recover import env as E
-from ms_recover import shims
 from ms_recover.bench.mscluster import INHERITED_CLUSTER_VARS, free_port
 from ms_recover.bench.table import Measure, median
-from ms_recover.testing.msrunjob import msrun_path, script_command
-from ms_recover.testing.wait import wait_for
+from ms_recover.integrations import shims
+from ms_recover.localrun.msrunjob import msrun_path, script_command
+from ms_recover.localrun.wait import wait_for
 
 PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.programs.msrun_ckpt_train"]
 LONG_RUN_STEPS = 10**7

@@ -69,8 +69,8 @@ from ms_recover.bench.graphrows import graph_rows, graph_stats
 from ms_recover.bench.table import Measure, Report
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
+from ms_recover.localrun.job import LocalJob
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.localjob import LocalJob
 
 PROGRAM = [sys.executable, "-m", "ms_recover.mindspore.programs.overhead_train"]
 

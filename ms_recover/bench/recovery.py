@@ -8,9 +8,11 @@ node, the host data plane), on this host's CPU.
 in turn, each kill after the previous recovery finished). MTTR is the manager's ``recovery``
 event's ``mttr_s``: from the agent seeing the process die to every rank having committed the
 first step after the recovery; its phases are shown too. The agents run at their default:
-each node keeps its standby (:mod:`ms_recover.worker.standby`, an interpreter with MindSpore
-imported), and before each kill the bench waits until every node's standby is ready, as a fault some
-seconds into training finds it. What a waiting standby costs (memory, CPU) is shown.
+each node keeps its standby, warm here (the demo passes ``init(warm_up=...)``, so the standby
+runs it up to ``init()`` and compiles its step there, :mod:`ms_recover.worker.spare`), and
+before each kill the bench waits until every node's standby is ready, as a fault some seconds
+into training finds it. docs/design.md §8: MTTR <= 0.3 s. What a waiting standby costs
+(memory, CPU) is shown.
 
 **Cold start** (``--standby off``). The same kills, each replacement a new interpreter that
 imports MindSpore: the floor without a standby.
@@ -64,9 +66,9 @@ from ms_recover.bench import msrunrestart, recoveryreport, sparecost
 from ms_recover.bench.jobdriver import JobDriver
 from ms_recover.bench.recoveryreport import RESTART_PARTS
 from ms_recover.config import JobConfig
+from ms_recover.localrun.job import LocalJob
+from ms_recover.localrun.msrunjob import MsrunJob
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.localjob import LocalJob
-from ms_recover.testing.msrunjob import MsrunJob
 
 LONG_RUN_STEPS = 10**7
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from ms_recover.bench import sparecost
 from ms_recover.bench.table import Measure, Report, median, summary
-from ms_recover.manager.records import PHASES
+from ms_recover.observability.schema import PHASES
 
 TARGET_RATIO = 0.25
 TARGET_SPARE_S = 0.15  # docs/design.md §8: recovery time with a pre-warmed spare
+TARGET_DEFAULT_S = 0.3  # docs/design.md §8: recover-in-place MTTR, default settings
 RESTART_PARTS = (
     ("launch", "kill -> interpreter up", None, "start"),
     ("import", "import mindspore", "start", "imported"),
@@ -77,9 +78,12 @@ def report(
             f"recover-in-place MTTR, median of {mttr['n']}",
             mttr["median"],
             "s",
+            "<=",
+            TARGET_DEFAULT_S,
             note="the recovery event's mttr_s: process seen dead -> every rank "
             "committed the first step after recovery; ms-recover agent's default: the node's "
-            "standby (MindSpore imported) runs the restarted rank",
+            "standby runs the restarted rank, warm (its step compiled: the demo passes "
+            "init(warm_up=...))",
         ),
         Measure("recover-in-place MTTR, max", mttr["max"], "s"),
     )
@@ -197,9 +201,15 @@ def report(
     rep.notes = [
         "Baseline: every process killed, a fresh job started on the same checkpoint directory; "
         "detection of the fault is not added to it, MTTR includes it.",
-        "recover-in-place restarts one rank in the node's standby (interpreter up, MindSpore "
-        "imported) and pays the jit compile of its first step; the cold row pays the import "
-        "too; the restart pays both for every rank at once.",
+        "recover-in-place restarts one rank in the node's standby: the demo passes "
+        "init(warm_up=...), so the standby ran it up to init() and compiled its step there "
+        "(a program without a warm_up gets a bare standby, MindSpore imported, and pays its "
+        "first step's compile); the cold row pays the import and the compile; the restart "
+        "pays both for every rank at once.",
+        "With the demo's --graph-step, GraphStep must skip the optimizer inside the graph when "
+        "the reduction is interrupted (on_failure='skip'): with 'abort' MindSpore answers a "
+        "failed graph with a fixed 3 s wait and a recompile on every survivor (measured: MTTR "
+        "6.2 s, phases stop 3.0 s and resume 3.1 s).",
     ]
     if world > cores:
         rep.notes.append(

@@ -21,9 +21,11 @@ SPARES_DEFAULT = (
     "memory above) and only helps when one process fails (a lost node's replacement pods start "
     "cold); on Ascend a spare would also need a device of its own to compile for. Where host "
     "memory allows, --spares 1 takes the import and the compile off the recovery path. The "
-    "standby is on by default (--standby on): one idle interpreter per node with MindSpore "
-    "imported, no device and no compile (its memory above), takes the interpreter start and "
-    "the import off the path."
+    "standby is on by default (--standby on): one waiting process per node, no device (its "
+    "memory above); for a program that passes init(warm_up=...) on the host data plane it "
+    "is warm (the program run up to init(), its step compiled), else an interpreter with "
+    "MindSpore imported; it takes the interpreter start and the import, and when warm the "
+    "compile, off the path."
 )
 
 

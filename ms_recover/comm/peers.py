@@ -1,6 +1,6 @@
 """Which peers' data endpoints a rank needs: the one rule the manager and the workers share.
 
-A rank's host data plane (:mod:`~ms_recover.comm.host`) receives on one inbound socket that
+A rank's host data plane (:mod:`~ms_recover.comm.host.backend`) receives on one inbound socket that
 any authenticated peer may reach, so it needs the endpoint of a peer only to *send* to it.
 In a group whose members are ``g = (g_0, ..., g_{n-1})`` (the group's own order; the world's
 order is sorted), the member at position ``i`` sends to:
@@ -9,7 +9,7 @@ order is sorted), the member at position ``i`` sends to:
   chain (which runs along the ring from the root);
 * ``g[(i + 2**k) % n]`` for every ``2**k < n``: the dissemination barrier;
 * ``g[i ^ 2**k]`` for every ``i ^ 2**k < n``: recursive doubling partners, the small-allreduce
-  path of groups of more than two (:mod:`~ms_recover.comm.hostdoubling`). It picks its
+  path of groups of more than two (:mod:`~ms_recover.comm.host.doubling`). It picks its
   partners from this set: with ``n`` not a power of two, position ``i >= 2**m`` (the largest
   power below ``n``) folds onto ``i ^ 2**m = i - 2**m``, then the first ``2**m`` double.
   (MPICH's even/odd fold renumbers the ranks, so its partners are not in the set.)

@@ -18,6 +18,8 @@ from typing import Any
 from ms_recover.errors import ConfigError
 from ms_recover.jobcheck.schema import Path
 from ms_recover.strategy import VALID_NAMES, Strategy, parse_strategies
+from ms_recover.subhealth import LABEL, SubHealthy
+from ms_recover.subhealth import VALID_NAMES as SUB_HEALTHY_NAMES
 
 ERROR = "error"
 WARNING = "warning"
@@ -182,6 +184,15 @@ def rule_fault_scheduling(job: Job) -> Iterator[JobIssue]:
             "counts against backoffLimit, but the 'recover' strategy needs the faulty pod "
             "recreated; set grace or force",
         )
+
+
+def rule_sub_healthy(job: Job) -> Iterator[JobIssue]:
+    """MindCluster's ``subHealthyStrategy`` label (Volcano takes an unknown value as ignore;
+    ms_recover refuses it: :mod:`ms_recover.subhealth`)."""
+    path: Path = ("metadata", "labels", LABEL)
+    value = job.labels.get(LABEL)
+    if value is not None and str(value) not in {p.value for p in SubHealthy}:
+        yield _error(path, f"{str(value)!r} is not one of: {SUB_HEALTHY_NAMES}")
 
 
 def rule_wait_reschedule(job: Job) -> Iterator[JobIssue]:
@@ -429,6 +440,7 @@ RULES: tuple[Callable[[Job], Iterator[JobIssue]], ...] = (
     rule_framework,
     rule_recover_strategy,
     rule_fault_scheduling,
+    rule_sub_healthy,
     rule_wait_reschedule,
     rule_process_recover,
     rule_replicas,

@@ -28,7 +28,7 @@ of the current epoch, the others still take the general path.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from ms_recover.manager.cadence import Cadence
@@ -42,14 +42,17 @@ def _call(test: Callable[[Any], bool], value: Any) -> bool:
     return test(value)  # operator.call, which Python 3.10 (still supported) lacks
 
 
+_STOP, _REBUILD = (Ack.STOP, 0), (Ack.REBUILD, 0)  # RankInfo.ack's keys, without the call
+
+
 def _stop(info: RankInfo, epoch: int, step: int, digest: str) -> None:
-    info.ack(Ack.STOP, epoch)
+    info.acks[_STOP] = epoch  # info.ack(Ack.STOP, epoch): every rank of a stop-all
     info.committed_step = step
     info.stop_digest = digest
 
 
 def _rebuild(info: RankInfo, epoch: int, step: int, digest: str) -> None:
-    info.ack(Ack.REBUILD, epoch)
+    info.acks[_REBUILD] = epoch
 
 
 def _beat(info: RankInfo, epoch: int, step: int, digest: str) -> None:
@@ -120,7 +123,7 @@ class FastAcks:
     def take(
         self,
         prefix: bytes,
-        mine: set[int],
+        mine: Container[int],
         item: tuple[bytes, str, int, int, int, str, Any],
     ) -> bool:
         """Record ``item`` = ``(local identity, sender, nonce, seq, epoch, kind, body)``,
@@ -149,7 +152,7 @@ class FastAcks:
         record(info, epoch, body)
         return True
 
-    def columns(self, prefix: bytes, mine: set[int], msg: M.RelayAcks) -> list[int]:
+    def columns(self, prefix: bytes, mine: Container[int], msg: M.RelayAcks) -> list[int]:
         """Record the items of a RelayAcks batch whose columns passed
         :func:`~ms_recover.protocol.relay.ack_columns`, relayed by the agent whose virtual
         identities start with ``prefix`` for the ranks ``mine``; the indices of the items left
@@ -166,12 +169,17 @@ class FastAcks:
         cls, record = COLUMNS[msg.kind]
         steps = msg.steps or [-1] * n
         digests = msg.digests or [""] * n
-        member, now, left = self._member, self.clock(), []
+        get, now, left = self.model.ranks.get, self.clock(), []
         for i, (local, rank, step, digest) in enumerate(
             zip(msg.idents, msg.ranks, steps, digests, strict=True)
         ):
-            info = member(rank, mine, prefix + local)
-            if info is None:
+            info = get(rank)  # self._member, inlined: every rank of a stop-all passes here
+            if (
+                info is None
+                or rank not in mine
+                or not (info.registered and info.alive)
+                or info.identity != prefix + local
+            ):
                 left.append(i)
                 continue
             info.last_seen = now
@@ -179,7 +187,7 @@ class FastAcks:
         self.cadence.heard(cls, epoch, n - len(left))
         return left
 
-    def _member(self, rank: int, mine: set[int], identity: bytes) -> RankInfo | None:
+    def _member(self, rank: int, mine: Container[int], identity: bytes) -> RankInfo | None:
         """``rank``'s record if it is one of ``mine``, registered, alive and known under this
         very virtual ``identity``, else None."""
         info = self.model.ranks.get(rank)

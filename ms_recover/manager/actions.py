@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ms_recover.manager.model import Fault, JobState, Round
-from ms_recover.manager.records import Phase, Record
+from ms_recover.manager.model import Fault, Round
+from ms_recover.observability.schema import JobState, Phase, Record
 from ms_recover.protocol.messages import Message
 from ms_recover.strategy import Strategy
 
@@ -145,6 +145,15 @@ class Judged(Action):
     (``JobModel.health_rev``): it runs again only on a new report."""
 
     rev: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SubHealthStep(Action):
+    """The sub-health policy acted on ``node`` (it is settled: never acted on again). With
+    ``switching`` set, a hot switch of it waits for its new pod since then; None ends one."""
+
+    node: int
+    switching: float | None
 
 
 @dataclasses.dataclass(frozen=True)

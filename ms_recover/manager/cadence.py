@@ -42,7 +42,8 @@ from collections.abc import Callable
 
 import zmq
 
-from ms_recover.manager.model import JobModel, JobState
+from ms_recover.manager.model import JobModel
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
 from ms_recover.protocol.transport import send_frames

@@ -16,8 +16,8 @@ from ms_recover.manager.actions import (
     SendRanks,
     Transition,
 )
-from ms_recover.manager.model import Ack, JobModel, JobState
-from ms_recover.manager.records import DecisionRecord, JobEndRecord
+from ms_recover.manager.model import Ack, JobModel
+from ms_recover.observability.schema import DecisionRecord, JobEndRecord, JobState
 from ms_recover.protocol.messages import AgentExit, Exit, Peers, Rebuild, runs
 
 #: How the reason of a job asked to stop (every node leaving: SIGTERM) begins.

@@ -8,13 +8,14 @@ fields. Pure: no zmq, numpy or msgpack.
 
 from __future__ import annotations
 
-from ms_recover.manager import detection
+from ms_recover.manager import detection, subhealth
 from ms_recover.manager.actions import Action, Emit, Judged
 from ms_recover.manager.ending import after_end
 from ms_recover.manager.leaving import asked_to_stop, settled
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, RankInfo
-from ms_recover.manager.phases import PROGRESS
+from ms_recover.manager.model import Fault, JobModel, RankInfo
+from ms_recover.manager.progress import PROGRESS
 from ms_recover.manager.rounds import Failure, escalate, on_faults
+from ms_recover.observability.schema import FaultKind, JobState
 
 
 def decide(m: JobModel, now: float) -> list[Action]:
@@ -35,17 +36,24 @@ def decide(m: JobModel, now: float) -> list[Action]:
     progress = PROGRESS[m.state](m, now)
     if isinstance(progress, Failure):
         return escalate(m, now, progress)  # every failed phase re-enters the fault path here
+    if m.state is JobState.RUNNING and m.switching:  # hot switches (docs/design.md §1e)
+        swap = subhealth.switches(m, now)
+        if swap:
+            return swap
     if m.state is JobState.RUNNING and m.health_rev != m.judged_rev:
-        return _judge(m) + progress
+        judged, ends = _judge(m, now)
+        return judged if ends else judged + progress
     return progress
 
 
-def _judge(m: JobModel) -> list[Action]:
-    """The fail-slow rule over the step-timing reports that arrived since it last ran."""
-    flags: list[Action] = [
-        Emit(f"rank {f.rank} flagged {f.reason}: {f.detail}", f) for f in detection.slow_flags(m)
-    ]
-    return [Judged("", m.health_rev), *flags]
+def _judge(m: JobModel, now: float) -> tuple[list[Action], bool]:
+    """The fail-slow and repeat-divergence rules over the reports that arrived since they
+    last ran, and the sub-health policy's actions on what they flag (with whether those end
+    the running state)."""
+    found = detection.slow_flags(m) + subhealth.divergence_flags(m, now)
+    flags: list[Action] = [Emit(f"rank {f.rank} flagged {f.reason}: {f.detail}", f) for f in found]
+    policy, ends = subhealth.act(m, found, now)
+    return [Judged("", m.health_rev), *flags, *policy], ends
 
 
 # ----------------------------------------------------------------------------- detection

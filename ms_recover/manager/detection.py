@@ -34,8 +34,8 @@ import dataclasses
 
 from ms_recover.config import JobConfig
 from ms_recover.manager.health import RankHealth
-from ms_recover.manager.model import Fault, FaultKind, JobModel, RankInfo
-from ms_recover.manager.records import FlaggedRecord
+from ms_recover.manager.model import Fault, JobModel, RankInfo
+from ms_recover.observability.schema import FaultKind, FlaggedRecord
 
 MIN_COMPUTE_S = 0.002  # compute times below this are timer and scheduler noise: never judged
 PEERS = 3  # members with a compute time needed to judge a rank against its peers

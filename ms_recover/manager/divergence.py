@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState
-from ms_recover.manager.records import DivergenceRecord
+from ms_recover.manager.model import Fault, JobModel
+from ms_recover.observability.schema import DivergenceRecord, FaultKind, JobState
 
 #: The fault kind of a replica whose state differs from its replicas' (the rank is alive).
 DIVERGED = FaultKind.DIVERGED
@@ -88,10 +88,6 @@ class Verdict:
             outcome="repair" if self.decided else "escalate",
             reason=self.reason,
         )
-
-    def fields(self) -> dict[str, object]:
-        """The fields of the ``divergence`` event."""
-        return self.record().fields()
 
 
 def compare(reports: Mapping[int, Report]) -> list[Verdict]:
@@ -167,6 +163,9 @@ def on_digest(m: JobModel, rank: int, step: int, digest: str, now: float) -> lis
         if faults:
             found.append(verdict)
             m.pending.extend(faults)
+            for f in faults:  # a repeat within diverge_window_s flags it (manager.subhealth)
+                m.diverged_at.setdefault(f.rank, []).append(now)
+                del m.diverged_at[f.rank][:-KEEP_DIGESTS]
     return found
 
 

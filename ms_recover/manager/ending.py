@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from ms_recover import exitcodes
 from ms_recover.manager.actions import Action, Emit, SendAgent, SendRanks, Transition
-from ms_recover.manager.model import JobModel, JobState
-from ms_recover.manager.records import JobEndRecord
+from ms_recover.manager.model import JobModel
+from ms_recover.observability.schema import JobEndRecord, JobState
 from ms_recover.protocol.messages import AgentExit, Exit
 
 #: Why a member that appears after the end is sent away.

@@ -17,20 +17,21 @@ from ms_recover import exitcodes
 from ms_recover.dumpfiles import DumpFile, write_manifest
 from ms_recover.manager import actions as A
 from ms_recover.manager import budget
-from ms_recover.manager.model import JobModel, JobState
-from ms_recover.manager.records import (
+from ms_recover.manager.model import JobModel
+from ms_recover.observability.events import EventLog
+from ms_recover.observability.goodput import GoodputLedger
+from ms_recover.observability.schema import (
     PHASES,
     DumpRecord,
     FlaggedRecord,
     JobEndRecord,
     JobStartRecord,
+    JobState,
     Phase,
     PhaseRecord,
     RecoveryRecord,
     WorldRecord,
 )
-from ms_recover.observability.events import EventLog
-from ms_recover.observability.goodput import GoodputLedger
 from ms_recover.protocol.messages import AgentExit, Exit, Message, StartRanks
 
 log = logging.getLogger("ms_recover.manager")
@@ -83,6 +84,7 @@ class Executor:
             A.WriteManifest: self._write_manifest,
             A.Emit: self._emit,
             A.Judged: self._judged,
+            A.SubHealthStep: self._sub_health_step,
         }
 
     def execute(self, actions: list[A.Action]) -> None:
@@ -193,20 +195,27 @@ class Executor:
 
     def _emit(self, action: A.Emit) -> None:
         m = self.model
-        e = self.events.write(
-            action.record.EVENT, epoch=m.epoch, state=m.state.value, **action.record.fields()
-        )
+        e = self.events.write(action.record, epoch=m.epoch, state=m.state.value)
         if isinstance(action.record, JobEndRecord):
             m.exit_code = action.record.exit_code
-            self.events.write("goodput", epoch=m.epoch, **self.goodput.fields(e["ts"]))
+            self.events.write(self.goodput.record(e["ts"]), epoch=m.epoch)
         if isinstance(action.record, FlaggedRecord):
             m.flagged[action.record.rank] = action.record.step
 
     def _judged(self, action: A.Judged) -> None:
         self.model.judged_rev = action.rev
 
+    def _sub_health_step(self, action: A.SubHealthStep) -> None:
+        m = self.model
+        m.settled_nodes.add(action.node)
+        if action.switching is None:
+            m.switching.pop(action.node, None)
+            m.backups.pop(action.node, None)
+        else:
+            m.switching[action.node] = action.switching
+
     def _write(self, record: PhaseRecord | WorldRecord | DumpRecord | JobStartRecord) -> None:
-        self.events.write(record.EVENT, epoch=self.model.epoch, **record.fields())
+        self.events.write(record, epoch=self.model.epoch)
 
     def _write_manifest(self, action: A.WriteManifest) -> None:
         m, cfg = self.model, self.config
@@ -246,7 +255,7 @@ class Executor:
         )
         for phase in PHASES:
             self._write(PhaseRecord(phase, phases[phase]))
-        m.last_recovery = self.events.write(record.EVENT, epoch=m.epoch, **record.fields())
+        m.last_recovery = self.events.write(record, epoch=m.epoch)
         if action.ok:
             m.recoveries += 1
             m.tries.clear()

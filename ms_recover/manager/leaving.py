@@ -4,7 +4,8 @@ Kubernetes stops a pod with SIGTERM and sends SIGKILL ``terminationGracePeriodSe
 later (a pod deletion, a node drain, a preemption). The node's agent says so at once
 (``NodeLeaving``); the server records the fact (:attr:`JobModel.leaving
 <ms_recover.manager.model.JobModel.leaving>`, a ``planned_stop`` event and a
-:attr:`~ms_recover.manager.model.FaultKind.PLANNED_STOP` fault) and ``decide`` acts on it here:
+:attr:`~ms_recover.observability.schema.FaultKind.PLANNED_STOP` fault) and ``decide`` acts on it
+here:
 
 * one node (or some) leaving: after a short settle (:func:`settle_s`, so that a job deletion
   whose SIGTERMs arrive a few hundred milliseconds apart is seen whole), the planned stop goes
@@ -26,9 +27,10 @@ from __future__ import annotations
 from ms_recover import exitcodes
 from ms_recover.manager.actions import Action
 from ms_recover.manager.commands import ASKED_TO_STOP, exit_job
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Leaving
+from ms_recover.manager.model import Fault, JobModel, Leaving
 from ms_recover.manager.strategies.base import Incident
 from ms_recover.manager.strategies.registry import REGISTRY
+from ms_recover.observability.schema import FaultKind, JobState
 from ms_recover.strategy import Strategy
 
 #: How long the first planned stop waits for other nodes' before it is acted on, at most.

@@ -28,6 +28,7 @@ from ms_recover.manager.server import ManagerServer
 from ms_recover.manager.takeover import Watch
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.metrics import serve_metrics
+from ms_recover.subhealth import parse_sub_healthy
 
 log = logging.getLogger("ms_recover.manager")
 
@@ -48,6 +49,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "recover, elastic-training, dump, exit (env MS_RECOVER_STRATEGY)",
     )
     p.add_argument("--events", help="JSONL event log path (env MS_RECOVER_EVENTS)")
+    p.add_argument(
+        "--sub-healthy-strategy",
+        help="what a flagged node meets, MindCluster's subHealthyStrategy label: ignore, "
+        "graceExit, forceExit, hotSwitch (env MS_RECOVER_SUB_HEALTHY_STRATEGY, default ignore)",
+    )
     p.add_argument(
         "--wait-reschedule-timeout",
         type=seconds_arg(),
@@ -78,6 +84,9 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         events_path=args.events,
         wait_reschedule_timeout_s=args.wait_reschedule_timeout,
         require_secret=args.require_secret,
+        sub_healthy=parse_sub_healthy(args.sub_healthy_strategy)
+        if args.sub_healthy_strategy is not None
+        else None,
     )
 
 

@@ -12,8 +12,20 @@
 
 Only :meth:`JobModel.transition` changes the state, and it raises on a transition the table
 does not allow. The model holds data only; the pure :func:`~ms_recover.manager.decide.decide`
-reads it and the :class:`~ms_recover.manager.executor.Executor` changes it. Pure: no zmq,
-numpy or msgpack.
+reads it and changes nothing.
+
+Who writes what: **handlers record facts, the executor applies decisions.** The server's
+message handlers (and their helpers: acks, health, leaving, divergence, the relay) record what
+members reported as it arrives: ``ranks`` (liveness, identity, acks, committed steps,
+digests), ``agents``, ``pending`` faults, ``early_exits``, ``leaving``, ``health`` and
+``health_rev``, ``heard_at``, ``restore``, ``manager`` and ``group_log``. Only the
+:class:`~ms_recover.manager.executor.Executor` writes the decisions, as the actions of
+``decide`` say: ``state``, ``epoch``, ``round``, ``tries``, ``active``, ``recoveries``,
+``last_recovery``, ``exit_code``, ``restarts``, ``flagged`` and ``judged_rev`` (it may update
+facts too). One exception: a restarted manager, still forming and before any decision, adopts
+the epoch its members report (``WorkerHandlers.note_rejoin``). ``config`` is never written.
+``tests/unit/test_model_ownership.py`` reads every write from the code and holds this table.
+Pure: no zmq, numpy or msgpack.
 """
 
 from __future__ import annotations
@@ -26,24 +38,8 @@ from ms_recover.comm.grouplog import GroupLog
 from ms_recover.config import JobConfig
 from ms_recover.errors import MsRecoverError
 from ms_recover.manager.health import RankHealth
-from ms_recover.manager.records import Phase
+from ms_recover.observability.schema import FaultKind, JobState, Phase
 from ms_recover.strategy import Strategy
-
-
-class JobState(str, enum.Enum):
-    FORMING = "forming"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    REBUILDING = "rebuilding"
-    REPAIRING = "repairing"
-    RESUMING = "resuming"
-    DUMPING = "dumping"
-    EXITING = "exiting"
-    FINISHED = "finished"
-
-    def __str__(self) -> str:
-        return self.value
-
 
 _RECOVERY = {
     JobState.STOPPING,
@@ -70,29 +66,6 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.EXITING: frozenset(),
     JobState.FINISHED: frozenset(),
 }
-
-
-class FaultKind(str, enum.Enum):
-    """What was detected (the ``kind`` of a fault event)."""
-
-    RANK_EXIT = "rank_exit"  # an agent saw a rank process end on its own
-    RANK_SILENT = "rank_silent"  # no heartbeat from a rank
-    NODE_LOST = "node_lost"  # no heartbeat from an agent
-    NODE_RESTARTED = "node_restarted"  # a pod was recreated before its loss was noticed
-    HANG = "hang"  # no step progress, or a rank stuck in a recovery phase
-    WORKER_ERROR = "worker_error"  # a rank caught an error and reported it (it lives on)
-    # A rank reported an error after which it cannot redo its step (MindSpore's RS_UNKNOWN):
-    # it lives on, but ``retry`` does not apply.
-    WORKER_FATAL = "worker_fatal"
-    ESCALATION = "escalation"  # a phase failed with no rank to blame
-    REJOIN = "rejoin"  # after a manager restart, a rank did not come back at the job's epoch
-    DIVERGED = "diverged"  # a replica's state digest differs from its replicas' (it lives on)
-    #: Not a crash: a node's agent got SIGTERM (pod deletion, drain) and leaves at a deadline;
-    #: its ranks live on until the round stops them (see :mod:`~ms_recover.manager.leaving`).
-    PLANNED_STOP = "planned_stop"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class Ack(str, enum.Enum):
@@ -287,6 +260,14 @@ class JobModel:
     judged_rev: int = 0  # reports the fail-slow rule has judged
     #: Ranks flagged fail-slow or repeat-divergent, and the step they were flagged at.
     flagged: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: When each rank's replica was last found diverged (steady-state digests), newest last.
+    diverged_at: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    #: hotSwitch (:mod:`~ms_recover.manager.subhealth`): node -> when its new pod was asked for.
+    switching: dict[int, float] = dataclasses.field(default_factory=dict)
+    #: node -> when the new pod of a switching node said hello (held while the old one runs).
+    backups: dict[int, float] = dataclasses.field(default_factory=dict)
+    #: Nodes the sub-health policy has acted on (or gave up on): never acted on again.
+    settled_nodes: set[int] = dataclasses.field(default_factory=set)
 
     def __post_init__(self) -> None:
         cfg = self.config

@@ -30,7 +30,7 @@ status client) keep their direct DEALER connection; both kinds of member mix in 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import msgpack
@@ -58,8 +58,8 @@ from ms_recover.protocol.transport import SLACK, send_frames
 log = logging.getLogger("ms_recover.manager")
 
 Handle = Callable[[bytes, Envelope], None]
-Fast = Callable[[bytes, set[int], RawItem], bool]
-Columns = Callable[[bytes, set[int], M.RelayAcks], list[int]]
+Fast = Callable[[bytes, Container[int], RawItem], bool]
+Columns = Callable[[bytes, Container[int], M.RelayAcks], list[int]]
 _Item = list[Any]  # [message, epoch, [local identities]]
 
 
@@ -165,11 +165,20 @@ class ManagerRelay:
             prefix = self._prefixes[ident] = PREFIX + bytes([len(ident)]) + ident
         return prefix
 
-    def _mine(self, node: int) -> set[int]:
-        return set(self.model.config.ranks_of(node)) if node in self.model.agents else set()
+    def _mine(self, node: int) -> Container[int]:
+        """The ranks of ``node`` (a range: a node's ranks are consecutive), none for a node
+        outside the job."""
+        per = self.model.config.proc_per_node
+        return range(node * per, (node + 1) * per) if node in self.model.agents else range(0)
 
     def _general(
-        self, ident: bytes, node: int, mine: set[int], claimant: bool, one: RawItem, handle: Handle
+        self,
+        ident: bytes,
+        node: int,
+        mine: Container[int],
+        claimant: bool,
+        one: RawItem,
+        handle: Handle,
     ) -> None:
         """One relayed item as its rank's own frame: checked, then ``handle``d or dropped."""
         local, item = one[0], check_item(self.codec.job_id, one)
@@ -220,6 +229,9 @@ class ManagerRelay:
         cache = self._parts
         if len(cache) > 4 * len(self.model.ranks) + 1024:  # old incarnations' names pile up
             cache.clear()
+        out = self._out
+        agent_now: bytes | None = None  # the agent of the run of identities being read
+        locals_now: list[bytes] = []  # and the target list they join
         for identity in identities:
             try:
                 parts = cache[identity]
@@ -229,12 +241,18 @@ class ManagerRelay:
                 direct.append(identity)
                 continue
             agent, local = parts
-            queue = self._out.setdefault(agent, [])
+            if agent == agent_now:  # a broadcast: a node's ranks come in a row
+                locals_now.append(local)
+                continue
+            queue = out.setdefault(agent, [])
             last = queue[-1] if queue else None
             if last is not None and last[1] == epoch and (last[0] is msg or last[0] == msg):
-                last[2].append(local)
+                locals_now = last[2]
             else:
-                queue.append([msg, epoch, [local]])
+                locals_now = []
+                queue.append([msg, epoch, locals_now])
+            locals_now.append(local)
+            agent_now = agent
         return direct
 
     def flush(self) -> None:

@@ -14,10 +14,10 @@ from ms_recover import exitcodes
 from ms_recover.manager import budget
 from ms_recover.manager.actions import Action, Emit, Exhaust, MarkLost
 from ms_recover.manager.commands import exit_job
-from ms_recover.manager.model import Fault, FaultKind, JobModel, Round
-from ms_recover.manager.records import FaultRecord
+from ms_recover.manager.model import Fault, JobModel, Round
 from ms_recover.manager.strategies.base import FAULT_DETECTED, SURVIVABLE, Incident
 from ms_recover.manager.strategies.registry import choose
+from ms_recover.observability.schema import FaultKind, FaultRecord
 from ms_recover.strategy import Strategy
 
 #: Faults a rank reported itself: it is still alive (and reachable).

@@ -28,21 +28,26 @@ from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.leaving import note_leaving
-from ms_recover.manager.model import (
-    Fault,
-    FaultKind,
-    JobModel,
-    JobState,
-    Origin,
-    RankInfo,
-    Restore,
-)
+from ms_recover.manager.model import Fault, JobModel, Origin, RankInfo, Restore
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.manager.strategies.registry import config_problems
 from ms_recover.manager.workers import Handler, WorkerHandlers
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.schema import (
+    ConfigWarningRecord,
+    FaultKind,
+    JobState,
+    ManagerStartRecord,
+    ManagerTakeoverRecord,
+    MemberRecord,
+    PlannedStopRecord,
+    RankExitRecord,
+    RejectRecord,
+    StandDownRecord,
+    TakeoverRecord,
+)
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.protocol.relay import is_virtual
@@ -55,6 +60,7 @@ from ms_recover.protocol.transport import (
     send_frames,
 )
 from ms_recover.strategy import Strategy
+from ms_recover.subhealth import SubHealthy
 
 #: From this many ranks the manager freezes its heap once per running epoch (see
 #: :meth:`ManagerServer._freeze_when_running`).
@@ -85,8 +91,8 @@ class ManagerServer:
         tick_s: float = 0.02,
         bind: str | None = None,
     ) -> None:
-        if Strategy.DUMP in config.strategies:  # checked now, not at the fault that needs it
-            check_dump_dir(config.effective_dump_dir())
+        if Strategy.DUMP in config.strategies or config.sub_healthy is SubHealthy.GRACE_EXIT:
+            check_dump_dir(config.effective_dump_dir())  # now, not at the fault that needs it
         self.config = config
         self.events = events or EventLog(config.events_path)
         self.events.job_id = self.events.job_id or config.job_id  # on every event line
@@ -154,17 +160,13 @@ class ManagerServer:
             M.RelayAcks: self._on_relay_acks,
             **self.workers.handlers(),
         }
-        self.events.write(
-            "manager_start",
-            epoch=0,
-            port=self.port,
-            config=config.replace(manager_port=self.port).describe(),
-        )
+        described = config.replace(manager_port=self.port).describe()
+        self.events.write(ManagerStartRecord(self.port, described), epoch=0)
         if config.insecure:
             log.warning(INSECURE_WARNING, self.port)
         for problem in config_problems(config):  # reported now, not when a fault happens
             log.warning("recover-strategy %s", problem)
-            self.events.write("config_warning", epoch=0, problem=problem)
+            self.events.write(ConfigWarningRecord(problem), epoch=0)
 
     # ------------------------------------------------------------------ loop
     def serve(self, end_grace_s: float = 1.0) -> int:
@@ -265,13 +267,11 @@ class ManagerServer:
                 Fault(FaultKind.NODE_LOST, lost_node, -1, detail, now, self.config.silence_s)
             )
             self._coordinating = (lost_node, detected_at)
-            self.events.write(
-                "takeover", epoch=m.epoch, term=term, lost_node=lost_node, reason=reason
-            )
+            self.events.write(TakeoverRecord(term, lost_node, reason), epoch=m.epoch)
 
     def stand_down(self, code: int, reason: str) -> None:
         """Stop serving with ``code`` (the job ended, or a higher term is active)."""
-        self.events.write("stand_down", epoch=self.model.epoch, code=code, reason=reason)
+        self.events.write(StandDownRecord(code, reason), epoch=self.model.epoch)
         self._forced_exit = code
         self._stop.set()
 
@@ -284,7 +284,7 @@ class ManagerServer:
         agents = all(a.alive for n, a in m.agents.items() if n != lost)
         if agents and all(i.alive or i.done for i in m.ranks.values() if i.node_rank != lost):
             took = round(self.clock() - detected_at, 4)
-            self.events.write("manager_takeover", epoch=m.epoch, lost_node=lost, takeover_s=took)
+            self.events.write(ManagerTakeoverRecord(lost, took), epoch=m.epoch)
             self._coordinating = None
 
     def start_thread(self) -> threading.Thread:
@@ -400,6 +400,13 @@ class ManagerServer:
         verdict = self.slots.agent_hello(
             msg.node_rank, (ident, env), agent.alive, now - agent.last_seen
         )
+        if verdict is Hello.HOLD and msg.node_rank in m.switching:
+            log.info(
+                "node %d: its new pod's agent (pid %d) waits for the hot switch",
+                msg.node_rank,
+                msg.pid,
+            )
+            return
         if verdict is Hello.HOLD:
             self.drops.drop(
                 f"hello of a new agent incarnation for node {msg.node_rank} while its agent "
@@ -433,15 +440,8 @@ class ManagerServer:
         if rejoin:
             self.workers.note_rejoin(env.epoch, None)
         self._send(ident, M.AgentWelcome(True, ""))
-        self.events.write(
-            "member",
-            epoch=m.epoch,
-            role="agent",
-            node_rank=msg.node_rank,
-            pid=msg.pid,
-            pod_ip=msg.pod_ip,
-            rejoin=rejoin,
-        )
+        member = MemberRecord("agent", msg.pid, rejoin, node_rank=msg.node_rank, pod_ip=msg.pod_ip)
+        self.events.write(member, epoch=m.epoch)
 
     def _refuse_claims(self, node_rank: int) -> None:
         """The registered agent of ``node_rank`` spoke: a pending claim on its slot is false."""
@@ -450,7 +450,7 @@ class ManagerServer:
             return
         reason = f"node {node_rank} has a live agent (pid {self.model.agents[node_rank].pid})"
         log.warning("refused a new agent incarnation for node %d: %s", node_rank, reason)
-        self.events.write("reject", epoch=self.model.epoch, node_rank=node_rank, reason=reason)
+        self.events.write(RejectRecord(reason, node_rank=node_rank), epoch=self.model.epoch)
         self._send(refused[0], M.AgentWelcome(False, reason))
         for ident in refused[1:]:
             self._send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
@@ -523,7 +523,7 @@ class ManagerServer:
             return
         if not self._agent_ok(ident, node_rank):
             return
-        if claims:
+        if claims and node_rank not in self.model.switching:  # a hot switch's new pod waits
             self._refuse_claims(node_rank)
         now = self.model.agents[node_rank].last_seen = self.clock()
         self.relay.fold(ident, steps, now, health)
@@ -554,16 +554,10 @@ class ManagerServer:
         expected = msg.requested or (not info.alive and msg.pid == info.pid)
         if msg.requested and msg.pid == info.pid:
             info.alive, info.identity = False, b""  # it registered just before the kill
-        self.events.write(
-            "rank_exit",
-            epoch=m.epoch,
-            rank=msg.rank,
-            pid=msg.pid,
-            exit_code=msg.exit_code,
-            signal=msg.signal,
-            expected=expected,
-            requested=msg.requested,
+        exited = RankExitRecord(
+            msg.rank, msg.pid, msg.exit_code, msg.signal, expected, requested=msg.requested
         )
+        self.events.write(exited, epoch=m.epoch)
         if msg.pid == info.pid:
             info.exit_code = msg.exit_code
         if msg.exit_code == 0 and msg.signal == 0 and not expected:
@@ -594,14 +588,10 @@ class ManagerServer:
         if leaving is None:  # said once already
             return
         log.warning("planned stop: node %d is leaving (%s)", node, msg.reason)
-        self.events.write(
-            "planned_stop",
-            epoch=m.epoch,
-            node_rank=node,
-            reason=msg.reason,
-            deadline=round(leaving.deadline, 3),
-            grace_s=round(msg.deadline_s, 3),
+        stop = PlannedStopRecord(
+            node, msg.reason, round(leaving.deadline, 3), round(msg.deadline_s, 3)
         )
+        self.events.write(stop, epoch=m.epoch)
 
     def _left(self, info: RankInfo, now: float, latency: float) -> None:
         """A rank's process exited 0 on its own. It finished if it said so (WorkerDone);
@@ -623,12 +613,5 @@ class ManagerServer:
             self.drops.drop(f"exit of rank {msg.rank} pid {msg.pid} after the end", repr(ident))
             return
         info.exit_code = msg.exit_code
-        self.events.write(
-            "rank_exit",
-            epoch=self.model.epoch,
-            rank=msg.rank,
-            pid=msg.pid,
-            exit_code=msg.exit_code,
-            signal=msg.signal,
-            expected=True,
-        )
+        exited = RankExitRecord(msg.rank, msg.pid, msg.exit_code, msg.signal, True)
+        self.events.write(exited, epoch=self.model.epoch)

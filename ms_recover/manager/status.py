@@ -27,6 +27,12 @@ def status_of(m: JobModel, now: float, events: EventLog | None = None) -> dict[s
         "insecure": m.config.insecure,  # no secret: anyone reaching the port can drive the job
         "encrypted": m.config.control_curve,
         "last_recovery": m.last_recovery,
+        "sub_healthy": m.config.sub_healthy.value,  # the policy for flagged nodes
+        # hotSwitch: node -> seconds since its new pod was asked for (and whether it is here)
+        "hot_switch": [
+            {"node": n, "waiting_s": round(now - t, 3), "pod_up": n in m.backups}
+            for n, t in sorted(m.switching.items())
+        ],
         "manager": {"role": "active", "term": 0, "node": m.config.node_rank, **m.manager},
         "ranks": [
             {

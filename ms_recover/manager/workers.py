@@ -19,10 +19,18 @@ from ms_recover.errors import CommError, RepairError
 from ms_recover.manager import divergence
 from ms_recover.manager.commands import peers_of_group
 from ms_recover.manager.health import note
-from ms_recover.manager.model import Ack, Fault, FaultKind, JobModel, JobState, RankInfo, Restore
+from ms_recover.manager.model import Ack, Fault, JobModel, RankInfo, Restore
 from ms_recover.manager.slots import Slots
 from ms_recover.manager.status import status_of
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.schema import (
+    FaultKind,
+    GroupRecord,
+    JobState,
+    ManagerRestoreRecord,
+    MemberRecord,
+    RejectRecord,
+)
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import DropLog, Envelope
 
@@ -74,6 +82,7 @@ class WorkerHandlers:
     def on_hello(self, ident: bytes, env: Envelope, msg: M.WorkerHello) -> None:
         m, now = self.model, self.clock()
         if self.slots.hold_worker(msg.node_rank, (ident, env)):  # decided with its agent's claim
+            self._note_backup(msg.node_rank, now)
             return
         if self._undecided(msg.rank, msg.node_rank):
             self.slots.defer((ident, env))
@@ -82,7 +91,7 @@ class WorkerHandlers:
         if reason:
             self.send(ident, M.Welcome(False, reason, False, self.config.world_size, []))
             log.warning("rejected worker: %s", reason)
-            self.events.write("reject", epoch=m.epoch, rank=msg.rank, reason=reason)
+            self.events.write(RejectRecord(reason, rank=msg.rank), epoch=m.epoch)
             return
         info = m.ranks[msg.rank]
         if env.epoch > 0:
@@ -105,16 +114,10 @@ class WorkerHandlers:
         self.send(ident, self._welcome(reboot))
         if m.state is JobState.STOPPING and not reboot:
             self.send(ident, M.Stop("joining during recovery"))
-        self.events.write(
-            "member",
-            epoch=m.epoch,
-            role="worker",
-            rank=msg.rank,
-            pid=msg.pid,
-            incarnation=msg.incarnation,
-            reboot=reboot,
-            rejoin=env.epoch > 0,
+        member = MemberRecord(
+            "worker", msg.pid, env.epoch > 0, msg.rank, msg.incarnation, reboot=reboot
         )
+        self.events.write(member, epoch=m.epoch)
 
     def _undecided(self, rank: int, node: int) -> bool:
         """Whether a fault naming ``rank`` or its node waits for the next decision. A
@@ -149,17 +152,23 @@ class WorkerHandlers:
             return f"rank {msg.rank} is already registered by pid {info.pid}"
         return ""
 
+    def _note_backup(self, node: int, now: float) -> None:
+        """A hot switch's new pod is all there once every one of its ranks waits
+        (:mod:`~ms_recover.manager.subhealth` then swaps it in)."""
+        if node in self.model.switching and len(self.slots.held[node]) >= self.slots.ranks_per_node:
+            self.model.backups.setdefault(node, now)
+
     def note_rejoin(self, epoch: int, rank: int | None) -> None:
         """A member of a running job registered again (at ``epoch`` > 0): this manager was
         restarted. While still FORMING, adopt the job's epoch and rebuild the view from the
-        members (:func:`~ms_recover.manager.phases._restoring` decides when it is complete)."""
+        members (:func:`~ms_recover.manager.progress._restoring` decides when it is complete)."""
         m = self.model
         if m.state is not JobState.FORMING or m.round is not None:
             return
         if m.restore is None:
             m.restore = Restore(self.clock())
             log.warning("members of a running job re-register: this manager was restarted")
-            self.events.write("manager_restore", epoch=epoch)
+            self.events.write(ManagerRestoreRecord(), epoch=epoch)
         m.epoch = max(m.epoch, epoch)
         if rank is not None:
             m.restore.epochs[rank] = epoch
@@ -205,7 +214,7 @@ class WorkerHandlers:
             return
         try:
             if self.model.group_log.add(msg.name, msg.ranks):
-                self.events.write("group", epoch=self.model.epoch, name=msg.name, ranks=msg.ranks)
+                self.events.write(GroupRecord(msg.name, msg.ranks), epoch=self.model.epoch)
         except CommError as exc:
             log.warning("rank %d: %s", msg.rank, exc)
             return
@@ -228,9 +237,7 @@ class WorkerHandlers:
         m = self.model
         for verdict in divergence.on_digest(m, msg.rank, msg.step, msg.digest, self.clock()):
             log.warning("epoch=%d %s", m.epoch, verdict.reason)
-            self.events.write(
-                verdict.record().EVENT, epoch=m.epoch, state=m.state.value, **verdict.fields()
-            )
+            self.events.write(verdict.record(), epoch=m.epoch, state=m.state.value)
 
     def on_rebuilt(self, ident: bytes, env: Envelope, msg: M.Rebuilt) -> None:
         info = self._rank(ident, msg.rank)

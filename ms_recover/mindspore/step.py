@@ -107,7 +107,7 @@ class _Layout:
         )
 
 
-class _Phase:
+class _JitOrEager:
     """One jit-compiled function that falls back to PyNative if it does not compile.
 
     The first call decides: if the compiled call raises and the eager call succeeds, the
@@ -171,8 +171,8 @@ class DataParallelStep:
             return optimizer(grads)
 
         grad_fn = mindspore.value_and_grad(forward, None, optimizer.parameters)
-        self._grad = _Phase("forward/backward", grad_fn, jit)
-        self._update = _Phase("optimizer update", update, jit)
+        self._grad = _JitOrEager("forward/backward", grad_fn, jit)
+        self._update = _JitOrEager("optimizer update", update, jit)
         self._target = mindspore.get_context("device_target")  # read once (see device_sync)
         self._warmed: set[tuple[tuple[tuple[int, ...], Any], ...]] = set()
 

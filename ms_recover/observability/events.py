@@ -3,33 +3,40 @@
 Every fault, decision, phase and recovery is written here (docs/design.md §2). Listeners (the demo's
 timeline printer, the Prometheus exporter) see each event as it is written.
 
-Every line carries ``job_id`` (the job it belongs to, so the logs of several jobs can be merged)
-and ``schema`` (:data:`SCHEMA_VERSION`, raised when a field's meaning changes, so a reader can
-tell which layout it reads).
+The manager writes typed records only (:mod:`ms_recover.observability.schema` holds every kind,
+the envelope each line carries — ``ts``, ``event``, ``job_id``, ``schema``, ``epoch`` — and the
+codec). Listeners and :meth:`EventLog.recent` see each event as the JSON object of its line.
+Reading a file back decodes every line against the schema; a line that does not follow it is
+skipped and counted, never raised.
 """
 
 from __future__ import annotations
 
 import collections
 import io
-import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import open_regular, os_reason
-from ms_recover.protocol.bounds import depth_ok
+from ms_recover.observability.schema import (
+    SCHEMA_VERSION,
+    EventLine,
+    Record,
+    SchemaError,
+    dumps,
+    encode,
+    parse_line,
+)
 
 log = logging.getLogger(__name__)
 
+#: An event as its line's JSON object (what listeners and :meth:`EventLog.recent` see).
 Event = dict[str, Any]
-
-#: The layout of an event line; readers compare it before they interpret the fields.
-SCHEMA_VERSION = 1
 
 
 class EventLog:
@@ -56,21 +63,22 @@ class EventLog:
     def subscribe(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)
 
-    def write(self, event: str, **fields: Any) -> Event:
-        record: Event = {"ts": round(self._clock(), 6), "event": event}
-        record.update(job_id=self.job_id, schema=SCHEMA_VERSION)
-        record.update(fields)
+    def write(self, record: Record, epoch: int | None = None, state: str | None = None) -> Event:
+        """Append ``record`` with the envelope (now, this log's job, ``epoch``, ``state``);
+        returns the event as its line's JSON object."""
+        line = EventLine(round(self._clock(), 6), record, self.job_id, SCHEMA_VERSION, epoch, state)
+        event = encode(line)
         with self._lock:
-            self._recent.append(record)
+            self._recent.append(event)
             if self._fh is not None:
-                self._fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+                self._fh.write(dumps(event) + "\n")
                 self._fh.flush()
         for listener in self._listeners:
             try:
-                listener(record)
+                listener(event)
             except Exception:  # a broken listener must not stop the manager
-                log.exception("event listener failed on %s", event)
-        return record
+                log.exception("event listener failed on %s", record.EVENT)
+        return event
 
     def replay(self, record: Event) -> None:
         """Keep and announce an event another process wrote (its own ``ts`` kept), as
@@ -98,8 +106,6 @@ class EventLog:
 MAX_LOG_BYTES = 1 << 30
 #: The longest line read as one event; a longer one is skipped as malformed.
 MAX_LINE = 1 << 20
-#: The deepest nesting of one event (the manager writes 3 levels: an event > phases > value).
-MAX_EVENT_DEPTH = 16
 
 
 def open_log(path: str) -> io.TextIOWrapper:
@@ -123,28 +129,26 @@ def log_lines(fh: io.TextIOWrapper) -> Iterator[str]:
     return iter(lambda: fh.readline(MAX_LINE), "")
 
 
-def parse_event(line: str) -> Event | None:
-    """One log line's event (a JSON object with ``event`` and ``ts``), or None: never raises."""
-    try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):  # not JSON, a 4300-digit number, too deep to parse
-        return None
-    ok = isinstance(record, dict) and "event" in record and "ts" in record
-    return record if ok and depth_ok(record, MAX_EVENT_DEPTH) else None
+def read_lines(lines: Iterable[str]) -> tuple[list[EventLine], int, str]:
+    """The events of JSONL text decoded against the schema, the number of lines skipped (not
+    JSON, an unknown event, a missing field or one of the wrong type), and the first of those
+    problems (``line N: reason``, the reason cut short; escape it before printing)."""
+    events: list[EventLine] = []
+    bad, first = 0, ""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            events.append(parse_line(line))
+        except SchemaError as exc:
+            bad += 1
+            first = first or f"line {number}: {exc}"
+    return events, bad, first
 
 
-def read_events(path: str) -> tuple[list[Event], int]:
-    """Events of a JSONL file, and the number of malformed lines skipped; ConfigError naming
+def read_events(path: str) -> tuple[list[EventLine], int]:
+    """The events of a JSONL file, and the number of malformed lines skipped; ConfigError naming
     the file if it cannot be read (:func:`open_log`)."""
-    events: list[Event] = []
-    bad = 0
     with open_log(path) as fh:
-        for line in log_lines(fh):
-            if not line.strip():
-                continue
-            record = parse_event(line)
-            if record is None:
-                bad += 1
-            else:
-                events.append(record)
+        events, bad, _first = read_lines(log_lines(fh))
     return events, bad

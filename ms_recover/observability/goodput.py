@@ -24,17 +24,28 @@ How the time is painted onto the wall-clock span from the first event to ``now``
 
 Events are kept (only the few kinds above) and sorted by ``ts`` when a snapshot follows a new
 event, so events that arrive out of order are placed where they happened; the painted result
-is kept until the next event. A malformed event is counted in ``ignored`` and otherwise
-ignored. A restarted manager's ledger starts at its own first event.
+is kept until the next event. An event that does not follow the schema
+(:mod:`ms_recover.observability.schema`) is counted in ``ignored`` and otherwise ignored. A
+restarted manager's ledger starts at its own first event.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from typing import Any
+from collections.abc import Iterable
 
 from ms_recover.observability.events import Event, read_events
+from ms_recover.observability.schema import (
+    DecisionRecord,
+    EventLine,
+    FaultRecord,
+    GoodputRecord,
+    JobEndRecord,
+    RecoveryRecord,
+    SchemaError,
+    decode,
+)
 
 PRODUCTIVE = "productive"
 CATEGORIES: tuple[str, ...] = (
@@ -54,30 +65,17 @@ CATEGORIES: tuple[str, ...] = (
 KINDS = frozenset({"job_start", "restored", "fault", "decision", "recovery", "job_end"})
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
-
-
-def _valid(e: Any) -> bool:
-    """Whether ``e`` is an event this ledger can use (fields of the right types)."""
-    if not isinstance(e, dict) or not isinstance(e.get("event"), str):
-        return False
-    if _num(e.get("ts")) is None:
-        return False
-    kind = e["event"]
-    if kind == "fault":
-        return _num(e.get("detect_s")) is not None
-    if kind == "recovery":
-        phases = e.get("phases")
-        lost = e.get("lost_steps")
+def _usable(e: EventLine) -> bool:
+    """Whether ``e`` (of the schema's types) has no negative duration or step to paint."""
+    r = e.record
+    if isinstance(r, FaultRecord):
+        return r.detect_s >= 0
+    if isinstance(r, RecoveryRecord):
         return (
-            _num(e.get("mttr_s")) is not None
-            and isinstance(phases, dict)
-            and all(isinstance(k, str) and _num(v) is not None for k, v in phases.items())
-            and (lost is None or _num(lost) is not None)
-            and (_num(e.get("target_step", 0)) is not None)
+            r.mttr_s >= 0
+            and min(r.phases.values(), default=0.0) >= 0
+            and (r.lost_steps or 0) >= 0
+            and r.target_step >= 0
         )
     return True
 
@@ -124,19 +122,41 @@ class GoodputLedger:
         self.start = start
         self._fixed = start is not None
         self.ignored = 0
-        self._events: list[Event] = []
+        self._events: list[EventLine] = []
         self._cache: list[tuple[float, float, str]] | None = None
 
     def on_event(self, e: Event) -> None:
-        """An event listener: keeps the events the ledger needs; never raises."""
-        if not _valid(e):
+        """An event listener (the event as its line's object): an event of :data:`KINDS` is
+        decoded and kept (:meth:`add`), of another kind only its ``ts`` is read (the ledger's
+        start); one that does not follow the schema is counted in ``ignored``. Never raises."""
+        if not isinstance(e, dict):  # a listener may be handed anything
             self.ignored += 1
             return
-        if not self._fixed and (self.start is None or e["ts"] < self.start):
-            self.start = float(e["ts"])
-            self._cache = None
-        if e["event"] in KINDS:
+        if e.get("event") not in KINDS:
+            ts = e.get("ts")
+            if isinstance(ts, (int, float)) and not isinstance(ts, bool) and 0 <= ts < math.inf:
+                self._seen(float(ts))
+            else:
+                self.ignored += 1
+            return
+        try:
+            self.add(decode(e))
+        except SchemaError:
+            self.ignored += 1
+
+    def add(self, e: EventLine) -> None:
+        """Account a decoded event (one with a negative duration is counted in ``ignored``)."""
+        if not _usable(e):
+            self.ignored += 1
+            return
+        self._seen(e.ts)
+        if e.event in KINDS:
             self._events.append(e)
+            self._cache = None
+
+    def _seen(self, ts: float) -> None:
+        if not self._fixed and (self.start is None or ts < self.start):
+            self.start = ts
             self._cache = None
 
     def snapshot(self, now: float) -> dict[str, float]:
@@ -157,15 +177,15 @@ class GoodputLedger:
         wall = sum(times.values())
         return times[PRODUCTIVE] / wall if wall > 0 else 0.0
 
-    def fields(self, now: float) -> dict[str, Any]:
-        """The ledger as the fields of a ``goodput`` event."""
+    def record(self, now: float) -> GoodputRecord:
+        """The ledger as a ``goodput`` event."""
         times = self.snapshot(now)
         wall = sum(times.values())
-        return {
-            "wall_s": round(wall, 4),
-            "ettr": round(times[PRODUCTIVE] / wall, 6) if wall > 0 else 0.0,
-            "seconds": {k: round(v, 4) for k, v in times.items()},
-        }
+        return GoodputRecord(
+            wall_s=round(wall, 4),
+            ettr=round(times[PRODUCTIVE] / wall, 6) if wall > 0 else 0.0,
+            seconds={k: round(v, 4) for k, v in times.items()},
+        )
 
     def _segments(self) -> list[tuple[float, float, str]]:
         """The painted segments, the last one open-ended unless the job ended; recomputed only
@@ -174,26 +194,26 @@ class GoodputLedger:
             return self._cache
         if self.start is None:
             return []
-        events = sorted(self._events, key=lambda e: e["ts"])  # stable: arrival breaks ties
-        ends = [e["ts"] for e in events if e["event"] == "job_end"]
+        events = sorted(self._events, key=lambda e: e.ts)  # stable: arrival breaks ties
+        ends = [e.ts for e in events if isinstance(e.record, JobEndRecord)]
         canvas = _Paint(self.start, min(ends, default=math.inf), "startup")
         # One pass in time order: a state paints from its event on, an incident only before
         # its event, so neither hides a later one, and paints land near the end of the canvas.
         training = nodes = False  # nodes: the last decision restarted whole nodes
         for e in events:
-            kind, ts = e["event"], e["ts"]
-            if kind == "decision":
-                nodes = bool(e.get("nodes"))
-            elif kind == "fault":
+            r, ts = e.record, e.ts
+            if isinstance(r, DecisionRecord):
+                nodes = bool(r.nodes)
+            elif isinstance(r, FaultRecord):
                 if training:
                     training = False
                     canvas.paint(ts, canvas.t1, "other")
-                canvas.paint(ts - e["detect_s"], ts, "detect")
-            elif kind == "recovery":
-                training = bool(e.get("ok"))
+                canvas.paint(ts - r.detect_s, ts, "detect")
+            elif isinstance(r, RecoveryRecord):
+                training = r.ok
                 canvas.paint(ts, canvas.t1, PRODUCTIVE if training else "other")
-                _paint_recovery(canvas, e, nodes)
-            elif kind in ("job_start", "restored"):
+                _paint_recovery(canvas, ts, r, nodes)
+            elif e.event in ("job_start", "restored"):
                 training = True
                 canvas.paint(ts, canvas.t1, PRODUCTIVE)
         self._cache = self._recompute(canvas.segments(), events)
@@ -201,18 +221,20 @@ class GoodputLedger:
 
     @staticmethod
     def _recompute(
-        segments: list[tuple[float, float, str]], events: list[Event]
+        segments: list[tuple[float, float, str]], events: list[EventLine]
     ) -> list[tuple[float, float, str]]:
         """Charge each recovery's lost steps to the productive time right after it."""
-        recoveries = [e for e in events if e["event"] == "recovery" and e.get("ok")]
+        recoveries = [
+            (e.ts, e.record) for e in events if isinstance(e.record, RecoveryRecord) and e.record.ok
+        ]
         out: list[tuple[float, float, str]] = []
         trained, steps, debt, base_step = 0.0, 0.0, 0.0, 0.0  # trained: productive + recompute
         k = 0
         for start, end, cat in segments:
-            while k < len(recoveries) and recoveries[k]["ts"] <= start:
-                rec = recoveries[k]
-                lost = float(rec.get("lost_steps") or 0)
-                target = float(rec.get("target_step") or 0)
+            while k < len(recoveries) and recoveries[k][0] <= start:
+                rec = recoveries[k][1]
+                lost = float(rec.lost_steps or 0)
+                target = float(rec.target_step)
                 steps += max(0.0, target + lost - base_step)
                 base_step = target
                 if lost and steps > 0:
@@ -232,13 +254,13 @@ class GoodputLedger:
         return out
 
 
-def _paint_recovery(canvas: _Paint, e: Event, nodes: bool) -> None:
-    """A recovery's detection and phases, before its event (see the module docstring)."""
-    ts = e["ts"]
-    phases = {k: float(v) for k, v in e["phases"].items()}
-    begin = ts - e["mttr_s"]
+def _paint_recovery(canvas: _Paint, ts: float, r: RecoveryRecord, nodes: bool) -> None:
+    """A recovery's detection and phases, before its event at ``ts`` (see the module
+    docstring)."""
+    phases = {k: float(v) for k, v in r.phases.items()}
+    begin = ts - r.mttr_s
     canvas.paint(begin - phases.get("detect", 0.0), begin, "detect")
-    if e.get("strategy") == "dump":
+    if r.strategy == "dump":
         canvas.paint(begin, ts, "dump")
         return
     t = ts
@@ -251,10 +273,10 @@ def _paint_recovery(canvas: _Paint, e: Event, nodes: bool) -> None:
     canvas.paint(begin + stop, t, "reschedule" if nodes else "replace")
 
 
-def ledger_from_events(events: list[Event], start: float | None = None) -> GoodputLedger:
+def ledger_from_events(events: Iterable[EventLine], start: float | None = None) -> GoodputLedger:
     ledger = GoodputLedger(start)
     for e in events:
-        ledger.on_event(e)
+        ledger.add(e)
     return ledger
 
 
@@ -263,6 +285,6 @@ def ledger_from_file(path: str) -> tuple[GoodputLedger, float]:
     its last event): ``snapshot(end)`` is the whole job."""
     events, _bad = read_events(path)
     ledger = ledger_from_events(events)
-    ends = [e["ts"] for e in events if e["event"] == "job_end" and _num(e["ts"]) is not None]
-    last = max((float(e["ts"]) for e in events if _num(e.get("ts")) is not None), default=0.0)
+    ends = [e.ts for e in events if isinstance(e.record, JobEndRecord)]
+    last = max((e.ts for e in events), default=0.0)
     return ledger, (min(ends) if ends else last)

@@ -22,10 +22,20 @@ from typing import Any
 
 from ms_recover import __version__
 from ms_recover.errors import ConfigError
-from ms_recover.manager.model import FaultKind, JobState
-from ms_recover.manager.records import PHASES
+from ms_recover.observability import goodput
 from ms_recover.observability.events import Event, EventLog
 from ms_recover.observability.goodput import GoodputLedger
+from ms_recover.observability.schema import (
+    PHASES,
+    FaultKind,
+    FaultRecord,
+    FlaggedRecord,
+    JobState,
+    RecoveryRecord,
+    SchemaError,
+    SubHealthRecord,
+    decode,
+)
 
 #: Upper bounds (seconds) of the recovery duration histogram: a retry takes about a second, a
 #: rescheduled pod minutes.
@@ -33,6 +43,11 @@ RECOVERY_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1
 #: Upper bounds (seconds) of the per-phase histogram.
 PHASE_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 OUTCOMES = ("ok", "failed")
+#: The kinds of event read whole (decoded); of the others only the time is read.
+COUNTED = frozenset(
+    {RecoveryRecord.EVENT, FaultRecord.EVENT, FlaggedRecord.EVENT, SubHealthRecord.EVENT}
+    | goodput.KINDS
+)
 
 
 class Histogram:
@@ -65,28 +80,43 @@ class ManagerCollector:
         self._recoveries: dict[tuple[str, str], int] = {}
         self._faults: dict[str, int] = dict.fromkeys((k.value for k in FaultKind), 0)
         self._lost = 0
+        self._flags: dict[str, int] = dict.fromkeys(FLAG_REASONS, 0)  # flagged, by reason
+        self._sub_health: dict[tuple[str, str], int] = {}  # (policy, action) -> count
         self._duration = Histogram(RECOVERY_BUCKETS)
         self._phases = {phase: Histogram(PHASE_BUCKETS) for phase in PHASES}
         self._goodput = GoodputLedger()
         events.subscribe(self._on_event)
 
     def _on_event(self, e: Event) -> None:
-        kind = e.get("event")
+        if e.get("event") not in COUNTED:
+            with self._lock:
+                self._goodput.on_event(e)  # its clock
+            return
+        try:
+            line = decode(e)
+        except SchemaError:  # not the manager's: nothing to count
+            return
         with self._lock:  # scrapes read the same state from their own thread
-            self._goodput.on_event(e)
-            if kind == "recovery":
-                self._on_recovery(e)
-            elif kind == "fault":
-                name = str(e.get("kind", "unknown"))
+            self._goodput.add(line)
+            if isinstance(line.record, RecoveryRecord):
+                self._on_recovery(line.record)
+            elif isinstance(line.record, FaultRecord):
+                name = line.record.kind
                 self._faults[name] = self._faults.get(name, 0) + 1
+            elif isinstance(line.record, FlaggedRecord):
+                reason = line.record.reason
+                self._flags[reason] = self._flags.get(reason, 0) + 1
+            elif isinstance(line.record, SubHealthRecord):
+                key = (line.record.policy, line.record.action)
+                self._sub_health[key] = self._sub_health.get(key, 0) + 1
 
-    def _on_recovery(self, e: Event) -> None:
-        key = (str(e["strategy"]), OUTCOMES[0] if e["ok"] else OUTCOMES[1])
+    def _on_recovery(self, r: RecoveryRecord) -> None:
+        key = (r.strategy, OUTCOMES[0] if r.ok else OUTCOMES[1])
         self._recoveries[key] = self._recoveries.get(key, 0) + 1
-        self._duration.observe(float(e["mttr_s"]))
-        self._lost += int(e.get("lost_steps") or 0)
-        for phase, seconds in e["phases"].items():
-            self._phases.setdefault(phase, Histogram(PHASE_BUCKETS)).observe(float(seconds))
+        self._duration.observe(r.mttr_s)
+        self._lost += r.lost_steps or 0
+        for phase, seconds in r.phases.items():
+            self._phases.setdefault(phase, Histogram(PHASE_BUCKETS)).observe(seconds)
 
     def collect(self) -> Iterator[Any]:
         status = self._status()
@@ -121,6 +151,23 @@ class ManagerCollector:
         yield CounterMetricFamily(
             "ms_recover_lost_steps", "Committed steps lost to recoveries", value=self._lost
         )
+        flags = CounterMetricFamily(
+            "ms_recover_flags",
+            "Ranks flagged by the detector (slow: fail-slow; diverged: a replica that diverged "
+            "again after a repair), by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self._flags.items()):
+            flags.add_metric([reason], n)
+        yield flags
+        acts = CounterMetricFamily(
+            "ms_recover_sub_health_actions",
+            "What the sub-health policy (subHealthyStrategy) did with flagged nodes",
+            labels=["policy", "action"],
+        )
+        for (policy, action), n in sorted(self._sub_health.items()):
+            acts.add_metric([policy, action], n)
+        yield acts
         duration = HistogramMetricFamily(
             "ms_recover_recovery_duration_seconds",
             "Time from the fault to training again (MTTR) of each recovery round",
@@ -188,10 +235,19 @@ class ManagerCollector:
             value=len(status.get("flagged") or ()),
         )
         yield GaugeMetricFamily(
+            "ms_recover_hot_switches_waiting",
+            "Flagged nodes whose hot switch waits for their new pod",
+            value=len(status.get("hot_switch") or ()),
+        )
+        yield GaugeMetricFamily(
             "ms_recover_insecure",
             "1 when the job has no secret: anyone who can reach the manager can drive it",
             value=1 if status.get("insecure") else 0,
         )
+
+
+#: The reasons a ``flagged`` event gives (each series starts at 0).
+FLAG_REASONS = ("slow", "diverged")
 
 
 def _strategies(status: dict[str, Any]) -> list[str]:

@@ -1,8 +1,10 @@
 """Summarise a manager event log (JSONL) as a text timeline, and optionally a Gantt PNG.
 
-Reads one JSON object per line with at least ``ts`` (unix seconds) and ``event``. Lines that
-are not JSON objects with a numeric ``ts`` and a string ``event`` are skipped and counted.
-Times are printed relative to the first event. Each ``recovery`` event closes a group: the
+Reads one JSON object per line, each decoded against the event schema
+(:mod:`ms_recover.observability.schema`); a line that does not follow it (not JSON, an unknown
+event, a missing field or one of the wrong type) is skipped and counted, and the first such
+problem is named. Times are printed relative to the first event; text from the log is printed
+escaped. Each ``recovery`` event closes a group: the
 ``fault`` and ``phase`` events since the previous one belong to it.
 
 Exit status: 0 on success, 1 when the file is missing or unreadable, has no valid event, or the
@@ -14,19 +16,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
 from ms_recover.errors import ConfigError
 from ms_recover.inputs import check_output_file
-from ms_recover.manager.records import PHASES
 from ms_recover.observability import goodput
-from ms_recover.observability.events import log_lines, open_log
+from ms_recover.observability.events import log_lines, open_log, read_lines
 from ms_recover.observability.safetext import safe
+from ms_recover.observability.schema import (
+    PHASES,
+    EventLine,
+    FaultRecord,
+    FlaggedRecord,
+    JobEndRecord,
+    PhaseRecord,
+    RecoveryRecord,
+    SubHealthRecord,
+)
 
-Event = dict[str, Any]
 COLLAPSED = frozenset({"member", "group"})  # one line per run of these, not one per event
 
 
@@ -34,7 +43,7 @@ COLLAPSED = frozenset({"member", "group"})  # one line per run of these, not one
 class LoadResult:
     """Valid events in file order, how many lines were skipped, and why the first one was."""
 
-    events: list[Event]
+    events: list[EventLine]
     skipped: int
     first_problem: str = ""
 
@@ -52,62 +61,36 @@ class Bar:
 class Incident:
     """A recovery with the faults and phases that led to it (``recovery`` None: unfinished)."""
 
-    recovery: Event | None
-    faults: tuple[Event, ...]
-    phases: tuple[Event, ...]
+    recovery: EventLine | None
+    faults: tuple[EventLine, ...]
+    phases: tuple[EventLine, ...]
 
     @property
     def label(self) -> str:
-        rec = self.recovery or {}
-        status = "ok" if rec.get("ok") else ("FAILED" if self.recovery else "unfinished")
-        return f"epoch {rec.get('epoch', '?')} {rec.get('strategy', '?')} ({status})"
+        rec = self.recovery
+        if rec is None or not isinstance(rec.record, RecoveryRecord):
+            return "epoch ? ? (unfinished)"
+        status = "ok" if rec.record.ok else "FAILED"
+        epoch = "?" if rec.epoch is None else rec.epoch
+        return f"epoch {epoch} {rec.record.strategy} ({status})"
 
 
 def load_events(lines: Iterable[str]) -> LoadResult:
-    """Parse JSONL text; never raises on malformed content."""
-    events: list[Event] = []
-    skipped, first = 0, ""
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        problem = _problem(line)
-        if problem:
-            skipped += 1
-            first = first or f"line {number}: {problem}"
-            continue
-        events.append(json.loads(line))
-    return LoadResult(events, skipped, first)
+    """Decode JSONL text; never raises on malformed content."""
+    return LoadResult(*read_lines(lines))
 
 
-def _problem(line: str) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return f"not JSON ({exc.msg})"
-    except (ValueError, RecursionError) as exc:
-        return f"not usable JSON ({exc})"
-    if not isinstance(record, dict):
-        return f"a JSON {type(record).__name__}, not an object"
-    ts = record.get("ts")
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        return f"'ts' is {ts!r}, not a number of seconds"
-    if not isinstance(record.get("event"), str):
-        return "no string 'event' field"
-    return ""
-
-
-def incidents(events: list[Event]) -> list[Incident]:
+def incidents(events: list[EventLine]) -> list[Incident]:
     """Group faults and phases by the recovery event that closes them, in order."""
     out: list[Incident] = []
-    faults: list[Event] = []
-    phases: list[Event] = []
+    faults: list[EventLine] = []
+    phases: list[EventLine] = []
     for event in events:
-        kind = event["event"]
-        if kind == "fault":
+        if isinstance(event.record, FaultRecord):
             faults.append(event)
-        elif kind == "phase":
+        elif isinstance(event.record, PhaseRecord):
             phases.append(event)
-        elif kind == "recovery":
+        elif isinstance(event.record, RecoveryRecord):
             out.append(Incident(event, tuple(faults), tuple(phases)))
             faults, phases = [], []
     if faults or phases:
@@ -122,55 +105,46 @@ def bars(incident: Incident, t0: float) -> list[Bar]:
     recovery's ``phases`` durations are laid end to end in phase order, starting at the
     incident's start (recovery ``ts`` minus ``mttr_s``), which is an approximation.
     """
-    timed = [p for p in incident.phases if _num(p.get("start")) is not None]
+    phases = [p.record for p in incident.phases if isinstance(p.record, PhaseRecord)]
+    timed = [p for p in phases if p.start is not None]
     if timed:
         out = []
         for p in timed:
-            start = float(p["start"])
-            end = _num(p.get("end"))
-            length = (end - start) if end is not None else (_num(p.get("duration_s")) or 0.0)
-            out.append(Bar(str(p.get("phase", "?")), start - t0, max(0.0, length)))
+            start = p.start or 0.0
+            length = (p.end - start) if p.end is not None else p.duration_s
+            out.append(Bar(p.phase, start - t0, max(0.0, length)))
         return out
-    rec = incident.recovery or {}
-    durations = _phase_dict(rec)
+    rec = incident.recovery.record if incident.recovery else None
+    recovery = rec if isinstance(rec, RecoveryRecord) else None
+    durations = dict(recovery.phases) if recovery else {}
     if not durations:
-        durations = {str(p.get("phase")): _num(p.get("duration_s")) or 0.0 for p in incident.phases}
-    total = sum(_num(v) or 0.0 for v in durations.values())
-    last = incident.recovery or (incident.phases[-1] if incident.phases else {"ts": t0})
-    cursor = float(last["ts"]) - (_num(rec.get("mttr_s")) or total) - t0
+        durations = {p.phase: p.duration_s for p in phases}
+    total = sum(durations.values())
+    last = incident.recovery or (incident.phases[-1] if incident.phases else None)
+    end = last.ts if last is not None else t0
+    cursor = end - (recovery.mttr_s if recovery else total) - t0
     out = []
     for name in [p for p in PHASES if p in durations] + [p for p in durations if p not in PHASES]:
-        length = max(0.0, _num(durations[name]) or 0.0)
-        out.append(Bar(str(name), cursor, length))
+        length = max(0.0, durations[name])
+        out.append(Bar(name, cursor, length))
         cursor += length
     return out
 
 
-def _phase_dict(event: Event) -> dict[str, Any]:
-    phases = event.get("phases")
-    return {str(k): v for k, v in phases.items()} if isinstance(phases, dict) else {}
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def describe(event: Event) -> str:
-    """One event's own fields as ``key=value`` words, in a readable order."""
-    kind = event["event"]
-    if kind == "phase":
-        return f"{event.get('phase', '?')} {_num(event.get('duration_s')) or 0.0:.3f}s"
-    if kind == "recovery":
-        detail = " ".join(f"{k}={_num(v) or 0.0:.3f}" for k, v in _phase_dict(event).items())
-        status = "ok" if event.get("ok") else "FAILED"
+def describe(event: EventLine) -> str:
+    """One event's own fields as ``key=value`` words, in the schema's order."""
+    r = event.record
+    if isinstance(r, PhaseRecord):
+        return f"{r.phase} {r.duration_s:.3f}s"
+    if isinstance(r, RecoveryRecord):
+        detail = " ".join(f"{k}={v:.3f}" for k, v in r.phases.items())
+        status = "ok" if r.ok else "FAILED"
         return (
-            f"{status} strategy={event.get('strategy')} mttr={event.get('mttr_s')}s "
-            f"lost_steps={event.get('lost_steps')} [{detail}]"
+            f"{status} strategy={r.strategy} mttr={r.mttr_s}s lost_steps={r.lost_steps} [{detail}]"
         )
-    skip = {"ts", "event", "epoch", "state", "log_tail"}  # the tail: its own lines below
-    return " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)
+    fields = r.fields()
+    fields.pop("log_tail", None)  # the tail: its own lines below
+    return " ".join(f"{k}={_short(v)}" for k, v in fields.items())
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -178,23 +152,26 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def print_timeline(events: list[Event], out: TextIO) -> None:
+def print_timeline(events: list[EventLine], out: TextIO) -> None:
     """The text timeline: one line per event (runs of member/group events collapsed)."""
-    t0 = events[0]["ts"]
+    t0 = events[0].ts
     run_kind, run_count, run_start = "", 0, 0.0
-    for event in events + [{"ts": events[-1]["ts"], "event": ""}]:
-        kind = event["event"]
+    for event in [*events, None]:
+        kind = event.event if event is not None else ""
         if run_count and kind != run_kind:
             out.write(f"{run_start:+10.3f}s            {run_kind:<10} x{run_count}\n")
             run_count = 0
+        if event is None:
+            break
         if kind in COLLAPSED:
-            run_kind, run_start = kind, (run_start if run_count else event["ts"] - t0)
+            run_kind, run_start = kind, (run_start if run_count else event.ts - t0)
             run_count += 1
-        elif kind:  # whatever wrote the log chose the text: escaped (one line, no controls)
-            epoch, text = safe(event.get("epoch", "-")), safe(describe(event))
-            out.write(f"{event['ts'] - t0:+10.3f}s  epoch {epoch:<4} {safe(kind):<10} {text}\n")
-            if kind == "fault" and isinstance(event.get("log_tail"), str):
-                out.write(tail_lines(event["log_tail"]))
+            continue
+        # Whatever wrote the log chose the text: escaped (one line, no controls).
+        epoch, text = safe("-" if event.epoch is None else event.epoch), safe(describe(event))
+        out.write(f"{event.ts - t0:+10.3f}s  epoch {epoch:<4} {kind:<10} {text}\n")
+        if isinstance(event.record, FaultRecord) and event.record.log_tail is not None:
+            out.write(tail_lines(event.record.log_tail))
 
 
 def tail_lines(tail: str, indent: str = " " * 12 + "| ") -> str:
@@ -202,19 +179,36 @@ def tail_lines(tail: str, indent: str = " " * 12 + "| ") -> str:
     return "".join(f"{indent}{safe(line)}\n" for line in tail.splitlines())
 
 
-def print_summary(events: list[Event], out: TextIO) -> None:
+def print_summary(events: list[EventLine], out: TextIO) -> None:
     """Counts, and one line per recovery with its MTTR and lost steps."""
-    recs = [e for e in events if e["event"] == "recovery"]
-    faults = sum(e["event"] == "fault" for e in events)
-    good = [e for e in recs if e.get("ok")]
-    span = events[-1]["ts"] - events[0]["ts"]
+    recs = [e.record for e in events if isinstance(e.record, RecoveryRecord)]
+    faults = sum(isinstance(e.record, FaultRecord) for e in events)
+    good = [r for r in recs if r.ok]
+    span = events[-1].ts - events[0].ts
     out.write(
         f"\n{len(events)} events over {span:.3f}s: {faults} fault(s), {len(recs)} "
         f"recovery(ies), {len(good)} ok\n"
     )
-    mttrs = [m for m in (_num(e.get("mttr_s")) for e in good) if m is not None]
+    mttrs = [r.mttr_s for r in good]
     if mttrs:
         out.write(f"MTTR: mean {sum(mttrs) / len(mttrs):.3f}s, max {max(mttrs):.3f}s\n")
+    print_detections(events, out)
+
+
+def print_detections(events: list[EventLine], out: TextIO) -> None:
+    """One line per detection of what does not crash (a ``flagged`` rank, with its evidence)
+    and per act of the sub-health policy on it."""
+    for e in events:
+        r = e.record
+        if isinstance(r, FlaggedRecord):
+            out.write(
+                f"flagged: rank {r.rank} (node {r.node}) at step {r.step}, "
+                f"{safe(r.reason)}: {safe(r.detail)}\n"
+            )
+        elif isinstance(r, SubHealthRecord):
+            out.write(
+                f"sub-health {safe(r.policy)}: node {r.node} {safe(r.action)}: {safe(r.reason)}\n"
+            )
 
 
 PHASE_COLOURS = {
@@ -227,7 +221,7 @@ PHASE_COLOURS = {
 }
 
 
-def plot(events: list[Event], path: str) -> str:
+def plot(events: list[EventLine], path: str) -> str:
     """Draw one Gantt row per incident into ``path``; return "" on success, else the problem.
 
     Each row is drawn on its own clock, starting at the incident's first fault; the label
@@ -245,7 +239,7 @@ def plot(events: list[Event], path: str) -> str:
     rows = incidents(events)
     if not rows:
         return "nothing to plot: the log has no fault, phase or recovery event"
-    t0 = events[0]["ts"]
+    t0 = events[0].ts
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * len(rows)))
     try:
         for row, incident in enumerate(rows):
@@ -278,7 +272,7 @@ def _save(plt: Any, fig: Any, path: str) -> str:
 
 def incident_origin(incident: Incident, t0: float) -> float:
     """Where a row's clock starts: its first fault, else its first phase (relative to t0)."""
-    starts = [f["ts"] - t0 for f in incident.faults] + [b.start for b in bars(incident, t0)]
+    starts = [f.ts - t0 for f in incident.faults] + [b.start for b in bars(incident, t0)]
     return min(starts, default=0.0)
 
 
@@ -292,16 +286,17 @@ def _draw_row(ax: Any, row: int, incident: Incident, t0: float) -> None:
             color=PHASE_COLOURS.get(bar.phase, "grey"),
         )
     for fault in incident.faults:
-        ax.plot(fault["ts"] - origin, row, marker="x", color="black", markersize=9)
+        kind = fault.record.kind if isinstance(fault.record, FaultRecord) else "fault"
+        ax.plot(fault.ts - origin, row, marker="x", color="black", markersize=9)
         ax.annotate(
-            str(fault.get("kind", "fault")),
-            (fault["ts"] - origin, row - 0.35),
+            kind,
+            (fault.ts - origin, row - 0.35),
             fontsize=7,
             ha="center",
         )
 
 
-def print_goodput(events: list[Event], out: TextIO) -> None:
+def print_goodput(events: list[EventLine], out: TextIO) -> None:
     """The goodput ledger: seconds and share of the wall time per category, and ETTR."""
     times, ettr = _goodput(events)
     wall = sum(times.values())
@@ -312,14 +307,15 @@ def print_goodput(events: list[Event], out: TextIO) -> None:
     out.write(f"ETTR (productive / wall): {100.0 * ettr:.2f}%\n")
 
 
-def _goodput(events: list[Event]) -> tuple[dict[str, float], float]:
+def _goodput(events: list[EventLine]) -> tuple[dict[str, float], float]:
     """Seconds per category up to the job's end (else its last event), and ETTR."""
     ledger = goodput.ledger_from_events(events)
-    end = min((e["ts"] for e in events if e["event"] == "job_end"), default=events[-1]["ts"])
+    ends = (e.ts for e in events if isinstance(e.record, JobEndRecord))
+    end = min(ends, default=events[-1].ts)
     return ledger.snapshot(end), ledger.ettr(end)
 
 
-def plot_goodput(events: list[Event], path: str) -> str:
+def plot_goodput(events: list[EventLine], path: str) -> str:
     """One stacked bar of the wall time by category into ``path``; "" on success."""
     try:
         import matplotlib
@@ -384,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
     if not loaded.events:
         print(f"ms-recover report: error: {args.events}: no events", file=sys.stderr)
         return 1
-    loaded.events.sort(key=lambda e: e["ts"])  # stable: file order breaks ties
+    loaded.events.sort(key=lambda e: e.ts)  # stable: file order breaks ties
     print_timeline(loaded.events, sys.stdout)
     print_summary(loaded.events, sys.stdout)
     print_goodput(loaded.events, sys.stdout)

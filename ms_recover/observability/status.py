@@ -95,6 +95,7 @@ def render(status: dict[str, Any], ranks: bool = False) -> str:
         )
     lines += _fault_lines(status.get("last_faults") or [])
     lines += _flagged_lines(status.get("flagged") or [])
+    lines += _hot_switch_lines(status)
     if ranks:
         lines += _member_lines(status)
     return "\n".join(lines)
@@ -142,6 +143,19 @@ def _flagged_lines(flagged: list[dict[str, Any]]) -> list[str]:
         f"; and {len(flagged) - MAX_FLAGGED_SHOWN} more" if len(flagged) > MAX_FLAGGED_SHOWN else ""
     )
     return [f"  flagged: {len(flagged)} rank(s): " + "; ".join(shown) + more]
+
+
+def _hot_switch_lines(status: dict[str, Any]) -> list[str]:
+    """The sub-health policy once something is flagged, and each hot switch under way."""
+    lines = []
+    if status.get("flagged") and status.get("sub_healthy"):
+        lines.append(
+            f"  sub-health policy (subHealthyStrategy): {safe(str(status['sub_healthy']))}"
+        )
+    for s in status.get("hot_switch") or []:
+        pod = "its new pod is up, swapping" if s.get("pod_up") else "waiting for its new pod"
+        lines.append(f"  hot switch: node {s.get('node')} {pod} ({s.get('waiting_s')}s)")
+    return lines
 
 
 def _member_lines(status: dict[str, Any]) -> list[str]:

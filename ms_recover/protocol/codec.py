@@ -35,6 +35,7 @@ import msgpack
 
 from ms_recover.errors import ProtocolError
 from ms_recover.protocol import bounds as B
+from ms_recover.protocol import typed
 from ms_recover.protocol.messages import KINDS, Message, RelayDown, RelayUp, field_types
 
 MAGIC = b"msr2"
@@ -92,12 +93,30 @@ class Codec:
     """Encodes and authenticates frames for one job, as one process incarnation (``nonce``)."""
 
     def __init__(
-        self, job_id: str, secret: bytes, max_bytes: int = 4 << 20, nonce: int | None = None
+        self,
+        job_id: str,
+        secret: bytes,
+        max_bytes: int = 4 << 20,
+        nonce: int | None = None,
+        compiled: bool = True,
     ) -> None:
         self.job_id = job_id
         self._key = secret
         self.max_bytes = max_bytes
         self.nonce = new_nonce() if nonce is None else nonce
+        # Compiled envelope decoders (:mod:`~ms_recover.protocol.typed`), per kind; without
+        # one (``compiled=False``, an untyped kind, no msgspec) only the Python checks run.
+        kinds = typed.compiled_kinds() if compiled else frozenset()
+        self._typed = {kind: typed.decoder(kind) for kind in kinds}
+        # encode_packed's constant envelope parts, packed once (a stop-all's frame per node).
+        self._packer = msgpack.Packer(use_bin_type=True).pack
+        packer = msgpack.Packer(use_bin_type=True)
+        pack = packer.pack
+        self._head = b"".join(
+            (packer.pack_map_header(len(HEADER_KEYS)), pack("job_id"), pack(job_id), pack("epoch"))
+        )
+        self._sender_key, self._seq_key = pack("sender"), pack("seq")
+        self._tail = b"".join((pack("nonce"), pack(self.nonce), pack("body")))
 
     def encode(self, msg: Message, epoch: int, sender: str, seq: int) -> list[bytes]:
         """The signed frames of ``msg``. Raises ProtocolError (never crashes the caller's loop
@@ -124,24 +143,11 @@ class Codec:
         produces, without packing the body again. The manager's relay packs a broadcast body
         once and splices it into one frame per node. The caller guarantees ``packed_body``
         is one msgpack map; :meth:`decode` checks it like any other body."""
-        head = msgpack.Packer(use_bin_type=True)
+        pack = self._packer
         payload = b"".join(
-            (
-                head.pack_map_header(len(HEADER_KEYS)),
-                head.pack("job_id"),
-                head.pack(self.job_id),
-                head.pack("epoch"),
-                head.pack(epoch),
-                head.pack("sender"),
-                head.pack(sender),
-                head.pack("seq"),
-                head.pack(seq),
-                head.pack("nonce"),
-                head.pack(self.nonce),
-                head.pack("body"),
-                packed_body,
-            )
+            (self._head, pack(epoch), self._sender_key, pack(sender), self._seq_key, pack(seq))
         )
+        payload += self._tail + packed_body
         return self.sign(kind, payload)
 
     def sign(self, kind: bytes, payload: bytes) -> list[bytes]:
@@ -176,6 +182,16 @@ class Codec:
         kind, payload = bytes(view[5:start]), view[start:end]
         if kind not in KINDS:
             raise ProtocolError(f"unknown kind {kind[:32]!r}")
+        fast = self._typed.get(kind)
+        if fast is not None:
+            try:
+                env = fast(payload)
+            except typed.Refused:
+                pass  # the Python checks below name what is wrong
+            else:
+                if env.job_id == self.job_id:
+                    msg = typed.message(kind, env.body)
+                    return Envelope(env.job_id, env.epoch, env.sender, env.seq, msg, env.nonce)
         try:
             data = msgpack.unpackb(payload, raw=False, strict_map_key=False, **B.UNPACK_LIMITS)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -201,6 +217,15 @@ class Codec:
         view = memoryview(frame)
         if not _compare(view[end:], _hmac(self._key, view[:end], "sha256")):
             return None
+        fast = self._typed.get(kind)
+        if fast is not None:
+            try:
+                env = fast(view[start:end])
+            except typed.Refused:
+                pass  # the Python checks below decide (decode() says what is wrong)
+            else:
+                if env.job_id == self.job_id:
+                    return env.epoch, env.sender, env.seq, env.nonce, typed.fields(env.body)
         try:
             data = msgpack.unpackb(view[start:end], raw=False, strict_map_key=False, **_LIMITS)
         except Exception:  # any garbage: decode() says what

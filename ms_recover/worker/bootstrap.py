@@ -13,8 +13,8 @@ from ms_recover.comm.base import CommBackend
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, RecoveryError
+from ms_recover.integrations.msrun.sched_process import bind_to_launcher, run_scheduler_role
 from ms_recover.observability import lastwords
-from ms_recover.worker.scheduler import bind_to_launcher, run_scheduler_role
 from ms_recover.worker.session import Session
 from ms_recover.worker.spare import await_assignment
 from ms_recover.worker.spare import settled as spare_settled
@@ -29,8 +29,8 @@ def make_backend(config: JobConfig, rank: int) -> CommBackend:
         from ms_recover.comm.ascend import AscendBackend
 
         return AscendBackend(rank, config.world_size)
-    from ms_recover.comm.host import HostBackend
-    from ms_recover.comm.hostauth import DataCurve, data_plane_password
+    from ms_recover.comm.host.auth import DataCurve, data_plane_password
+    from ms_recover.comm.host.backend import HostBackend
 
     password = data_plane_password(config.effective_secret(), config.job_id)
     curve = DataCurve.derive(config.secret, config.job_id) if config.data_plane_curve else None
@@ -64,7 +64,7 @@ def init(
     ``session.next_step`` set to the step to run. Without ``MS_ROLE`` (no agent), or when no
     manager answers in a one-rank job, it warns once and runs as a plain single job.
     In msrun's scheduler process (``MS_ROLE=MS_SCHED``) it never returns: it serves the manager
-    or exits 0 (:mod:`ms_recover.worker.scheduler`).
+    or exits 0 (:mod:`ms_recover.integrations.msrun.sched_process`).
 
     ``warm_up`` runs only in a pre-warmed spare, before it waits for a rank: e.g. the step's
     ``warm_up`` on a batch of the real shape, so the spare's first step compiles nothing. It

@@ -1,6 +1,15 @@
 """The worker's background link to the manager (through its node agent's relay when the agent
 set ``MS_RECOVER_RELAY_ENDPOINT``: :mod:`ms_recover.agent.relay`; else a direct connection).
 
+A direct link (msrun's ranks) to a job with standby managers (``MS_RECOVER_MANAGERS``,
+docs/manager-takeover.md) follows a takeover as a node agent does: ZeroMQ's PING/PONG ends a
+connection silent for ``silence_s``, a connection monitor sees it go down, and after
+``heartbeat_s`` down (or, after a move, ``2 * silence_s`` without a welcome from a standby that
+does not take over) the link moves to the next manager of the list on a fresh DEALER and
+registers again there. The training thread is not disturbed. Its first manager is never left
+for not answering (a first hello may wait for its node's claim to be decided): the taskd
+agent starts its workers with the manager that welcomed it first in their list.
+
 A daemon thread owns the DEALER socket: it registers, heartbeats with the last committed step,
 sends what the training thread queued, and latches the manager's commands. It never raises
 into the training thread and never runs training code. On STOP or EXIT it calls the
@@ -20,7 +29,9 @@ import time
 from collections.abc import Callable, Iterable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from ms_recover.agent.managers import ManagerLinkState
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
@@ -40,10 +51,27 @@ class ManagerLink:
         self._on_abort = on_abort
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         # Through the node agent's relay when an agent launched this rank (docs/design.md §1c),
-        # else (msrun's ranks, a standalone worker) straight to the manager.
+        # else (msrun's ranks, a standalone worker) straight to the manager, following its
+        # standbys if there are any.
+        self._endpoints = config.manager_endpoints
+        self._at = 0
+        self._failover = not config.relay_endpoint and len(self._endpoints) > 1
+        beats: dict[int, int] = {
+            zmq.HEARTBEAT_IVL: int(config.heartbeat_s * 1000),
+            zmq.HEARTBEAT_TIMEOUT: int(config.silence_s * 1000),
+        }
         self._chan = manager_channel(
-            self._ctx, config, f"rank:{rank}", identity, config.relay_endpoint
+            self._ctx,
+            config,
+            f"rank:{rank}",
+            identity,
+            config.relay_endpoint or self._endpoints[0],
+            beats if self._failover else None,
         )
+        self._state = ManagerLinkState(time.monotonic())
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._here_welcomed = False  # the manager at the current endpoint welcomed this rank
+        self._at_moved = False  # the link left its first manager (see _fail_over)
         self._out: queue.SimpleQueue[tuple[M.Message, int | None]] = queue.SimpleQueue()
         self._inbox: collections.deque[Envelope] = collections.deque()
         self._cond = threading.Condition()
@@ -106,6 +134,7 @@ class ManagerLink:
             self._thread.join(timeout=5)
         os.close(self._wake_r)
         os.close(self._wake_w)
+        self._unwatch()
         self._chan.close(int(flush_s * 1000))
         self._ctx.term()
 
@@ -114,6 +143,7 @@ class ManagerLink:
         poller = self._poller
         poller.register(self._chan.sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        self._watch()
         while True:
             while True:  # send what is queued, also on the way out
                 try:
@@ -135,6 +165,8 @@ class ManagerLink:
             while env is not None:
                 self._latch(env)
                 env = self._chan.recv_ready()
+            if self._failover:
+                self._fail_over()
 
     def _beat(self, now: float) -> M.WorkerHeartbeat:
         if self.health is None:
@@ -153,6 +185,9 @@ class ManagerLink:
         if isinstance(env.msg, M.Rejoin):
             self._rejoin(env.msg.reason)
             return
+        if isinstance(env.msg, M.Welcome) and env.msg.ok:  # this manager serves us
+            self._here_welcomed = True
+            self._state.welcomed()
         if isinstance(env.msg, M.Welcome) and self._rejoining:
             self._rejoining = False
             # Re-registered: the training thread never needs to know, unless it still waits
@@ -180,10 +215,51 @@ class ManagerLink:
         if self.registration is None:
             return
         log.warning("rank %d: %s", self.rank, reason)
+        self._reconnect()
+        for msg in self.registration():
+            self._chan.send(msg, self.epoch)
+        self._rejoining = True
+
+    def _reconnect(self) -> None:
+        """A fresh DEALER to the current endpoint under a new identity (with its monitor)."""
+        self._unwatch()
         self._poller.unregister(self._chan.sock)
         self._generation += 1
         self._chan.reconnect(self._identity + f".{self._generation}".encode())
         self._poller.register(self._chan.sock, zmq.POLLIN)
-        for msg in self.registration():
-            self._chan.send(msg, self.epoch)
-        self._rejoining = True
+        self._watch()
+
+    def _watch(self) -> None:
+        """Follow the connection's ups and downs (with standby managers only)."""
+        if self._failover:
+            events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+            self._monitor = self._chan.sock.get_monitor_socket(events)
+            self._poller.register(self._monitor, zmq.POLLIN)
+
+    def _unwatch(self) -> None:
+        if self._monitor is not None:
+            self._poller.unregister(self._monitor)
+            self._chan.sock.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
+
+    def _fail_over(self) -> None:
+        """Move to the next manager when :class:`ManagerLinkState` says so, and register
+        there (its answer is handled as a restarted manager's)."""
+        now = time.monotonic()
+        while self._monitor is not None:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                break
+            self._state.note(event == zmq.EVENT_CONNECTED, now)
+        # A first hello may be held for a while by the active manager (its node's claim is
+        # being decided): only a rank that moved gives up on a manager that does not answer.
+        why = self._state.why_leave(now, self._here_welcomed or not self._at_moved, self.config)
+        if not why or self.registration is None:
+            return
+        old = self._endpoints[self._at]
+        self._at = (self._at + 1) % len(self._endpoints)
+        self._chan.endpoint = self._endpoints[self._at]
+        self._state, self._here_welcomed, self._at_moved = ManagerLinkState(now), False, True
+        self._rejoin(f"manager at {old} {why}: moving to {self._chan.endpoint}")

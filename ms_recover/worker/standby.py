@@ -9,7 +9,11 @@ system) and runs the rank command from its first line, exactly as a cold start w
 
 Unlike a pre-warmed spare (``--spares N``) it needs nothing from the training script (no
 ``ms_recover.init``), compiles nothing and opens no device: until it takes a rank it is an
-idle interpreter (about 170 MiB private memory beyond what the ranks share with it).
+idle interpreter (about 170 MiB private memory beyond what the ranks share with it). Once a
+rank of the job showed that its program passes ``ms_recover.init(warm_up=...)``, the agent
+starts the standby *warm* instead: the rank command itself, as a pre-warmed spare
+(:mod:`ms_recover.worker.spare`), so it takes a rank with its step already compiled; it falls
+back to this module if a warm one dies before it is ready (:mod:`ms_recover.agent.ranks`).
 
 Run as ``python -m ms_recover.worker.standby SCRIPT ARGS...`` or ``... -m MODULE ARGS...``:
 it imports :data:`PRELOAD`, blocks reading the assignment pipe (the spare protocol,
@@ -72,7 +76,7 @@ def main(argv: list[str]) -> int:
     env = spare.read_assignment(int(fd))
     if env is None:
         return 0  # released unused
-    _to_log(env.pop(E.STANDBY_LOG, ""))
+    spare.to_log(env.pop(E.STANDBY_LOG, ""))
     print(
         f"ms_recover: standby {os.getpid()} runs rank {env.get(E.RANK_ID, '?')} (its imports "
         f"took {ready - started:.2f}s, {time.monotonic() - ready:.1f}s ago)",
@@ -83,18 +87,6 @@ def main(argv: list[str]) -> int:
     spare.adopt_settle_pipe(settled)
     _run(argv)
     return 0
-
-
-def _to_log(path: str) -> None:
-    """Send this process's stdout and stderr to the rank's log, as a cold start's are."""
-    if not path:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 def _run(argv: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Run ``ms_recover.testing.mindio_train`` as a local msrun-style cluster (scheduler + ranks),
+"""Run ``tests.kit.mindio_train`` as a local msrun-style cluster (scheduler + ranks),
 in stub mode (the manager inside rank 0) or manager mode (a manager in this process)."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from typing import Any
 
 from ms_recover.bench.mscluster import _Cluster, free_port
 from ms_recover.config import JobConfig
+from ms_recover.integrations.shims import path as shim_path
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
-from ms_recover.shims import path as shim_path
 from ms_recover.strategy import parse_strategies
+from tests import kit
 
 WORLD = 2
-PROGRAM = [sys.executable, "-m", "ms_recover.testing.mindio_train"]
+PROGRAM = [sys.executable, "-m", "tests.kit.mindio_train"]
 DROP = ("MS_", "RANK_", "DEVICE_ID", "MINDX_", "PYTHONPATH")
 
 
@@ -64,7 +65,7 @@ def run(
         "MS_ENABLE_TFT": tft,
         "MS_TFT_IP": "127.0.0.1",
         "MS_TFT_PORT": str(tft_port),
-        "PYTHONPATH": shim_path(),
+        "PYTHONPATH": kit.pythonpath(shim_path()),
         "MS_RECOVER_STRATEGY": strategies,
         "MS_RECOVER_HEARTBEAT_S": "0.2",
         "MS_RECOVER_PHASE_TIMEOUT_S": "30",

@@ -55,10 +55,8 @@ def test_demo_verify_writes_the_result_json(tmp_path):
         (["--fault", "meteor"], "invalid choice: 'meteor'"),
         (["--launcher", "msrun", "--spares", "1"], "--spares needs --launcher agent"),
         (["--launcher", "slurm"], "invalid choice: 'slurm'"),
-        (
-            ["--launcher", "msrun", "--fault", "node", "--kill-node", "0"],
-            "--launcher msrun cannot recover node 0 yet",
-        ),
+        (["--sub-healthy-strategy", "hotswitch"], "invalid choice: 'hotswitch'"),
+        (["--fault", "slow", "--launcher", "msrun"], "--fault slow needs --launcher agent"),
     ],
 )
 def test_demo_bad_flags_exit_2_with_a_reason(args, needle):
@@ -100,3 +98,23 @@ def test_demo_hang_with_its_defaults_exits_0(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "weights match the uninterrupted run bit for bit" in run.stdout
+
+
+@pytest.mark.timeout(900)
+def test_demo_slow_moves_the_slow_rank_to_a_new_pod(tmp_path):
+    """``--fault slow``: rank 2 (node 1) stopped a third of the time by its pod is flagged, a
+    new pod for node 1 comes up while training goes on and is swapped in (hotSwitch):
+    recovered, 0 lost steps, weights bit-identical."""
+    out = tmp_path / "result.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "slow", "--verify"]
+        + ["--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["recovered"] and result["lost_steps"] == 0 and result["weights_match"]
+    assert result["strategy_used"] == "recover"
+    assert "fault: slow (rank 2)" in run.stdout and "flagged" in run.stdout

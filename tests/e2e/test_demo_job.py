@@ -15,10 +15,10 @@ import pytest
 
 from ms_recover import env as E
 from ms_recover.config import JobConfig
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.job import LocalJob
+from ms_recover.localrun.wait import wait_for
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import LocalJob
-from ms_recover.testing.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 STEPS = 24

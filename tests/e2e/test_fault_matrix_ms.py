@@ -13,11 +13,11 @@ import sys
 import pytest
 
 from ms_recover.config import JobConfig
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.job import LocalJob
+from ms_recover.localrun.wait import wait_for
 from ms_recover.observability.status import query
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import LocalJob
-from ms_recover.testing.wait import wait_for
 
 from ..integration.jobs import results
 from ..integration.managed import ManagedJob

@@ -31,20 +31,21 @@ from mindspore.train import Callback, Model
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError, Interrupted
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.job import LocalJob
 from ms_recover.mindspore.fit import fit, fit_warm_up
 from ms_recover.mindspore.programs.demo_train import CLASSES, GLOBAL_BATCH, IN_DIM, SEED, build
-from ms_recover.mindspore.programs.fit_train import StepRecorder, compiled_graphs
 from ms_recover.mindspore.sharded import ShardedArrays
 from ms_recover.mindspore.state import MindSporeState
 from ms_recover.mindspore.step import DataParallelStep
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.floats import bit_diff
-from ms_recover.testing.localjob import LocalJob
 from ms_recover.worker.repair import sha256_of
 from ms_recover.worker.sampler import make_dataset, shard_indices
 from ms_recover.worker.session import Session
+from tests import kit
+from tests.kit.fit_train import StepRecorder, compiled_graphs
+from tests.kit.floats import bit_diff
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 fit_module = importlib.import_module("ms_recover.mindspore.fit")  # the package exports fit()
@@ -305,7 +306,7 @@ def _job(out: str, faults: Faults | None, spares: int = 0) -> LocalJob:
     command = [
         sys.executable,
         "-m",
-        "ms_recover.mindspore.programs.fit_train",
+        "tests.kit.fit_train",
         "--epochs",
         str(EPOCHS),
         "--samples",
@@ -316,7 +317,10 @@ def _job(out: str, faults: Faults | None, spares: int = 0) -> LocalJob:
     return LocalJob(
         config,
         command,
-        faults.to_env() if faults else {},
+        {
+            **(faults.to_env() if faults else {}),
+            "PYTHONPATH": kit.pythonpath(os.environ.get("PYTHONPATH", "")),
+        },
         log_dir=os.path.join(out, "logs"),
         spares=spares,
     )

@@ -238,7 +238,7 @@ def test_in_place_buckets_give_the_same_bits_and_a_failure_on_any_bucket_applies
 def test_host_allreduce_into_each_bucket_same_bits_and_an_abort_applies_nothing() -> None:
     # What GraphStep runs under a session: each bucket reduced with out= itself, so at one
     # rank nothing is copied and the op writes nothing back (the reduce returns the bucket).
-    from ms_recover.comm.host import HostBackend
+    from ms_recover.comm.host.backend import HostBackend
 
     ref_losses, ref_state = reference(5)
     comm = HostBackend(0, 1)

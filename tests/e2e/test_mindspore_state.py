@@ -21,10 +21,10 @@ nn = ms.nn
 from ms_recover.errors import CommError, Interrupted, RepairError  # noqa: E402
 from ms_recover.mindspore.state import MindSporeState  # noqa: E402
 from ms_recover.mindspore.step import DataParallelStep  # noqa: E402
-from ms_recover.testing.floats import bit_diff, special_values  # noqa: E402
 from ms_recover.worker.repair import digest, pack, unpack  # noqa: E402
 from ms_recover.worker.sampler import make_dataset, shard_indices  # noqa: E402
 from ms_recover.worker.state import state_digest  # noqa: E402
+from tests.kit.floats import bit_diff, special_values  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from ms_recover import shims
 from ms_recover.config import JobConfig
+from ms_recover.integrations import shims
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.msrunjob import MsrunJob, MsrunManagerPodJob, MsrunPods, free_port
+from ms_recover.localrun.wait import wait_for
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.msrunjob import MsrunJob, MsrunPods, free_port
-from ms_recover.testing.wait import wait_for
 
 from ..integration.jobs import STEPS, results, run_to_end, running_with, trainer_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-TRAINER = [sys.executable, "-m", "ms_recover.testing.numpy_trainer", "--steps", str(STEPS)]
+TRAINER = [sys.executable, "-m", "ms_recover.localrun.numpy_trainer", "--steps", str(STEPS)]
 
 
 def mindcluster_data() -> Path:
@@ -151,6 +151,34 @@ def test_killed_msrun_is_replaced_by_a_new_pod_under_recover(tmp_path, reference
     _assert_no_orphans(str(tmp_path))
 
 
+def test_node_0_msrun_lost_whole_with_the_manager_is_recovered_bit_identical(tmp_path, reference):
+    """Issue 26 item 3 under msrun (docs/manager-takeover.md): node 0's pod holds the manager,
+    msrun (with its MindSpore scheduler process and taskd agent) and two workers; node 1's
+    holds a standby. All of node 0 is SIGKILLed at step 12: the standby takes over, node 1's
+    workers keep their processes and follow it within 3 s of the detection, a new msrun for
+    node 0 (whose own manager stands by) brings its workers back, repaired from replicas."""
+    out = str(tmp_path / "out")
+    env = {"OPENBLAS_NUM_THREADS": "1", **Faults().node(rank=0, step=12).to_env()}
+    job = MsrunManagerPodJob(
+        _config("recover,exit"), [*TRAINER, "--out", out], env, log_dir=str(tmp_path / "logs")
+    )
+    with job:
+        run_to_end(job, 200)
+        assert job.exit_code == 0, [(e["event"], e.get("reason")) for e in job.events.recent()]
+    takeover = job.find("takeover")
+    assert [(t["lost_node"], t["term"]) for t in takeover] == [(0, 1)], takeover
+    coordinated = job.find("manager_takeover")
+    assert coordinated and 0 < coordinated[0]["takeover_s"] <= 3.0, coordinated
+    recoveries = job.find("recovery")
+    assert [(r["ok"], r["strategy"], r["lost_steps"]) for r in recoveries] == [(True, "recover", 0)]
+    assert sorted(recoveries[0]["replaced"]) == [0, 1]
+    _assert_bit_identical(out, reference)
+    # Node 1's workers kept their processes; node 0's came back under a new msrun.
+    assert [r["incarnation"] for r in results(out)] == [0, 0, 0, 0]
+    assert job.pods.restarts == {0: 1}
+    _assert_no_orphans(str(tmp_path))
+
+
 def test_recover_ends_msrun_with_86_and_the_pod_comes_back(tmp_path, reference):
     """Under ``recover`` (no in-place) the agent kills its workers and ends msrun itself with
     86 (msrun alone would exit 0); the pod supervisor starts a new msrun for that node. msrun's
@@ -206,4 +234,29 @@ def test_demo_with_the_msrun_launcher(tmp_path):
     result = json.loads(out.read_text())
     assert result["recovered"] is True and result["strategy_used"] == "recover-in-place"
     assert result["lost_steps"] == 0 and "launcher msrun" in run.stdout
+    _assert_no_orphans(str(tmp_path))
+
+
+@pytest.mark.timeout(900)
+def test_demo_with_the_msrun_launcher_recovers_node_0_lost_with_the_manager(tmp_path):
+    """Issue 26 item 3: `ms-recover demo --launcher msrun --fault node --kill-node 0` (real
+    MindSpore ranks): node 0's msrun, its scheduler process, agent, ranks and the manager of
+    its pod are SIGKILLed; the standby takes over, exit 0. Without --verify, to halve the
+    cost: the bit-identity of this path is the numpy test's above (and the acceptance
+    check's, with --verify)."""
+    out = tmp_path / "result.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--launcher", "msrun"]
+        + ["--fault", "node", "--kill-node", "0", "--steps", "16", "--kill-step", "6"]
+        + ["--json", str(out), "--workdir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["recovered"] is True and result["ranks_finished"] == 4, result
+    assert result["lost_steps"] == 0 and result["strategy_used"] == "recover", result
+    assert 0 < result["manager_takeover_s"] <= 3, result
+    assert "the standby manager took over" in run.stdout
     _assert_no_orphans(str(tmp_path))

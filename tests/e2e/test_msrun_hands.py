@@ -14,10 +14,10 @@ import pytest
 
 from ms_recover.agent.agent import Agent
 from ms_recover.agent.hands import LauncherError
-from ms_recover.agent.msrun import UNKNOWN_NOTE, MsrunHands
 from ms_recover.config import JobConfig
-from ms_recover.testing.msrunjob import free_port
-from ms_recover.testing.wait import wait_for
+from ms_recover.integrations.msrun.hands import UNKNOWN_NOTE, MsrunHands
+from ms_recover.localrun.msrunjob import free_port
+from ms_recover.localrun.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ms_recover.config import JobConfig
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.job import LocalJob
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import LocalJob
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "train.py"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import sys
@@ -9,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ms_recover.config import JobConfig
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.job import LocalJob
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import LocalJob
 
 STEPS = 30
 
@@ -45,7 +47,7 @@ def trainer_job(
     command = [
         sys.executable,
         "-m",
-        "ms_recover.testing.numpy_trainer",
+        "ms_recover.localrun.numpy_trainer",
         "--steps",
         str(steps),
         "--out",
@@ -83,6 +85,25 @@ def reference_sha(out: str, steps: int = STEPS, **changes: Any) -> str:
     shas = {r["sha256"] for r in results(out, world=job.config.world_size)}
     assert len(shas) == 1, "replicas of an uninterrupted run disagree"
     return shas.pop()
+
+
+def shared_reference_sha(factory: Any, steps: int = STEPS, **changes: Any) -> str:
+    """:func:`reference_sha` run once per test session, not once per module: the result is
+    kept beside the session's temporary directories, shared by pytest-xdist's workers (a lock
+    makes the second worker that needs it wait for the first one's run, then read it).
+    ``factory``: pytest's ``tmp_path_factory``."""
+    root = Path(factory.getbasetemp())
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base is in the session's
+        root = root.parent
+    key = hashlib.sha256(json.dumps([steps, sorted(changes.items())]).encode()).hexdigest()[:16]
+    found = root / f"reference-{key}.sha256"
+    with open(root / f"reference-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if found.exists():
+            return found.read_text()
+        sha = reference_sha(str(factory.mktemp("reference")), steps, **changes)
+        found.write_text(sha)
+        return sha
 
 
 def running_with(needle: str) -> list[str]:

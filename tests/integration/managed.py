@@ -1,6 +1,6 @@
 """A local job whose manager is a separate process, so a test can SIGKILL and restart it.
 
-The pods are :class:`~ms_recover.testing.pods.LocalPods` (numpy trainer or MindSpore ranks);
+The pods are :class:`~ms_recover.localrun.pods.LocalPods` (numpy trainer or MindSpore ranks);
 the manager is ``ms-recover manager`` on a fixed ephemeral port, writing its events to one
 JSONL file that every incarnation appends to. ``close()`` kills everything it started, by PID.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ms_recover.config import JobConfig
+from ms_recover.localrun.pods import LocalPods
+from ms_recover.localrun.wait import wait_for
 from ms_recover.strategy import format_strategies
-from ms_recover.testing.pods import LocalPods
-from ms_recover.testing.wait import wait_for
 
 
 def free_port() -> int:

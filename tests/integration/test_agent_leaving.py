@@ -23,9 +23,9 @@ from ms_recover.agent.agent import Agent
 from ms_recover.agent.hands import Exited
 from ms_recover.agent.leaving import LEFT_AT_DEADLINE, leave_margin_s
 from ms_recover.config import JobConfig
+from ms_recover.localrun.wait import wait_for
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
-from ms_recover.testing.wait import wait_for
 from tests.integration.test_saturated_manager import Agent as RawAgent
 from tests.integration.test_saturated_manager import serving
 

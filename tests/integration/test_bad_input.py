@@ -56,6 +56,12 @@ CASES: list[tuple[str, list[str], dict[str, str], int, str]] = [
      "event log '/proc/version' cannot be opened"),
     ("manager-host-unresolvable", ["manager", "--port", "0", "--host", "no-such-host.invalid"],
      {}, USAGE, "cannot listen on no-such-host.invalid:0"),
+    ("manager-sub-healthy", ["manager", "--port", "0", "--sub-healthy-strategy", "hotswitch"],
+     {}, USAGE, "subHealthyStrategy 'hotswitch' is not one of: ignore, graceExit, forceExit, "
+     "hotSwitch"),
+    ("manager-sub-healthy-env", ["manager", "--port", "0"],
+     {"MS_RECOVER_SUB_HEALTHY_STRATEGY": "evict"}, USAGE,
+     "subHealthyStrategy 'evict' is not one of: ignore, graceExit, forceExit, hotSwitch"),
     ("manager-host-garbage", ["manager", "--port", "0", "--host", "a b"], {}, USAGE,
      "--host 'a b' is not a host; valid: an IPv4/IPv6 address"),
     ("manager-port-range", ["manager", "--port", "70000"], {}, USAGE,

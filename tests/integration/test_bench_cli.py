@@ -145,7 +145,7 @@ def test_bench_help_lists_every_benchmark() -> None:
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert out.returncode == 0, out.stderr
-    for name in ("detect", "recovery", "overhead", "controlplane", "allreduce"):
+    for name in ("detect", "recovery", "overhead", "controlplane", "allreduce", "goodput"):
         assert name in out.stdout
 
 

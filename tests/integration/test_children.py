@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(60)
 
 SCRIPT = """
 import json, os, subprocess, sys, time
-from ms_recover.agent import children
+from ms_recover.integrations.msrun import children
 ok, lifetime = sys.argv[1] == "ok", float(sys.argv[2])
 p = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({lifetime})"])
 t0 = time.monotonic()

@@ -20,8 +20,8 @@ import zmq
 
 from ms_recover.agent.agent import Agent
 from ms_recover.agent.hands import Exited
+from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.server import ManagerServer
-from ms_recover.testing.wait import wait_for
 from tests.integration.test_saturated_manager import Agent as RawAgent
 from tests.integration.test_saturated_manager import serving
 

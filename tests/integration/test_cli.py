@@ -13,8 +13,8 @@ import pytest
 
 from ms_recover.cli import COMMANDS, main
 from ms_recover.errors import ConfigError
-from ms_recover.scheduler import api
-from ms_recover.testing.wait import wait_for
+from ms_recover.integrations.taskd import manager_api as api
+from ms_recover.localrun.wait import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]

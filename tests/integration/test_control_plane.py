@@ -6,13 +6,15 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import zmq
 
+from ms_recover.localrun.job import LocalJob
+from ms_recover.localrun.wait import wait_for
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, Envelope
-from ms_recover.testing.wait import wait_for
 
 from .jobs import results, run_to_end, trainer_job
 
@@ -85,69 +87,78 @@ def test_bad_and_foreign_frames_are_dropped_while_the_job_goes_on(tmp_path):
     assert not job.find("fault")
 
 
+@pytest.fixture(scope="module")
+def live_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalJob]:
+    """One job, training until the module is done, that the tests below poke without
+    disturbing it (each asserts so): one start-up for all of them, not one each."""
+    out = str(tmp_path_factory.mktemp("live"))
+    with trainer_job(out, steps=10**6, extra=SLOW) as job:
+        for rank in range(job.config.world_size):
+            _live_rank_pid(job, rank)
+        yield job
+
+
 @pytest.mark.parametrize(
     ("rank", "node", "reason"),
     [(9, 1, "outside the world 0..3"), (3, 0, "belongs to node 1"), (0, 0, "already registered")],
 )
-def test_bad_registrations_are_rejected_with_a_reason(tmp_path, rank, node, reason):
-    with trainer_job(str(tmp_path), steps=LONG, extra=SLOW) as job:
-        _live_rank_pid(job, 0)
-        ctx, sock, codec = _raw(job, job.config.effective_secret())
-        try:
-            sock.send_multipart(
-                codec.encode(
-                    M.WorkerHello(rank, node, 424242, 0, "tcp://127.0.0.1:1", -1, 0), 0, "rank:x", 1
-                )
+def test_bad_registrations_are_rejected_with_a_reason(live_job, rank, node, reason):
+    job = live_job
+    ctx, sock, codec = _raw(job, job.config.effective_secret())
+    try:
+        sock.send_multipart(
+            codec.encode(
+                M.WorkerHello(rank, node, 424242, 0, "tcp://127.0.0.1:1", -1, 0), 0, "rank:x", 1
             )
-            assert sock.poll(5000), "no answer to a bad registration"
-            reply = codec.decode(sock.recv_multipart())
-        finally:
-            sock.close(0)
-            ctx.term()
-        assert isinstance(reply.msg, M.Welcome) and not reply.msg.ok
-        assert reason in reply.msg.reason
-        assert job.status()["state"] == "running"
-        assert not job.find("fault")
+        )
+        assert sock.poll(5000), "no answer to a bad registration"
+        reply = codec.decode(sock.recv_multipart())
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert isinstance(reply.msg, M.Welcome) and not reply.msg.ok
+    assert reason in reply.msg.reason
+    assert job.status()["state"] == "running"
+    assert not job.find("fault")
 
 
-def test_status_command_reports_a_live_job(tmp_path):
-    with trainer_job(str(tmp_path), steps=LONG, extra=SLOW) as job:
-        _live_rank_pid(job, 1)
-        env = {
-            **os.environ,
-            "MS_SCHED_HOST": "127.0.0.1",
-            "MS_RECOVER_PORT": str(job.server.port),
-            "MINDX_TASK_ID": "itest",
-        }
-        out = subprocess.run(
-            [sys.executable, "-m", "ms_recover.cli", "status", "--ranks"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert out.returncode == 0, out.stderr
-        assert "job itest: running" in out.stdout
-        assert "ranks: world 4, alive 4, done 0, not registered 0; steps " in out.stdout
-        assert out.stdout.count(" up ") >= 4
-        _watch_prints_again_until_interrupted(env)
-        wrong = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ms_recover.cli",
-                "status",
-                "--job-id",
-                "nope",
-                "--timeout",
-                "0.5",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert wrong.returncode == 1 and "no manager answered" in wrong.stderr
+def test_status_command_reports_a_live_job(live_job):
+    job = live_job
+    env = {
+        **os.environ,
+        "MS_SCHED_HOST": "127.0.0.1",
+        "MS_RECOVER_PORT": str(job.server.port),
+        "MINDX_TASK_ID": "itest",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "status", "--ranks"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "job itest: running" in out.stdout
+    assert "ranks: world 4, alive 4, done 0, not registered 0; steps " in out.stdout
+    assert out.stdout.count(" up ") >= 4
+    _watch_prints_again_until_interrupted(env)
+    wrong = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ms_recover.cli",
+            "status",
+            "--job-id",
+            "nope",
+            "--timeout",
+            "0.5",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert wrong.returncode == 1 and "no manager answered" in wrong.stderr
 
 
 def _watch_prints_again_until_interrupted(env: dict[str, str]) -> None:

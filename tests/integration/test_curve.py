@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import zmq
 
-from ms_recover.comm.hostauth import DataCurve, configure_client, data_plane_password
+from ms_recover.comm.host.auth import DataCurve, configure_client, data_plane_password
 from ms_recover.config import JobConfig
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.status import query
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
 from ms_recover.protocol.transport import control_server_keys, curve_client
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.wait import wait_for
 
 from .jobs import STEPS, results, run_to_end, trainer_job
 from .test_host_backend import _raw_messages, inputs, run_all

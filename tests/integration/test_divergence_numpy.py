@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from ms_recover.testing.faults import Faults
+from ms_recover.localrun.faults import Faults
 
-from .jobs import reference_sha, results, run_to_end, trainer_job
+from .jobs import results, run_to_end, shared_reference_sha, trainer_job
 
 pytestmark = pytest.mark.timeout(180)
 STEPS = 40
@@ -21,9 +21,9 @@ STEPS = 40
 SLOW = ("--step-time", "0.05")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # shared: the scenarios spread over xdist workers
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return reference_sha(str(tmp_path_factory.mktemp("reference")), STEPS)
+    return shared_reference_sha(tmp_path_factory, STEPS)
 
 
 def _story(job: Any) -> str:

@@ -15,18 +15,18 @@ import time
 
 import pytest
 
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.wait import wait_for
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.wait import wait_for
 
-from .jobs import STEPS, reference_sha, results, run_to_end, trainer_job
+from .jobs import STEPS, results, run_to_end, shared_reference_sha, trainer_job
 
 pytestmark = pytest.mark.timeout(180)
 LAST = STEPS - 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # shared: the scenarios spread over xdist workers
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return reference_sha(str(tmp_path_factory.mktemp("reference")))
+    return shared_reference_sha(tmp_path_factory)
 
 
 def _why(job) -> list:

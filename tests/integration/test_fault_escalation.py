@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ms_recover.testing.faults import Faults
+from ms_recover.localrun.faults import Faults
 
 from .jobs import run_to_end, trainer_job
 

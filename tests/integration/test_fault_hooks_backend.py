@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from ms_recover.comm.host import HostBackend
+from ms_recover.comm.host.backend import HostBackend
 from ms_recover.faulthooks import FaultHooks
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ms_recover.testing.localjob import LocalJob
-from ms_recover.testing.wait import wait_for
+from ms_recover.localrun.job import LocalJob
+from ms_recover.localrun.wait import wait_for
 
 from .jobs import job_config
 

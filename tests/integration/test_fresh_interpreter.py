@@ -26,7 +26,7 @@ SAMPLES = pathlib.Path(__file__).resolve().parents[2] / "samples"
 PRODUCT = (
     "ms_recover.worker.bootstrap",
     "ms_recover.worker.session",
-    "ms_recover.comm.host",
+    "ms_recover.comm.host.backend",
     "ms_recover.agent.main",
     "ms_recover.manager.main",
     "ms_recover.protocol.codec",
@@ -81,7 +81,7 @@ def test_the_product_path_imports_no_test_or_bench_code() -> None:
         "\nimport json, sys\nfrom ms_recover import faulthooks\n"
         "assert faulthooks.from_env(1, 0) is faulthooks.NO_FAULTS\n"
         "print(json.dumps(sorted(m for m in sys.modules"
-        " if m.startswith(('ms_recover.testing', 'ms_recover.bench')))))"
+        " if m.startswith(('ms_recover.localrun', 'ms_recover.bench')))))"
     )
     out = _run(code, {"MS_RECOVER_FAULTS": ""})
     assert out.returncode == 0, out.stderr
@@ -129,7 +129,7 @@ def test_mindio_kit_lifts_exactly_its_listed_gates() -> None:
         import json
         from mindspore.train.callback import _train_fault_tolerance as m
         before = dict(vars(m))
-        from ms_recover.testing import mindio_kit as kit
+        from tests.kit import mindio_kit as kit
         kit.install(0, None)
         changed = sorted(k for k, v in vars(m).items() if before.get(k) is not v)
         print(json.dumps({"changed": changed, "patched": list(kit.PATCHED)}))

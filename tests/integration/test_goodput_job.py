@@ -7,9 +7,10 @@ import os
 
 import pytest
 
+from ms_recover.localrun.faults import Faults
 from ms_recover.observability.events import read_events
 from ms_recover.observability.goodput import ledger_from_file
-from ms_recover.testing.faults import Faults
+from ms_recover.observability.schema import GoodputRecord, RecoveryRecord
 
 from .jobs import run_to_end, trainer_job
 
@@ -21,19 +22,19 @@ def test_goodput_of_a_job_with_one_killed_rank(tmp_path):
         assert job.exit_code == 0
     events, bad = read_events(events_path)
     assert bad == 0
-    (written,) = [e for e in events if e["event"] == "goodput"]
-    (end,) = [e for e in events if e["event"] == "job_end"]
-    (rec,) = [e for e in events if e["event"] == "recovery"]
+    (written,) = [e.record for e in events if isinstance(e.record, GoodputRecord)]
+    (end,) = [e for e in events if e.event == "job_end"]
+    (rec,) = [e.record for e in events if isinstance(e.record, RecoveryRecord)]
     ledger, until = ledger_from_file(events_path)
-    assert until == end["ts"]
+    assert until == end.ts
     times = ledger.snapshot(until)
-    assert ledger.start == events[0]["ts"]
-    assert sum(times.values()) == pytest.approx(end["ts"] - events[0]["ts"], abs=1e-6)
-    assert written["seconds"] == {k: round(v, 4) for k, v in times.items()}
-    assert written["ettr"] == pytest.approx(ledger.ettr(until), abs=1e-6)
-    assert 0.0 < written["ettr"] < 1.0
+    assert ledger.start == events[0].ts
+    assert sum(times.values()) == pytest.approx(end.ts - events[0].ts, abs=1e-6)
+    assert written.seconds == {k: round(v, 4) for k, v in times.items()}
+    assert written.ettr == pytest.approx(ledger.ettr(until), abs=1e-6)
+    assert 0.0 < written.ettr < 1.0
     # The recovery's span and its detection are accounted to its phases.
     phases = ("stop", "replace", "rebuild", "repair", "resume")
-    assert sum(times[p] for p in phases) == pytest.approx(rec["mttr_s"], abs=1e-3)
-    assert times["detect"] >= rec["phases"]["detect"] - 1e-6
+    assert sum(times[p] for p in phases) == pytest.approx(rec.mttr_s, abs=1e-3)
+    assert times["detect"] >= rec.phases["detect"] - 1e-6
     assert times["startup"] > 0.0 and times["other"] == 0.0

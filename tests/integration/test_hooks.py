@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ms_recover.scheduler import autostart, hooks
+from ms_recover.integrations.hook import autostart
+from ms_recover.integrations.hook import command as hooks
 
 pytestmark = pytest.mark.timeout(90)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HOOK = ROOT / "scheduler_hooks" / "ms_recover_hook.sh"
+HOOK = ROOT / "ms_recover" / "integrations" / "hook" / "ms_recover_hook.sh"
 TRAIN_START = ROOT / "samples" / "train_start.sh"
 DEADLINE_S = 20.0
 OUR_VARS = (
@@ -303,7 +304,7 @@ def test_python_m_ms_recover_hook_imports_only_the_hook(env: dict[str, str]) -> 
     )
     status, *loaded = out.stdout.splitlines()[-1].split()
     assert int(status) == hooks.NOT_RUNNING, out.stderr
-    assert "ms_recover.scheduler.hooks" in loaded
+    assert "ms_recover.integrations.hook.command" in loaded
     heavy = ("ms_recover.manager", "ms_recover.agent", "ms_recover.bench", "ms_recover.demo")
     assert [m for m in loaded if m.startswith(heavy)] == []
     by_module = subprocess.run(

@@ -15,10 +15,10 @@ import pytest
 import zmq
 from zmq.utils.garbage import GarbageCollectorThread
 
-from ms_recover.comm import hostring, hoststream, laneexchange, lanesmall
 from ms_recover.comm.grouplog import GroupLog
-from ms_recover.comm.host import HostBackend
-from ms_recover.comm.hostauth import (
+from ms_recover.comm.host import ring as hostring
+from ms_recover.comm.host import stream as hoststream
+from ms_recover.comm.host.auth import (
     USER,
     ZAP_ENDPOINT,
     DataCurve,
@@ -26,10 +26,13 @@ from ms_recover.comm.hostauth import (
     configure_client,
     data_plane_password,
 )
-from ms_recover.comm.hostlane import HELLO, HELLO_MAGIC, split_endpoint
-from ms_recover.comm.hostwire import P2P, Header, WireStats
+from ms_recover.comm.host.backend import HostBackend
+from ms_recover.comm.host.lane import exchange as laneexchange
+from ms_recover.comm.host.lane import small as lanesmall
+from ms_recover.comm.host.lane.lanes import HELLO, HELLO_MAGIC, split_endpoint
+from ms_recover.comm.host.wire import P2P, Header, WireStats
 from ms_recover.errors import CommError, Interrupted
-from ms_recover.testing.floats import bit_diff, bits, finite_specials, special_values
+from tests.kit.floats import bit_diff, bits, finite_specials, special_values
 
 pytestmark = pytest.mark.timeout(60)
 DEADLINE_S = 20.0

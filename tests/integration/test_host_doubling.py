@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ms_recover.comm import hostdoubling, hostring
-from ms_recover.comm.host import HostBackend
+from ms_recover.comm.host import doubling as hostdoubling
+from ms_recover.comm.host import ring as hostring
+from ms_recover.comm.host.backend import HostBackend
 from ms_recover.errors import CommError, Interrupted
 from ms_recover.faulthooks import FaultHooks
-from ms_recover.testing.floats import bits, special_values
 from tests.integration.test_host_backend import DEADLINE_S, blocked_in, inputs, make, run_all
+from tests.kit.floats import bits, special_values
 
 __all__ = ["make"]  # the fixture, shared with test_host_backend
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ms_recover.comm.grouplog import GroupLog
-from ms_recover.comm.host import HostBackend
+from ms_recover.comm.host.backend import HostBackend
 from ms_recover.comm.peers import needs_all
 from ms_recover.errors import CommError
 from tests.integration.test_host_backend import make, run_all

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ms_recover.testing.wait import wait_for
+from ms_recover.localrun.wait import wait_for
 
 from .jobs import results, run_to_end, trainer_job
 

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ms_recover.comm import laneexchange, laneframe, lanesmall
-from ms_recover.comm.host import HostBackend
-from ms_recover.comm.lanebuffers import POOL_MIN_BYTES, Results
+from ms_recover.comm.host.backend import HostBackend
+from ms_recover.comm.host.lane import exchange as laneexchange
+from ms_recover.comm.host.lane import frame as laneframe
+from ms_recover.comm.host.lane import small as lanesmall
+from ms_recover.comm.host.lane.buffers import POOL_MIN_BYTES, Results
 from ms_recover.errors import Interrupted
-from ms_recover.testing.floats import bits
 from tests.integration.test_host_backend import (
     DEADLINE_S,
     blocked_in,
@@ -31,6 +32,7 @@ from tests.integration.test_host_backend import (
     run_all,
     wait_for,
 )
+from tests.kit.floats import bits
 
 __all__ = ["make"]  # the fixture, shared with test_host_backend
 pytestmark = pytest.mark.timeout(60)

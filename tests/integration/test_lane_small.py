@@ -1,4 +1,4 @@
-"""The lane's latency path for small buffers (:mod:`ms_recover.comm.lanesmall`).
+"""The lane's latency path for small buffers (:mod:`ms_recover.comm.host.lane.small`).
 
 It must give the general exchange's bits on both ranks (NaN payloads included) for every
 dtype, op and destination; finish what one send and one read leave (a send or a read cut into
@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ms_recover.comm import lanesmall
-from ms_recover.comm.host import HostBackend
+from ms_recover.comm.host.backend import HostBackend
+from ms_recover.comm.host.lane import small as lanesmall
 from ms_recover.errors import CommError
-from ms_recover.testing.floats import bits
 from tests.integration.test_host_backend import inputs, make, run_all
+from tests.kit.floats import bits
 
 __all__ = ["make"]  # the fixture, shared with test_host_backend
 pytestmark = pytest.mark.timeout(60)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from ms_recover.localrun.wait import wait_for
 from ms_recover.observability.status import query
-from ms_recover.testing.wait import wait_for
 
 from .jobs import job_config, results, run_to_end, trainer_job
 from .managed import ManagedJob
@@ -32,7 +32,7 @@ def numpy_job(out: str, **changes: object) -> ManagedJob:
     command = [
         sys.executable,
         "-m",
-        "ms_recover.testing.numpy_trainer",
+        "ms_recover.localrun.numpy_trainer",
         "--steps",
         str(STEPS),
         "--out",

@@ -16,15 +16,16 @@ import pytest
 
 from ms_recover import exitcodes
 from ms_recover.config import JobConfig
-from ms_recover.manager.model import JobState
+from ms_recover.integrations.mindio.controller import Controller
+from ms_recover.integrations.mindio.enums import Action, RepairType, ReportState
+from ms_recover.integrations.mindio.processor import Processor
+from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
-from ms_recover.testing.wait import wait_for
-from ms_recover.ttp.controller import Controller
-from ms_recover.ttp.enums import Action, RepairType, ReportState
-from ms_recover.ttp.processor import Processor
+from tests.eventlines import line
 
 STEPS = 6
 
@@ -287,7 +288,7 @@ def test_mindio_controller_calls_mindx_callbacks_with_one_or_two_args() -> None:
     ctl = Controller(0, 2)
     got: dict[str, tuple[Any, ...]] = {}
     ctl.register_callback("report_fault_ranks", lambda d: got.setdefault("one", (d,)))
-    event = {"event": "fault", "rank": 1, "kind": "worker_error", "detail": "x"}
+    event = line(1.0, "fault", kind="worker_error", rank=1, detail="x")
     ctl._on_event(event)
     ctl.register_callback("report_fault_ranks", lambda d, info: got.setdefault("two", (d, info)))
     ctl._on_event(event)

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from ms_recover.config import JobConfig
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.job import ManagerPodJob
+from ms_recover.localrun.wait import wait_for
 from ms_recover.observability.status import query
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.localjob import ManagerPodJob
-from ms_recover.testing.wait import wait_for
 
-from .jobs import STEPS, job_config, reference_sha, results
+from .jobs import STEPS, job_config, results, shared_reference_sha
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -27,14 +27,14 @@ pytestmark = pytest.mark.timeout(240)
 TAKEOVER_S = 3.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # shared: the scenarios spread over xdist workers
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return reference_sha(str(tmp_path_factory.mktemp("reference")))
+    return shared_reference_sha(tmp_path_factory)
 
 
 def pod_job(out: str, faults: Faults | None = None, *extra: str) -> ManagerPodJob:
     command = [
-        *(sys.executable, "-m", "ms_recover.testing.numpy_trainer"),
+        *(sys.executable, "-m", "ms_recover.localrun.numpy_trainer"),
         *("--steps", str(STEPS), "--out", out, *extra),
     ]
     env = {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {})}

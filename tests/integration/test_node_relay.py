@@ -17,13 +17,13 @@ import zmq
 
 from ms_recover.agent.relay import LocalRelay
 from ms_recover.config import JobConfig
+from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.model import Ack
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import MAGIC, Codec, Envelope
 from ms_recover.protocol.relay import virtual_identity
-from ms_recover.testing.wait import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -466,7 +466,7 @@ def test_relayed_repairs_and_resume_heartbeats_are_recorded_alike(ctx, server, f
 def test_the_drain_stops_at_a_stop_alls_last_answer(ctx, server, monkeypatch) -> None:
     """The last STOPPED owed is decided on before the frames queued behind it are read."""
     import ms_recover.manager.server as server_mod
-    from ms_recover.manager.model import JobState
+    from ms_recover.observability.schema import JobState
 
     agent = _register_node0(ctx, server)
     agent.recv()  # the welcomes

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.wait import wait_for
 from ms_recover.observability.metrics import serve_metrics
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.wait import wait_for
 
 from .jobs import trainer_job
 

@@ -14,19 +14,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ms_recover.testing.faults import Faults
-from ms_recover.testing.wait import wait_for
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.wait import wait_for
 from ms_recover.worker.dump import load_npz, locate, read_manifest
 from ms_recover.worker.repair import sha256_of
 
-from .jobs import STEPS, reference_sha, results, run_to_end, trainer_job
+from .jobs import STEPS, results, run_to_end, shared_reference_sha, trainer_job
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # shared: the scenarios spread over xdist workers
 def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return reference_sha(str(tmp_path_factory.mktemp("reference")))
+    return shared_reference_sha(tmp_path_factory)
 
 
 def _assert_recovered(job, out: str, reference: str, strategy: str) -> dict:

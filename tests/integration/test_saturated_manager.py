@@ -17,11 +17,11 @@ import pytest
 import zmq
 
 from ms_recover.config import JobConfig
+from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
-from ms_recover.testing.wait import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

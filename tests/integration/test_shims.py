@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from ms_recover import env as E
-from ms_recover import shims
 from ms_recover.cli import main
-from ms_recover.testing.msrunjob import free_port
-from ms_recover.testing.wait import wait_for
+from ms_recover.integrations import shims
+from ms_recover.localrun.msrunjob import free_port
+from ms_recover.localrun.wait import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -157,7 +157,8 @@ def _listening(port: int) -> bool:
 def test_a_worker_dies_with_its_msrun():
     """bind_to_launcher: the kernel kills the worker when its launcher dies."""
     child = (
-        "from ms_recover.worker.scheduler import bind_to_launcher; import os, time; "
+        "from ms_recover.integrations.msrun.sched_process import bind_to_launcher; "
+        "import os, time; "
         "bind_to_launcher(os.environ); print('bound', flush=True); time.sleep(60)"
     )
     launcher = (
@@ -185,7 +186,7 @@ def _cmdline(pid: int) -> str:
 
 def test_a_worker_whose_launcher_is_already_gone_exits():
     code = (
-        "from ms_recover.worker.scheduler import bind_to_launcher; import os; "
+        "from ms_recover.integrations.msrun.sched_process import bind_to_launcher; import os; "
         "bind_to_launcher(os.environ); print('ran')"
     )
     done = _python(code, **{E.LAUNCHER_PID: "1"})  # pid 1 is not our parent

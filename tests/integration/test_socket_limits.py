@@ -14,14 +14,14 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ms_recover.comm.host import HostBackend
-from ms_recover.comm.hostlane import split_endpoint
-from ms_recover.comm.hostlink import MAX_MESSAGE_BYTES
+from ms_recover.comm.host.backend import HostBackend
+from ms_recover.comm.host.lane.lanes import split_endpoint
+from ms_recover.comm.host.link import MAX_MESSAGE_BYTES
 from ms_recover.config import JobConfig
+from ms_recover.localrun.wait import wait_for
 from ms_recover.observability.status import query
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
-from ms_recover.testing.wait import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

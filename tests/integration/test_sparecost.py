@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from ms_recover.bench import recoveryreport, sparecost
-from ms_recover.manager.records import PHASES
-from ms_recover.testing.wait import wait_for
+from ms_recover.localrun.wait import wait_for
+from ms_recover.observability.schema import PHASES
 
 HOLDER = (
     "import sys, time\n"

@@ -14,7 +14,7 @@ from ms_recover.agent.spares import SparePool
 from ms_recover.bench.jobdriver import _is_warm_spare
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
-from ms_recover.testing.wait import wait_for
+from ms_recover.localrun.wait import wait_for
 from ms_recover.worker.session import Session
 
 SPARE = [

@@ -19,8 +19,8 @@ from ms_recover.agent.ranks import RankSet, standby_command
 from ms_recover.bench.jobdriver import _is_warm_spare
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
+from ms_recover.localrun.wait import wait_for
 from ms_recover.protocol import messages as M
-from ms_recover.testing.wait import wait_for
 
 PROGRAM = """\
 import json, os, sys
@@ -224,3 +224,104 @@ def test_a_registered_agent_skips_beats_only_while_it_exchanges_with_the_manager
         assert not agent._exchanging(now)
     finally:
         agent.close()
+
+
+WARM_PROGRAM = """\
+import json, os, sys
+from ms_recover.worker.spare import await_assignment
+
+def warm_up():
+    with open(os.path.join(os.environ["OUT"], "warm_%d.json" % os.getpid()), "w") as fh:
+        json.dump({"rank": os.environ.get("RANK_ID")}, fh)
+
+if os.environ.get("CRASH_AS_SPARE") and "MS_RECOVER_SPARE_FD" in os.environ:
+    sys.exit(5)  # a program that cannot run up to init() without a rank's identity
+if not await_assignment(warm_up):
+    sys.exit(0)
+print("hello from rank", os.environ["RANK_ID"], flush=True)
+out = os.path.join(os.environ["OUT"], "rank_%s_%s.json" % (os.environ["RANK_ID"],
+                                                          os.environ["MS_RECOVER_INCARNATION"]))
+with open(out, "w") as fh:
+    json.dump({"pid": os.getpid()}, fh)
+sys.exit(3)
+"""
+
+
+def _warm_ranks(tmp_path: Path) -> RankSet:
+    script = tmp_path / "prog" / "train.py"
+    script.parent.mkdir()
+    script.write_text(WARM_PROGRAM)
+    os.environ["OUT"] = str(tmp_path)
+    config = JobConfig(node_nums=1, proc_per_node=2, manager_port=1)
+    return RankSet(config, [sys.executable, str(script)], str(tmp_path / "logs"), 0, None, True)
+
+
+def test_a_program_with_a_warm_up_gets_a_warm_standby_that_compiled_before_it_took_a_rank(
+    tmp_path: Path,
+) -> None:
+    """A rank whose init() has a warm_up marks it; the standby then runs the rank command up to
+    init(), warms up there, and takes the next restarted rank with its output in the rank log."""
+    ranks = _warm_ranks(tmp_path)
+    try:
+        ranks.start_all([0, 1])
+        assert [e.exit_code for e in _exits(ranks, 2)] == [3, 3]
+        ranks.training()
+        standby = ranks.spares.spares[0].proc
+        assert standby.args == ranks.command  # the rank command itself, not the bare standby
+        wait_for(lambda: _is_warm_spare(standby.pid, {os.getpid()}), 120, "a warm standby")
+        warm = json.loads((tmp_path / f"warm_{standby.pid}.json").read_text())
+        assert warm == {"rank": None}  # warmed up before it knew its rank
+        assert ranks.start(1) == standby.pid
+        (exited,) = _exits(ranks, 1)
+        assert (exited.rank, exited.exit_code) == (1, 3)
+        took = json.loads((tmp_path / "rank_1_1.json").read_text())
+        assert took["pid"] == standby.pid
+        log = (tmp_path / "logs" / "rank_1.log").read_text()
+        assert log.count("hello from rank 1") == 2  # the cold start's and the standby's
+        assert f"ms_recover: standby {standby.pid} runs rank 1 (warm" in log
+        assert "hello from rank" not in (tmp_path / "logs" / "spares.log").read_text()
+    finally:
+        ranks.close()
+        os.environ.pop("OUT", None)
+
+
+def test_a_program_without_a_warm_up_keeps_the_bare_standby(tmp_path: Path) -> None:
+    ranks, _ = _ranks(tmp_path)
+    try:
+        ranks.start_all([0, 1])
+        _exits(ranks, 2)
+        ranks.training()
+        assert ranks.spares.spares[0].proc.args[1:3] == ["-m", "ms_recover.worker.standby"]
+    finally:
+        ranks.close()
+        os.environ.pop("OUT", None)
+
+
+def test_a_warm_standby_that_dies_before_it_is_ready_falls_back_to_the_bare_standby(
+    tmp_path: Path,
+) -> None:
+    os.environ["CRASH_AS_SPARE"] = "1"
+    ranks = _warm_ranks(tmp_path)
+    try:
+        ranks.start_all([0, 1])
+        _exits(ranks, 2)
+        ranks.training()
+        first = ranks.spares.spares[0].proc
+        assert first.args == ranks.command
+        assert first.wait(timeout=60) == 5
+
+        def replaced() -> bool:
+            ranks.poll()  # the agent's loop
+            return ranks.spares.spares[0].proc is not first
+
+        wait_for(replaced, 30, "a new standby")
+        bare = ranks.spares.spares[0].proc
+        assert bare.args[1:3] == ["-m", "ms_recover.worker.standby"]
+        wait_for(lambda: _is_warm_spare(bare.pid, {os.getpid()}), 120, "a bare standby")
+        assert ranks.start(1) == bare.pid
+        (exited,) = _exits(ranks, 1)
+        assert (exited.rank, exited.exit_code) == (1, 3)  # ran from its first line, as a rank
+    finally:
+        ranks.close()
+        os.environ.pop("OUT", None)
+        os.environ.pop("CRASH_AS_SPARE", None)

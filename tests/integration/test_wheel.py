@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from ms_recover.testing.faults import Faults
+from ms_recover.localrun.faults import Faults
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -83,8 +83,8 @@ def _env(tmp: pathlib.Path, **extra: str) -> dict[str, str]:
 def test_the_wheel_carries_the_hook_and_the_shims_and_pins_no_numpy(venv: pathlib.Path) -> None:
     (wheel,) = (venv / "dist").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "ms_recover/scheduler/ms_recover_hook.sh" in names
-    assert "ms_recover/shims/taskd/api/taskd_agent_api.py" in names
+    assert "ms_recover/integrations/hook/ms_recover_hook.sh" in names
+    assert "ms_recover/integrations/shims/taskd/api/taskd_agent_api.py" in names
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     pins = [line for line in meta.splitlines() if line.startswith("Requires-Dist: numpy")]
     assert all("<" not in p or "extra ==" in p for p in pins), pins
@@ -134,7 +134,7 @@ def test_the_hook_and_a_job_run_from_the_wheel(venv: pathlib.Path) -> None:
                 *"ms-recover agent --node-rank 0 --node-nums 1 --proc-per-node 2 --".split(),
                 str(venv / "v" / "bin" / "python"),
                 "-m",
-                "ms_recover.testing.numpy_trainer",
+                "ms_recover.localrun.numpy_trainer",
                 "--steps",
                 "20",
                 "--out",

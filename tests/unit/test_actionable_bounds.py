@@ -23,8 +23,8 @@ from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.errors import ProtocolError
 from ms_recover.manager.decide import decide
-from ms_recover.manager.model import JobState
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import bounds as B
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec

@@ -13,9 +13,9 @@ import pytest
 from ms_recover import env as E
 from ms_recover.bench import allreduce, mscluster
 from ms_recover.bench.mscluster import (
+    AttemptState,
     Limits,
     Outcome,
-    Phase,
     Plan,
     RankProgress,
     assess,
@@ -182,51 +182,51 @@ DONE = RankProgress(formed=True, times=RESULT)
 
 
 def test_forming_then_running_then_done() -> None:
-    assert judge({}).phase is Phase.FORMING
-    assert judge({0: FORMED}).phase is Phase.FORMING
-    assert judge({0: FORMED, 1: FORMED}).phase is Phase.RUNNING
-    assert judge({0: DONE, 1: FORMED}, formed_at=5.0).phase is Phase.RUNNING
+    assert judge({}).phase is AttemptState.FORMING
+    assert judge({0: FORMED}).phase is AttemptState.FORMING
+    assert judge({0: FORMED, 1: FORMED}).phase is AttemptState.RUNNING
+    assert judge({0: DONE, 1: FORMED}, formed_at=5.0).phase is AttemptState.RUNNING
     # A worker that reported may exit, and the scheduler with it.
     done = judge({0: DONE, 1: DONE}, {"rank 0": 0, "scheduler": 0})
-    assert done.phase is Phase.DONE
+    assert done.phase is AttemptState.DONE
 
 
 def test_a_cluster_that_does_not_form_in_time_is_worth_another_try() -> None:
     v = judge({0: FORMED}, now=LIMITS.form_s)
-    assert (v.phase, v.retry) == (Phase.FAILED, True)
+    assert (v.phase, v.retry) == (AttemptState.FAILED, True)
     assert v.reason == "the cluster did not form within 120 s (init() returned on ranks [0] of 2)"
 
 
 def test_a_death_before_forming_is_worth_another_try() -> None:
     v = judge({0: FORMED}, {"rank 1": 1})
-    assert (v.phase, v.retry) == (Phase.FAILED, True)
+    assert (v.phase, v.retry) == (AttemptState.FAILED, True)
     assert v.reason == "rank 1 exited with code 1 before the cluster formed"
 
 
 def test_a_failure_after_forming_is_a_result_not_retried() -> None:
     died = judge({0: DONE, 1: FORMED}, {"rank 0": 0, "scheduler": -9}, formed_at=5.0)
-    assert (died.phase, died.retry) == (Phase.FAILED, False)
+    assert (died.phase, died.retry) == (AttemptState.FAILED, False)
     assert died.reason == "scheduler exited with signal 9 before every rank reported"
     wrong = judge({0: RankProgress(True, None, "RuntimeError: element 3 is 2.0"), 1: FORMED})
     assert (wrong.phase, wrong.retry, wrong.reason) == (
-        Phase.FAILED,
+        AttemptState.FAILED,
         False,
         "rank 0: RuntimeError: element 3 is 2.0",
     )
     slow = judge({0: DONE, 1: FORMED}, now=5.0 + LIMITS.run_s, formed_at=5.0)
-    assert (slow.phase, slow.retry) == (Phase.FAILED, False)
+    assert (slow.phase, slow.retry) == (AttemptState.FAILED, False)
     assert slow.reason == "ranks [1] did not report within 600 s of forming"
 
 
 def test_an_error_in_init_is_worth_another_try() -> None:
     v = judge({1: RankProgress(error="RuntimeError: Topology build timed out")})
-    assert (v.phase, v.retry) == (Phase.FAILED, True)
+    assert (v.phase, v.retry) == (AttemptState.FAILED, True)
 
 
 def test_a_report_missing_a_size_or_a_repetition_is_a_failure() -> None:
     short = RankProgress(True, {4: [0.1, 0.2], 8: [0.3]})
     v = judge({0: DONE, 1: short})
-    assert (v.phase, v.retry) == (Phase.FAILED, False)
+    assert (v.phase, v.retry) == (AttemptState.FAILED, False)
     assert "rank 1 reported {4: 2, 8: 1}" in v.reason
 
 
@@ -272,9 +272,9 @@ def test_retries_only_an_unformed_cluster(
     monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
 ) -> None:
     verdicts = [
-        mscluster.Verdict(Phase.FAILED, "the cluster did not form within 120 s", retry=True),
-        mscluster.Verdict(Phase.FAILED, "rank 0: RuntimeError: boom", retry=False),
-        mscluster.Verdict(Phase.DONE),
+        mscluster.Verdict(AttemptState.FAILED, "the cluster did not form within 120 s", retry=True),
+        mscluster.Verdict(AttemptState.FAILED, "rank 0: RuntimeError: boom", retry=False),
+        mscluster.Verdict(AttemptState.DONE),
     ]
     dirs: list[str] = []
 
@@ -294,7 +294,7 @@ def test_retries_only_an_unformed_cluster(
 
 
 def test_gives_up_after_its_tries(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
-    unformed = mscluster.Verdict(Phase.FAILED, "no", retry=True)
+    unformed = mscluster.Verdict(AttemptState.FAILED, "no", retry=True)
     monkeypatch.setattr(mscluster, "_attempt", lambda *a: (unformed, {}))
     out = mscluster.measure(PLAN, tmp_path, Limits(1.0, 1.0, tries=2))
     assert out.times is None and out.tries == ("try 1: no", "try 2: no")

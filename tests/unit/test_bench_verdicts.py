@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from ms_recover import shims
 from ms_recover.bench import controlplane, msrunrestart
 from ms_recover.bench.table import Measure, Report
+from ms_recover.integrations import shims
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,7 +153,7 @@ def test_a_scale_that_did_not_form_is_a_miss_with_the_reason_under_the_same_name
         assert row.failed == "did not form within 60 s at heartbeat 0.5 s"
 
 
-def test_targets_hold_up_to_16384_ranks_and_65536_is_context() -> None:
+def test_targets_hold_up_to_16384_ranks_and_at_65536_and_131072() -> None:
     small = _by_name(controlplane.scale_rows(_scale(1024, formed=True)))
     verdicts = {n.split(": ")[1]: m.verdict for n, m in small.items() if m.verdict != "-"}
     assert verdicts == {
@@ -162,9 +162,44 @@ def test_targets_hold_up_to_16384_ranks_and_65536_is_context() -> None:
         "stop-all (median)": "PASS",
     }
     big = _by_name(controlplane.scale_rows(_scale(65536, formed=True)))
-    assert all(m.verdict == "-" for m in big.values()), "65,536 ranks is a simulation only"
+    label = "65536 ranks / 8192 agents"
+    limits = {n.split(": ")[1]: (m.op, m.limit, m.verdict) for n, m in big.items() if m.op}
+    assert limits == {
+        "formation (connect -> running)": ("<=", 5.0, "PASS"),
+        "manager CPU between faults": ("<", 10.0, "MISS"),  # 12 %
+        "stop-all (median)": ("<=", 0.3, "PASS"),
+        "manager thread CPU during stop-all": ("<=", 0.05, "MISS"),  # 0.1 s
+    }
     bad = _by_name(controlplane.scale_rows(_scale(65536, formed=False)))
-    assert bad["65536 ranks / 8192 agents: formation (connect -> running)"].verdict == "MISS"
+    assert bad[f"{label}: formation (connect -> running)"].verdict == "MISS"
+    assert bad[f"{label}: manager thread CPU during stop-all"].verdict == "MISS"
+    largest = _by_name(controlplane.scale_rows(_scale(131072, formed=True)))
+    limits = {n.split(": ")[1]: (m.op, m.limit) for n, m in largest.items() if m.op}
+    assert limits == {
+        "formation (connect -> running)": ("<=", 10.0),
+        "stop-all (median)": ("<=", 0.5),
+    }
+    between = _by_name(controlplane.scale_rows(_scale(32768, formed=True)))
+    assert all(m.verdict == "-" for m in between.values()), "no targets at 32,768 ranks"
+
+
+def test_a_scale_beyond_the_open_file_limit_is_a_miss_with_the_reason_not_left_out() -> None:
+    """131,072 ranks on 16,384 node agents need more sockets than this host's 20,000 open
+    files: the rows with targets are there, MISS, and say why."""
+    rows = _by_name(controlplane.scale_rows(controlplane.not_run(131072, 8, False, 20000)))
+    label = "131072 ranks / 16384 agents"
+    for name in ("formation (connect -> running)", "stop-all (median)"):
+        row = rows[f"{label}: {name}"]
+        assert row.verdict == "MISS" and row.value is None
+        assert "16384 sockets need 33280 open files" in row.failed
+        assert "second tier of relays" in row.failed
+
+
+def test_a_run_without_the_job_secret_has_its_own_row_names() -> None:
+    plain = controlplane.scale_rows({**_scale(65536, formed=True), "secret": False})
+    assert all(m.name.startswith("65536 ranks / 8192 agents (no secret): ") for m in plain)
+    skipped = controlplane.not_run(131072, 8, False, 20000, secret=False)
+    assert all("(no secret)" in m.name for m in controlplane.scale_rows(skipped))
 
 
 def test_the_direct_shape_has_its_own_row_names() -> None:
@@ -175,8 +210,9 @@ def test_the_direct_shape_has_its_own_row_names() -> None:
 def test_a_job_that_ends_while_forming_fails_formation_at_once_with_the_managers_reason() -> None:
     from types import SimpleNamespace
 
-    from ms_recover.manager.model import JobState
     from ms_recover.observability.events import EventLog
+    from ms_recover.observability.schema import JobState
+    from tests.eventlines import record
 
     scale = object.__new__(controlplane._Scale)
     scale.events = EventLog()
@@ -184,7 +220,38 @@ def test_a_job_that_ends_while_forming_fails_formation_at_once_with_the_managers
     assert scale._formed() is False
     scale.server.model.state = JobState.RUNNING
     assert scale._formed() is True
-    scale.events.write("decision", strategy="exit", reason="rank 7 silent for 2 s")
+    scale.events.write(record("decision", strategy="exit", reason="rank 7 silent for 2 s"))
     scale.server.model.state = JobState.EXITING
     with pytest.raises(controlplane.JobEnded, match=r"exiting: rank 7 silent for 2 s"):
         scale._formed()
+
+
+def _recovery_report(mttrs: list[float]) -> dict[str, Measure]:
+    import argparse
+
+    from ms_recover.bench import recoveryreport
+    from ms_recover.observability.schema import PHASES
+
+    def run(values: list[float]) -> dict[str, Any]:
+        return {
+            "step_s": 0.02,
+            "footprint": None,
+            "samples": [
+                {"mttr_s": v, "phases": dict.fromkeys(PHASES, v / 6), "lost_steps": 0}
+                for v in values
+            ],
+        }
+
+    parts = {name: 1.0 for name, *_ in recoveryreport.RESTART_PARTS}
+    base = {"step_s": 0.02, "samples": [{"restart_s": 9.0, "parts_median_over_ranks": parts}]}
+    args = argparse.Namespace(nodes=2, procs_per_node=2, repeats=3, warm_steps=30, ckpt_every=100)
+    args.spares = 0
+    rep = recoveryreport.report(args, run(mttrs), run([3.0]), None, base, "w")
+    return _by_name(rep.measures)
+
+
+def test_the_default_recover_in_place_mttr_row_carries_the_design_target() -> None:
+    name = "recover-in-place MTTR, median of 3"
+    row = _recovery_report([0.2, 0.25, 0.4])[name]
+    assert (row.value, row.limit, row.verdict) == (0.25, 0.3, "PASS")
+    assert _recovery_report([0.2, 0.31, 0.4])[name].verdict == "MISS"

@@ -9,7 +9,8 @@ import pytest
 
 from ms_recover.config import JobConfig
 from ms_recover.manager.cadence import REST_S, Cadence, SharedBeat
-from ms_recover.manager.model import JobModel, JobState
+from ms_recover.manager.model import JobModel
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec
 

@@ -178,6 +178,11 @@ BROKEN = {
         _set(("metadata", "labels", "fault-scheduling"), "gracefull"),
         "metadata.labels.fault-scheduling: error: 'gracefull' is not one of: grace, force, off",
     ),
+    "bad subHealthyStrategy": (
+        _set(("metadata", "labels", "subHealthyStrategy"), "hotswitch"),
+        "metadata.labels.subHealthyStrategy: error: 'hotswitch' is not one of: ignore, "
+        "graceExit, forceExit, hotSwitch",
+    ),
     "timeout 20": (
         _set(ANNOTATIONS + ("wait-reschedule-timeout",), "20"),
         "metadata.annotations.wait-reschedule-timeout: error: '20' must be an "

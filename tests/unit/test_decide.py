@@ -18,15 +18,9 @@ from ms_recover.config import JobConfig
 from ms_recover.manager import actions as A
 from ms_recover.manager.decide import decide
 from ms_recover.manager.executor import PHASES, Executor
-from ms_recover.manager.model import (
-    TRANSITIONS,
-    Ack,
-    Fault,
-    IllegalTransition,
-    JobModel,
-    JobState,
-)
+from ms_recover.manager.model import TRANSITIONS, Ack, Fault, IllegalTransition, JobModel
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import parse_strategies
 

@@ -12,8 +12,8 @@ import pytest
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.manager.health import note
-from ms_recover.manager.model import JobState
 from ms_recover.manager.status import status_of
+from ms_recover.observability.schema import JobState
 from ms_recover.observability.status import render
 from ms_recover.worker.health import MIN_TIMED, SHIFT_BEATS, WARM, WINDOW, StepClock
 from tests.unit.test_decide import Job

@@ -16,9 +16,10 @@ import pytest
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.manager.divergence import DIVERGED, Report, compare, faults_of, judge
-from ms_recover.manager.model import Ack, FaultKind, JobState
+from ms_recover.manager.model import Ack
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.schema import EventLine, FaultKind, JobState
 from ms_recover.observability.timeline import describe
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
@@ -91,7 +92,7 @@ def test_without_a_strict_majority_nothing_is_guessed(digests: dict[int, str]) -
     assert verdict.ranks == tuple(sorted(digests))
     assert "replicas of shard 1 at step 99 disagree with no majority" in verdict.reason
     assert f"{A}: ranks [0" in verdict.reason and "no replica can be trusted" in verdict.reason
-    assert verdict.fields()["outcome"] == "escalate"
+    assert verdict.record().fields()["outcome"] == "escalate"
 
 
 def test_only_replicas_of_one_shard_at_one_step_are_compared() -> None:
@@ -113,7 +114,7 @@ def test_only_replicas_of_one_shard_at_one_step_are_compared() -> None:
 def test_the_event_fields_and_faults_name_ranks_and_digests() -> None:
     verdict = judge(0, 199, {0: A, 1: B, 2: A})
     assert verdict is not None
-    assert verdict.fields() == {
+    assert verdict.record().fields() == {
         "shard": 0,
         "step": 199,
         "ranks": [1],
@@ -324,8 +325,7 @@ def test_a_restarted_rank_starts_with_no_digests(make_job: MakeJob) -> None:
 def test_the_demo_timeline_shows_a_divergence() -> None:
     verdict = judge(0, 19, {0: A, 1: B, 2: A, 3: A})
     assert verdict is not None
-    event = {"event": "divergence", "ts": 0.0, **verdict.fields()}
-    assert describe(event) == f"DIVERGED {verdict.reason}"
+    assert describe(EventLine(0.0, verdict.record())) == f"DIVERGED {verdict.reason}"
 
 
 def test_a_rank_being_dealt_with_is_not_reported_again(make_job: MakeJob) -> None:

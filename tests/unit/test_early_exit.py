@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from ms_recover.manager.decide import EARLY_EXIT_GRACE_S
-from ms_recover.manager.model import JobState, Restore
+from ms_recover.manager.model import Restore
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 
 from .test_manager_restore import Restarted

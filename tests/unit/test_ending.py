@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ms_recover.manager.ending import may_stop
-from ms_recover.manager.model import Ack, JobState
+from ms_recover.manager.model import Ack
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 
 from .test_decide import Job, make_job, msgs

@@ -13,9 +13,16 @@ from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.manager import actions as A
 from ms_recover.manager.executor import Executor
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Round
-from ms_recover.manager.records import PHASES, DecisionRecord, JobEndRecord, Phase
+from ms_recover.manager.model import Fault, JobModel, Round
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.schema import (
+    PHASES,
+    DecisionRecord,
+    FaultKind,
+    JobEndRecord,
+    JobState,
+    Phase,
+)
 from ms_recover.protocol import messages as M
 from ms_recover.strategy import Strategy
 

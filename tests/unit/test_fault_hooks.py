@@ -15,8 +15,8 @@ from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, ConfigError, Interrupted, RepairError
 from ms_recover.faulthooks import NO_FAULTS, FaultHooks
-from ms_recover.testing import faults as F
-from ms_recover.testing.faults import FaultInjector, Faults
+from ms_recover.localrun import faults as F
+from ms_recover.localrun.faults import FaultInjector, Faults
 from ms_recover.worker import repair
 from ms_recover.worker.session import Session
 

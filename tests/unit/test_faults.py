@@ -12,8 +12,8 @@ import signal
 import pytest
 
 from ms_recover.errors import CommError, ConfigError
-from ms_recover.testing import faults as F
-from ms_recover.testing.faults import FaultInjector, Faults, FaultSpec, parse
+from ms_recover.localrun import faults as F
+from ms_recover.localrun.faults import FaultInjector, Faults, FaultSpec, parse
 
 
 def test_builder_env_parse_round_trip() -> None:

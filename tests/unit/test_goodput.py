@@ -14,12 +14,18 @@ from ms_recover.observability.goodput import (
     ledger_from_events,
     ledger_from_file,
 )
+from ms_recover.observability.schema import decode
+from tests.eventlines import line, record
 
 PHASES = {"detect": 0.5, "stop": 0.2, "replace": 0.6, "rebuild": 0.1, "repair": 0.1, "resume": 0.2}
 
 
 def ev(ts: float, event: str, **fields: Any) -> dict[str, Any]:
-    return {"ts": ts, "event": event, **fields}
+    return line(ts, event, **fields)
+
+
+def _ledger(events: list[dict[str, Any]]) -> GoodputLedger:
+    return ledger_from_events([decode(e) for e in events])
 
 
 def recovery(ts: float, mttr: float = 1.0, lost: int | None = 0, **fields: Any) -> dict[str, Any]:
@@ -44,7 +50,7 @@ def approx(x: float) -> Any:
 
 
 def test_no_fault_ettr_is_one_minus_startup() -> None:
-    ledger = ledger_from_events([ev(0.0, "manager_start"), ev(5.0, "job_start", phases={})])
+    ledger = _ledger([ev(0.0, "manager_start"), ev(5.0, "job_start", phases={})])
     assert ledger.snapshot(100.0)["startup"] == approx(5.0)
     assert ledger.snapshot(100.0)["productive"] == approx(95.0)
     assert ledger.ettr(100.0) == approx(0.95)
@@ -52,7 +58,7 @@ def test_no_fault_ettr_is_one_minus_startup() -> None:
 
 
 def test_every_second_in_one_category() -> None:
-    ledger = ledger_from_events(one_recovery())
+    ledger = _ledger(one_recovery())
     times = ledger.snapshot(100.0)
     assert set(times) == set(CATEGORIES)
     assert sum(times.values()) == approx(100.0)
@@ -60,7 +66,7 @@ def test_every_second_in_one_category() -> None:
 
 
 def test_one_recovery_phases_and_detection_gap() -> None:
-    times = ledger_from_events(one_recovery()).snapshot(100.0)
+    times = _ledger(one_recovery()).snapshot(100.0)
     # The half second before the fault event, when the rank was already dead, is detection.
     assert times["detect"] == approx(0.5)
     assert times["stop"] == approx(0.2)
@@ -75,13 +81,13 @@ def test_one_recovery_phases_and_detection_gap() -> None:
 
 
 def test_job_end_stops_the_clock() -> None:
-    ledger = ledger_from_events(one_recovery())
+    ledger = _ledger(one_recovery())
     assert ledger.snapshot(500.0) == ledger.snapshot(100.0)
 
 
 def test_unfinished_recovery_is_other_until_its_event() -> None:
     events = one_recovery()[:4]
-    times = ledger_from_events(events).snapshot(50.7)
+    times = _ledger(events).snapshot(50.7)
     assert times["other"] == approx(0.7)
     assert times["detect"] == approx(0.5)
     assert times["productive"] == approx(50.0 - 10.0 - 0.5)
@@ -89,7 +95,7 @@ def test_unfinished_recovery_is_other_until_its_event() -> None:
 
 def test_live_ledger_follows_new_events() -> None:
     events = one_recovery()
-    ledger = ledger_from_events(events[:4])
+    ledger = _ledger(events[:4])
     assert ledger.snapshot(60.0)["other"] == approx(10.0)  # the recovery is still under way
     ledger.on_event(events[4])
     after = ledger.snapshot(60.0)
@@ -101,7 +107,7 @@ def test_lost_steps_are_recomputed_after_the_recovery() -> None:
     # 10 s of start-up, then 39.5 s of training reached step 12 (target 10 + 2 lost).
     events = one_recovery()
     events[4] = recovery(51.0, lost=2)
-    times = ledger_from_events(events).snapshot(100.0)
+    times = _ledger(events).snapshot(100.0)
     step = 39.5 / 12
     assert times["recompute"] == approx(2 * step)
     assert times["productive"] == approx(100.0 - 10.0 - 0.5 - 1.0 - 2 * step)
@@ -110,7 +116,7 @@ def test_lost_steps_are_recomputed_after_the_recovery() -> None:
 def test_node_restart_waits_for_a_rescheduled_pod() -> None:
     events = one_recovery()
     events[3] = ev(50.0, "decision", strategy="recover", replace=[2, 3], nodes=[1])
-    times = ledger_from_events(events).snapshot(100.0)
+    times = _ledger(events).snapshot(100.0)
     assert times["reschedule"] == approx(0.4)
     assert times["replace"] == approx(0.0)
 
@@ -118,14 +124,14 @@ def test_node_restart_waits_for_a_rescheduled_pod() -> None:
 def test_dump_recovery_is_dump_time() -> None:
     events = one_recovery()
     events[4] = recovery(51.0, strategy="dump", ok=False, lost=None)
-    times = ledger_from_events(events).snapshot(100.0)
+    times = _ledger(events).snapshot(100.0)
     assert times["dump"] == approx(1.0)
     assert times["other"] == approx(49.0)  # a recovery that gave up: no training after it
 
 
 def test_out_of_order_events_land_where_they_happened() -> None:
-    ordered = ledger_from_events(one_recovery()).snapshot(100.0)
-    shuffled = ledger_from_events(list(reversed(one_recovery()))).snapshot(100.0)
+    ordered = _ledger(one_recovery()).snapshot(100.0)
+    shuffled = _ledger(list(reversed(one_recovery()))).snapshot(100.0)
     assert shuffled == ordered
 
 
@@ -140,7 +146,7 @@ def test_overlapping_recoveries_count_each_second_once() -> None:
         recovery(52.0, mttr=2.0),
         ev(100.0, "job_end", exit_code=0),
     ]
-    times = ledger_from_events(events).snapshot(100.0)
+    times = _ledger(events).snapshot(100.0)
     assert sum(times.values()) == approx(100.0)
     assert times["productive"] == approx(100.0 - 10.0 - 0.5 - 2.0)
     assert times["detect"] == approx(0.5)
@@ -161,7 +167,7 @@ def test_malformed_events_are_ignored() -> None:
     for e in [*good[:3], *bad, *good[3:]]:
         ledger.on_event(e)
     assert ledger.ignored == len(bad)
-    assert ledger.snapshot(100.0) == ledger_from_events(good).snapshot(100.0)
+    assert ledger.snapshot(100.0) == _ledger(good).snapshot(100.0)
 
 
 def test_empty_ledger() -> None:
@@ -177,13 +183,13 @@ def test_fed_by_the_event_log_with_a_fake_clock(tmp_path: Any) -> None:
     log.subscribe(ledger.on_event)
     for e in one_recovery():
         now[0] = e["ts"]
-        log.write(e["event"], **{k: v for k, v in e.items() if k not in ("ts", "event")})
+        log.write(decode(e).record)
     log.close()
-    assert ledger.snapshot(100.0) == ledger_from_events(one_recovery()).snapshot(100.0)
+    assert ledger.snapshot(100.0) == _ledger(one_recovery()).snapshot(100.0)
     from_file, end = ledger_from_file(str(tmp_path / "events.jsonl"))
     assert end == 100.0
     assert from_file.snapshot(end) == ledger.snapshot(100.0)
-    fields = ledger.fields(100.0)
+    fields = ledger.record(100.0).fields()
     assert fields["wall_s"] == approx(100.0)
     assert fields["ettr"] == pytest.approx((100.0 - 11.5) / 100.0, abs=1e-6)
     json.dumps(fields)  # an event's fields
@@ -194,7 +200,7 @@ def test_manager_writes_the_ledger_at_job_end() -> None:
     from ms_recover.manager import actions as A
     from ms_recover.manager.executor import Executor
     from ms_recover.manager.model import JobModel
-    from ms_recover.manager.records import JobEndRecord, JobStartRecord
+    from ms_recover.observability.schema import JobEndRecord, JobStartRecord
 
     now = [0.0]
     log = EventLog(clock=lambda: now[0])
@@ -207,9 +213,9 @@ def test_manager_writes_the_ledger_at_job_end() -> None:
     ex = Executor(
         JobModel(JobConfig(job_id="g", node_nums=1, proc_per_node=2)), log, lambda: now[0], Sender()
     )
-    log.write("manager_start", epoch=0)
+    log.write(record("manager_start"), epoch=0)
     now[0] = 4.0
-    log.write(JobStartRecord.EVENT, epoch=1, **JobStartRecord({}).fields())
+    log.write(JobStartRecord({}), epoch=1)
     now[0] = 20.0
     ex.execute([A.Emit("done", JobEndRecord(0, "every rank finished training"))])
     (goodput,) = log.recent("goodput")

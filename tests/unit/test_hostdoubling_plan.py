@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from ms_recover.comm.hostdoubling import plan
+from ms_recover.comm.host.doubling import plan
 from ms_recover.comm.peers import group_targets
 
 SIZES = [*range(1, 34), 63, 64, 65, 100]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ms_recover.comm import hoststream
+from ms_recover.comm.host import stream as hoststream
 from ms_recover.errors import CommError
 
 

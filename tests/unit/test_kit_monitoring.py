@@ -13,6 +13,7 @@ import yaml
 
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.metrics import registry_for
+from tests.eventlines import record
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deploy" / "monitoring"
@@ -43,7 +44,9 @@ def _exported() -> set[str]:
 
     registry = registry_for(status, events)
     phases = dict.fromkeys(("detect", "stop", "replace", "rebuild", "repair", "resume"), 0.1)
-    events.write("recovery", ok=True, strategy="recover", mttr_s=3.0, phases=phases, lost_steps=0)
+    events.write(
+        record("recovery", ok=True, strategy="recover", mttr_s=3.0, phases=phases, lost_steps=0)
+    )
     return {s.name for family in registry.collect() for s in family.samples}
 
 

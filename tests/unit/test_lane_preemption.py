@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from ms_recover.comm import laneexchange
+from ms_recover.comm.host.lane import exchange as laneexchange
 
 
 class _Clocks:

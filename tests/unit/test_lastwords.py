@@ -7,8 +7,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ms_recover.agent.msrun import UNKNOWN_NOTE, MsrunHands
 from ms_recover.config import JobConfig
+from ms_recover.integrations.msrun.hands import UNKNOWN_NOTE, MsrunHands
 from ms_recover.observability import lastwords
 
 

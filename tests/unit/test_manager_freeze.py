@@ -7,9 +7,9 @@ import gc
 import pytest
 
 from ms_recover.config import JobConfig
-from ms_recover.manager.model import JobState
 from ms_recover.manager.server import FREEZE_MIN_RANKS, ManagerServer
 from ms_recover.observability.events import EventLog
+from ms_recover.observability.schema import JobState
 
 
 def _server(ranks: int) -> ManagerServer:

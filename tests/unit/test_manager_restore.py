@@ -14,8 +14,8 @@ import pytest
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.manager.decide import decide
-from ms_recover.manager.model import JobState
 from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
 from ms_recover.strategy import parse_strategies

@@ -11,6 +11,7 @@ from ms_recover import __version__
 from ms_recover.manager.status import flagged
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.metrics import ManagerCollector, registry_for
+from tests.eventlines import record
 
 PHASES = {"detect": 0.1, "stop": 0.2, "replace": 1.5, "rebuild": 0.1, "repair": 0.3, "resume": 0.4}
 
@@ -37,12 +38,21 @@ def test_recoveries_are_counted_by_strategy_and_outcome_with_histograms() -> Non
     events = EventLog()
     collector = ManagerCollector(_status, events)
     events.write(
-        "recovery", ok=True, strategy="recover-in-place", mttr_s=2.5, phases=PHASES, lost_steps=3
+        record(
+            "recovery",
+            ok=True,
+            strategy="recover-in-place",
+            mttr_s=2.5,
+            phases=PHASES,
+            lost_steps=3,
+        )
     )
     events.write(
-        "recovery", ok=False, strategy="recover", mttr_s=90.0, phases=PHASES, lost_steps=None
+        record(
+            "recovery", ok=False, strategy="recover", mttr_s=90.0, phases=PHASES, lost_steps=None
+        )
     )
-    events.write("fault", kind="rank_exit")
+    events.write(record("fault", kind="rank_exit"))
     s = _samples(collector)
     rec = "ms_recover_recoveries_total"
     assert s[(rec, (("outcome", "ok"), ("strategy", "recover-in-place")))] == 1
@@ -83,10 +93,18 @@ def test_flagged_ranks_count_until_replaced() -> None:
     events = EventLog()
     collector = ManagerCollector(lambda: {**_status(), "flagged": flagged(events.recent())}, events)
     for rank in (1, 3, 1):
-        events.write("flagged", rank=rank, node=0, host="h", step=7, reason="slow")
+        events.write(record("flagged", rank=rank, node=0, host="h", step=7, reason="slow"))
     assert _samples(collector)[("ms_recover_ranks_flagged", ())] == 2
     events.write(
-        "recovery", ok=True, strategy="recover", mttr_s=4, phases=PHASES, lost_steps=0, replaced=[3]
+        record(
+            "recovery",
+            ok=True,
+            strategy="recover",
+            mttr_s=4,
+            phases=PHASES,
+            lost_steps=0,
+            replaced=[3],
+        )
     )
     assert _samples(collector)[("ms_recover_ranks_flagged", ())] == 1
 
@@ -104,9 +122,9 @@ def test_goodput_ratio_and_time_by_category_follow_the_ledger() -> None:
     collector = ManagerCollector(_status, events)
     before = _samples(collector)
     assert not any(name.startswith("ms_recover_goodput") for name, _ in before)  # no value yet
-    events.write("member")
-    events.write("job_start", world_size=4)
-    events.write("job_end", reason="every rank finished training", exit_code=0)
+    events.write(record("member"))
+    events.write(record("job_start"))
+    events.write(record("job_end", reason="every rank finished training", exit_code=0))
     s = _samples(collector)
     assert s[("ms_recover_time_seconds_total", (("category", "startup"),))] == 10.0
     assert s[("ms_recover_time_seconds_total", (("category", "productive"),))] == 100.0

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ms_recover.shims import path as shim_path
-from ms_recover.ttp.handlers import HANDLER_ARITY
+from ms_recover.integrations.mindio.handlers import HANDLER_ARITY
+from ms_recover.integrations.shims import path as shim_path
 
 SHIMS = shim_path()
 sys.path.insert(0, SHIMS)
@@ -130,8 +130,8 @@ def test_mindio_other_names_fail_clearly() -> None:
 
 def test_mindio_handler_of_another_signature_is_refused() -> None:
     from ms_recover.config import JobConfig
-    from ms_recover.ttp.handlers import TtpError
-    from ms_recover.ttp.processor import Processor
+    from ms_recover.integrations.mindio.handlers import TtpError
+    from ms_recover.integrations.mindio.processor import Processor
 
     proc = Processor(0, 2, JobConfig(node_nums=1, proc_per_node=2))
     proc.register("stop", lambda args, ctx: None, None)
@@ -153,8 +153,8 @@ def test_mindio_other_mindspore_release_is_named_at_start(
 
 
 def test_mindio_bad_port_is_a_one_line_error() -> None:
-    from ms_recover.ttp.controller import ttp_config
-    from ms_recover.ttp.handlers import TtpError
+    from ms_recover.integrations.mindio.controller import ttp_config
+    from ms_recover.integrations.mindio.handlers import TtpError
 
     with pytest.raises(TtpError, match=r"MS_TFT_PORT=70000: need a TCP port 1..65535"):
         ttp_config("127.0.0.1", 70000, 2)

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from ms_recover.config import JobConfig
+from ms_recover.integrations.mindio.enums import Action, RepairType, ReportState
+from ms_recover.integrations.mindio.processor import Processor
+from ms_recover.integrations.shims import path as shim_path
 from ms_recover.protocol import messages as M
-from ms_recover.shims import path as shim_path
-from ms_recover.ttp.enums import Action, RepairType, ReportState
-from ms_recover.ttp.processor import Processor
 
 tft_mod = pytest.importorskip("mindspore.train.callback._train_fault_tolerance")
 model_mod = pytest.importorskip("mindspore.train.model")

@@ -34,6 +34,8 @@ def test_the_gb_row_includes_the_digest_check_and_the_floor_row_has_no_target() 
     assert (gb.op, gb.limit) == ("<=", graphrows.WIDE_TARGET_PCT)
     g = rows["demo MLP, GRAPH_MODE: (g) GraphStep, identity reduce, vs TrainOneStepCell"]
     assert g.value == pytest.approx(0.0001 / cell * 100) and g.limit == graphrows.VS_CELL_TARGET_PCT
+    demo_gb = rows["demo MLP, GRAPH_MODE: (gb) GraphStep under ms_recover vs TrainOneStepCell"]
+    assert (demo_gb.op, demo_gb.limit) == ("<=", 4.0)  # the ~1 ms step: issue 30's target
     gc = rows[
         "demo MLP, GRAPH_MODE: (gc) GraphStep, the backend's allreduce directly, "
         "vs TrainOneStepCell"

@@ -16,7 +16,8 @@ from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.manager.leaving import SETTLE_S, note_leaving
-from ms_recover.manager.model import Ack, JobState
+from ms_recover.manager.model import Ack
+from ms_recover.observability.schema import EventLine, JobState, PlannedStopRecord
 from ms_recover.observability.timeline import describe
 from ms_recover.protocol import messages as M
 
@@ -214,7 +215,7 @@ def test_the_termination_grace_defaults_to_kubernetes_30s() -> None:
 
 
 def test_the_timeline_shows_a_planned_stop_without_the_agents_own_text() -> None:
-    event = {"event": "planned_stop", "node_rank": 1, "reason": "\x1b[2J", "grace_s": 25.0}
+    event = EventLine(0.0, PlannedStopRecord(1, "\x1b[2J", 1025.0, 25.0))
     assert describe(event) == "LEAVING  node 1 got SIGTERM (planned stop), leaves in 25s"
 
 

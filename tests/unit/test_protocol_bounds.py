@@ -211,7 +211,7 @@ def test_memory_is_bounded() -> None:
 
 @pytest.mark.parametrize("where", ["whole", "tag"])
 def test_a_deeply_nested_data_plane_header_is_a_protocol_error(where: str) -> None:
-    from ms_recover.comm.hostwire import Header
+    from ms_recover.comm.host.wire import Header
 
     deep = _nested(1000)  # repr() of it raised RecursionError on the training thread
     fields = deep if where == "whole" else [1, 1, 0, "g", deep, "p2p", 0, ""]

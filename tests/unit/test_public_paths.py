@@ -1,6 +1,6 @@
 """Every import path a user can see resolves, and each module has one name.
 
-The paths are read from docs/, samples/ and scheduler_hooks/ (so a path added to the docs is
+The paths are read from docs/, samples/ and the hook script (so a path added to the docs is
 checked too; README.md's on their own), plus the ones public docstrings and installed files
 name. The old paths of moved modules are gone: no alias finder, stub or re-export serves them.
 """
@@ -17,7 +17,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = [*(ROOT / "docs").glob("*.md"), *(ROOT / "samples").glob("*")]
-DOCS += list((ROOT / "scheduler_hooks").glob("*"))
+DOCS += list((ROOT / "ms_recover" / "integrations" / "hook").glob("*.sh"))
 # Named by docstrings, by the installed autostart .pth, or by MindCluster users' scripts.
 NAMED = [
     "ms_recover.init",
@@ -26,10 +26,10 @@ NAMED = [
     "ms_recover.worker.sampler.make_dataset",
     "ms_recover.worker.sampler.shard_indices",
     "ms_recover.worker.sampler.split_indices",
-    "ms_recover.scheduler.api.init_taskd_manager",
-    "ms_recover.scheduler.api.start_taskd_manager",
-    "ms_recover.scheduler.hooks.main",
-    "ms_recover.scheduler.autostart.maybe_start",
+    "ms_recover.integrations.taskd.manager_api.init_taskd_manager",
+    "ms_recover.integrations.taskd.manager_api.start_taskd_manager",
+    "ms_recover.integrations.hook.command.main",
+    "ms_recover.integrations.hook.autostart.maybe_start",
     "ms_recover.comm.ascend.AscendBackend",
     "ms_recover.mindspore.state.MindSporeState",
     "ms_recover.mindspore.step.DataParallelStep",
@@ -40,9 +40,9 @@ NAMED = [
 ]
 # Old paths of moved modules (each one's home is on the right): none of them imports any more.
 GONE = {
-    "ms_recover.api": "ms_recover.scheduler.api",
-    "ms_recover.autostart": "ms_recover.scheduler.autostart",
-    "ms_recover.hooks": "ms_recover.scheduler.hooks",
+    "ms_recover.api": "ms_recover.integrations.taskd.manager_api",
+    "ms_recover.autostart": "ms_recover.integrations.hook.autostart",
+    "ms_recover.hooks": "ms_recover.integrations.hook.command",
     "ms_recover.events": "ms_recover.observability.events",
     "ms_recover.metrics": "ms_recover.observability.metrics",
     "ms_recover.report": "ms_recover.observability.report",
@@ -53,11 +53,11 @@ GONE = {
     "ms_recover.crdschema": "ms_recover.jobcheck.schema",
     "ms_recover.jobrules": "ms_recover.jobcheck.rules",
     "ms_recover.mindspore.demo_train": "ms_recover.mindspore.programs.demo_train",
-    "ms_recover.mindspore.fit_train": "ms_recover.mindspore.programs.fit_train",
+    "ms_recover.mindspore.fit_train": "tests.kit.fit_train",
     "ms_recover.mindspore.allreduce_bench": "ms_recover.mindspore.programs.allreduce_bench",
     "ms_recover.bench.overhead_train": "ms_recover.mindspore.programs.overhead_train",
-    "ms_recover.testing.record": "ms_recover.worker.record",
-    "ms_recover.agent.pods": "ms_recover.testing.pods",
+    "ms_recover.localrun.record": "ms_recover.worker.record",
+    "ms_recover.agent.pods": "ms_recover.localrun.pods",
 }
 README = ROOT / "README.md"
 
@@ -89,7 +89,7 @@ def resolve(path: str) -> Any:
 
 def test_the_docs_name_paths_to_check() -> None:
     paths = documented_paths()
-    assert "ms_recover.init" in paths and "ms_recover.scheduler.api" in paths
+    assert "ms_recover.init" in paths and "ms_recover.integrations.taskd.manager_api" in paths
     assert any(p.startswith("ms_recover.mindspore.") for p in paths)
 
 
@@ -138,7 +138,7 @@ def test_an_unknown_submodule_is_still_not_found() -> None:
 
 
 def test_the_docs_name_no_old_path() -> None:
-    """docs/, samples/ and scheduler_hooks/ use each module's one name (README.md: below)."""
+    """docs/, samples/ and the hook script use each module's one name (README.md: below)."""
     named = set(documented_paths())
     assert sorted(p for p in named if p in GONE or p.rsplit(".", 1)[0] in GONE) == []
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ms_recover.manager.model import FaultKind, JobState
 from ms_recover.manager.slots import TAKEOVER_BEATS
+from ms_recover.observability.schema import FaultKind, JobState
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
 from tests.unit.test_divergence import ServerJob

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ms_recover.errors import RepairError
-from ms_recover.testing.floats import bit_diff, special_bits, special_values
 from ms_recover.worker.repair import MANIFEST, checksum, digest, pack, unpack
+from tests.kit.floats import bit_diff, special_bits, special_values
 
 
 def _state() -> dict[str, np.ndarray]:

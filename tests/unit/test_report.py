@@ -11,6 +11,8 @@ import pytest
 
 from ms_recover import cli
 from ms_recover.observability import report
+from ms_recover.observability.schema import FaultRecord
+from tests.eventlines import line
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,7 +21,7 @@ PHASES = {"detect": 0.1, "stop": 0.2, "replace": 1.0, "rebuild": 0.3, "repair": 
 
 
 def ev(dt: float, event: str, epoch: int = 0, **fields: Any) -> dict[str, Any]:
-    return {"ts": T0 + dt, "event": event, "epoch": epoch, **fields}
+    return line(T0 + dt, event, epoch, **fields)
 
 
 def recovery_log() -> list[dict[str, Any]]:
@@ -102,7 +104,7 @@ def test_plot_writes_png(capsys: pytest.CaptureFixture[str], tmp_path: pathlib.P
 
 
 def test_bars_use_real_times_or_lay_durations_end_to_end() -> None:
-    first, second = report.incidents(recovery_log())
+    first, second = report.incidents(report.load_events(map(json.dumps, recovery_log())).events)
     timed = report.bars(first, T0)
     assert [(b.phase, b.start, b.duration) for b in timed[:2]] == [
         ("detect", 10.0, 0.5),
@@ -112,7 +114,9 @@ def test_bars_use_real_times_or_lay_durations_end_to_end() -> None:
     assert [b.phase for b in laid] == list(PHASES)
     assert laid[0].start == pytest.approx(22.5 - 2.5)
     assert laid[1].start == pytest.approx(laid[0].start + PHASES["detect"])
-    assert [f["kind"] for f in second.faults] == ["node_lost"]
+    assert [f.record.kind for f in second.faults if isinstance(f.record, FaultRecord)] == [
+        "node_lost"
+    ]
     assert second.label == "epoch 2 recover (FAILED)"
 
 
@@ -169,6 +173,7 @@ def test_a_fault_shows_its_host_and_traceback_escaped(
     log = write_log(tmp_path / "events.jsonl", [ev(0.0, "job_start", phases={}), fault])
     assert cli.main(["report", str(log)]) == 0
     out = capsys.readouterr().out
-    assert "kind=rank_exit rank=1 host=node-a pid=42" in out
+    assert "fault      kind=rank_exit rank=1 node_rank=0 " in out
+    assert " host=node-a pid=42" in out
     assert "| Traceback (most recent call last):" in out
     assert "| RuntimeError: bad\\x1b[2J" in out and "\x1b" not in out

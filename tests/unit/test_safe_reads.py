@@ -37,6 +37,7 @@ from ms_recover.observability.events import read_events
 from ms_recover.strategy import parse_strategies
 from ms_recover.worker.dump import DumpFile, load_npz, locate, write_manifest, write_rank_dump
 from ms_recover.worker.session import Session
+from tests.eventlines import line
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -232,7 +233,7 @@ def test_an_event_log_must_be_a_regular_file(tmp_path: pathlib.Path, kind: str) 
 
 def test_bad_event_lines_are_counted_never_raised(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "events.jsonl"
-    good = json.dumps({"ts": 1.0, "event": "fault"})
+    good = json.dumps(line(1.0, "fault"))
     bad = ["[" * 100_000, '{"ts": 1, "event": 1' + "9" * 5000 + "}", "\xff\xfe", "x" * (2 << 20)]
     path.write_bytes("\n".join([good, *bad, good]).encode("utf-8", "surrogateescape"))
     events, skipped = read_events(str(path))

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ms_recover import cli
 from ms_recover.observability.safetext import safe
 from ms_recover.observability.status import render
+from tests.eventlines import line
 
 HOSTILE = "boom\x1b[2J\x1b]0;owned\x07\r\nrank 9 ok\u202eevil\x9b31m\\x1b"
 HIDDEN = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
@@ -44,10 +45,13 @@ def test_any_text_prints_as_one_line_that_reads_back(text: str) -> None:
 def test_report_escapes_what_the_event_log_holds(
     capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
 ) -> None:
+    # Well-formed lines carry hostile text in their string fields; a malformed line's own text
+    # (its event name, a key) reaches the terminal only through the skipped-line warning.
     events = [
-        {"ts": 1.0, "event": "job_start", "epoch": 0},
-        {"ts": 2.0, "event": "fault", "epoch": "1\x1b[31m", "kind": "worker", "message": HOSTILE},
-        {"ts": 3.0, "event": "job\x1b[Hend", "epoch": 1, "reason\x07": "x\ny"},
+        line(1.0, "job_start", 0),
+        line(2.0, "fault", 1, kind="worker_error", rank=1, detail=HOSTILE, host=HOSTILE),
+        line(3.0, "job_end", 1, reason="x\ny\x1b[H", exit_code=0),
+        {"ts": 4.0, "event": "job\x1b[Hend", "epoch": 1, "reason\x07": "x\ny"},
     ]
     log = tmp_path / "events.jsonl"
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -57,9 +61,10 @@ def test_report_escapes_what_the_event_log_holds(
     assert not any(unicodedata.category(c) == "Cc" for c in printed.replace("\n", ""))
     assert "\u202e" not in printed
     timeline = captured.out.split("\n\n")[0].splitlines()
-    assert len(timeline) == 3, timeline  # one line per event: nothing forged
-    assert "message=boom\\x1b[2J" in timeline[1] and "epoch 1\\x1b[31m" in timeline[1]
-    assert "job\\x1b[Hend" in timeline[2] and "reason\\x07=x\\ny" in timeline[2]
+    assert len(timeline) == 3, timeline  # one line per well-formed event: nothing forged
+    assert "detail=boom\\x1b[2J" in timeline[1] and "host=boom\\x1b[2J" in timeline[1]
+    assert "reason=x\\ny\\x1b[H" in timeline[2]
+    assert "skipped 1 malformed line" in captured.err and "x1b[Hend" in captured.err
 
 
 def test_status_escapes_what_members_reported() -> None:

@@ -9,7 +9,7 @@ import pytest
 from ms_recover.comm.local import LocalBackend
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError, Interrupted
-from ms_recover.testing.faults import FaultInjector, Faults
+from ms_recover.localrun.faults import FaultInjector, Faults
 from ms_recover.worker.session import Session
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ms_recover import shims
+from ms_recover.integrations import shims
 
 
 def _package(root: Path, name: str) -> Path:
@@ -16,7 +16,7 @@ def _package(root: Path, name: str) -> Path:
 
 
 def test_another_copy_of_the_shims_is_not_reported_as_shadowed(tmp_path: Path) -> None:
-    checkout = tmp_path / "checkout" / "ms_recover" / "shims"
+    checkout = tmp_path / "checkout" / "ms_recover" / "integrations" / "shims"
     _package(checkout, "taskd")
     _package(checkout, "mindio_ttp")
     assert shims.shadowed("taskd", [str(checkout), shims.path()]) is None
@@ -24,7 +24,7 @@ def test_another_copy_of_the_shims_is_not_reported_as_shadowed(tmp_path: Path) -
 
 
 def test_a_real_package_is_still_reported(tmp_path: Path) -> None:
-    checkout = tmp_path / "checkout" / "ms_recover" / "shims"
+    checkout = tmp_path / "checkout" / "ms_recover" / "integrations" / "shims"
     _package(checkout, "taskd")
     real = _package(tmp_path / "site", "taskd")
     found = shims.shadowed("taskd", [str(checkout), str(tmp_path / "site")])

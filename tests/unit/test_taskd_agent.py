@@ -9,10 +9,10 @@ import signal
 import pytest
 
 from ms_recover import env as E
-from ms_recover.agent import taskd
 from ms_recover.errors import ConfigError
-from ms_recover.testing.msrunjob import free_port
-from ms_recover.testing.wait import wait_for
+from ms_recover.integrations.taskd import agent as taskd
+from ms_recover.localrun.msrunjob import free_port
+from ms_recover.localrun.wait import wait_for
 
 _ON_SIGTERM = taskd._on_sigterm  # the real one (the fixture below keeps pytest's handler)
 
@@ -185,3 +185,28 @@ def test_sigterm_under_msrun_is_a_planned_stop_not_a_stop() -> None:
     finally:
         signal.signal(signal.SIGTERM, before)
     assert asked == ["SIGTERM"]
+
+
+def test_msrun_workers_start_at_the_manager_their_agent_talks_to() -> None:
+    """With standby managers, a worker's list of managers starts at the one its agent talks
+    to now (a recreated node 0's agent moved on from its own pod's standing-by manager), the
+    same ring in the same order: the worker's first hello is not held by a standby."""
+    from ms_recover.config import JobConfig
+    from ms_recover.integrations.msrun.hands import MsrunHands
+    from tests.unit.test_lastwords import FakeMsrun
+
+    managers = ("10.0.0.1:9601", "10.0.0.2:9601", "10.0.0.3:9601")
+    config = JobConfig(node_nums=3, proc_per_node=2, node_rank=0, managers=managers)
+    environ: dict[str, str] = {}
+    fake = FakeMsrun()
+    hands = MsrunHands(config, fake.callbacks(), environ=environ)
+    try:
+        hands.start(0)
+        assert environ[E.MANAGERS] == ",".join(managers)
+        hands.manager_index = lambda: 2
+        hands.start(1)
+        assert environ[E.MANAGERS] == "10.0.0.3:9601,10.0.0.1:9601,10.0.0.2:9601"
+    finally:
+        for entry in fake.status.values():  # the workers ended: nothing left to kill
+            entry["status"] = 0
+        hands.close()

@@ -21,7 +21,8 @@ from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.manager.budget import WINDOW_S
 from ms_recover.manager.decide import EARLY_EXIT_GRACE_S
-from ms_recover.manager.model import Ack, JobState
+from ms_recover.manager.model import Ack
+from ms_recover.observability.schema import JobState
 
 from .test_decide import RIP, Job, make_job
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ms_recover.errors import ConfigError
-from ms_recover.testing.worlds import ENV, WorldSchedule, encode, parse
+from ms_recover.localrun.worlds import ENV, WorldSchedule, encode, parse
 
 
 class FakeComm:

@@ -32,8 +32,8 @@ from ms_recover.manager.actions import (
     Transition,
 )
 from ms_recover.manager.commands import rebuild
-from ms_recover.manager.model import Fault, FaultKind, JobModel, JobState, Round
-from ms_recover.manager.records import DecisionRecord
+from ms_recover.manager.model import Fault, JobModel, Round
+from ms_recover.observability.schema import DecisionRecord, FaultKind, JobState
 from ms_recover.protocol.messages import KillRanks, StartRanks, Stop
 from ms_recover.strategy import Strategy
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ms_recover import exitcodes
 from ms_recover.manager.actions import Action, ChooseWriters, SendRanks, Transition, WriteManifest
 from ms_recover.manager.commands import ASKED_TO_STOP, exit_job
-from ms_recover.manager.model import JobModel, JobState
+from ms_recover.manager.model import JobModel
 from ms_recover.manager.strategies.base import (
     Incident,
     Launch,
@@ -20,6 +20,7 @@ from ms_recover.manager.strategies.base import (
     no_source,
     planned_nodes,
 )
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol.messages import Dump as DumpMsg
 from ms_recover.strategy import Strategy
 

@@ -19,8 +19,7 @@ from ms_recover.manager.actions import (
     Transition,
 )
 from ms_recover.manager.commands import rebuild
-from ms_recover.manager.model import FaultKind, JobModel, JobState, Round
-from ms_recover.manager.records import DecisionRecord
+from ms_recover.manager.model import JobModel, Round
 from ms_recover.manager.strategies.base import (
     Incident,
     Launch,
@@ -30,6 +29,7 @@ from ms_recover.manager.strategies.base import (
     restart_in_place,
     untrusted_of,
 )
+from ms_recover.observability.schema import DecisionRecord, FaultKind, JobState
 from ms_recover.protocol.messages import AgentExit, Stop
 from ms_recover.strategy import Strategy
 
