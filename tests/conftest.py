@@ -108,6 +108,14 @@ def _import_mindspore_once() -> None:
         importlib.import_module("mindspore")
 
 
+def _build_font_cache_once() -> None:
+    """Matplotlib's first import on a fresh machine builds its font cache by running fc-list:
+    done before the refusal below, as MindSpore's import is (the unit tests that plot run in
+    CI's fresh home)."""
+    if "matplotlib.font_manager" not in sys.modules and importlib.util.find_spec("matplotlib"):
+        importlib.import_module("matplotlib.font_manager")
+
+
 @pytest.fixture(autouse=True)
 def unit_tests_start_no_process(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
@@ -116,6 +124,7 @@ def unit_tests_start_no_process(
     if request.node.get_closest_marker("unit") is None:
         return
     _import_mindspore_once()
+    _build_font_cache_once()
 
     def refuse(*args: object, **kwargs: object) -> None:
         pytest.fail(
