@@ -3,12 +3,17 @@ manager is a process of node 0's pod and a standby waits in node 1's. Killing no
 (manager, agent and ranks at once) is recovered at process level: the standby takes over,
 the survivors keep their processes and are coordinated again within 3 s of the detection,
 node 0's ranks come back in a recreated pod and are repaired from replicas, 0 lost steps,
-bit-identical; the recreated node 0's manager stands by instead of splitting the brain."""
+bit-identical; the recreated node 0's manager stands by instead of splitting the brain.
+
+A planned stop of node 0 (SIGTERM to its manager and its agent: the pod deleted or drained)
+is recovered the same way, without a loss: the manager hands over to the standby at once and
+node 0's leaving is an ordinary planned stop for its successor."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -105,3 +110,35 @@ def test_a_recreated_node_0_stands_by_and_does_not_split_the_brain(tmp_path, ref
     assert len(job.find("takeover")) == 1, "a second takeover: two managers contended"
     assert [r["ok"] for r in job.find("recovery")] == [True]
     assert [r["sha256"] for r in results(out)] == [reference] * 4
+
+
+def test_a_planned_stop_of_node_0_hands_the_manager_over_and_is_recovered(
+    tmp_path, reference, scenario
+):
+    """Node 0's pod deleted (SIGTERM to its manager and agent): the manager hands over (the
+    standby takes over with term 1, no silence waited for, node 0 not lost), node 0's agent
+    says it is leaving and its successor moves it as any node: 0 lost steps, bit-identical."""
+    out = str(tmp_path)
+    with pod_job(out, None, "--step-time", "0.2") as job:
+        wait_for(lambda: job.find("job_start"), 120, "training under way")
+        sent = time.time()
+        job.pods.stop_node(0)
+        assert job.wait(120), f"job did not finish: {job.status()}"
+    assert job.exit_code == 0, [(e["strategy"], e["reason"]) for e in job.find("decision")]
+    stops = job.find("planned_stop")  # written by the old manager, again by its successor
+    assert stops and {s["node_rank"] for s in stops} == {0}, stops
+    assert stops[0]["ts"] - sent < 1.0, stops[0]
+    (takeover,) = job.find("takeover")
+    assert takeover["handover"] and takeover["term"] == 1 and takeover["lost_node"] == 0
+    assert "hands over: node 0, which hosts the manager, was asked to stop" in takeover["reason"]
+    assert (0, 0) in job.pods.manager_exits, job.pods.manager_exits  # it stood down with 0
+    assert job.find("fault") == [], "a planned stop is not a fault"
+    recovery = job.find("recovery")
+    assert [(r["ok"], r["strategy"]) for r in recovery] == [(True, "recover")], recovery
+    assert sorted(recovery[0]["replaced"]) == [0, 1]
+    scenario.lost_steps = recovery[0]["lost_steps"]
+    assert scenario.lost_steps == 0
+    final = results(out)
+    assert [r["sha256"] for r in final] == [reference] * 4
+    assert all(r["committed"] == STEPS - 1 for r in final)
+    assert job.pods.restarts == {0: 1}
