@@ -18,10 +18,13 @@ from typing import Any
 
 import pytest
 
+from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.localrun.faults import Faults
 from ms_recover.localrun.job import ManagerPodJob
 from ms_recover.localrun.wait import wait_for
+from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import EventLog
 from ms_recover.observability.status import query
 
 from .jobs import STEPS, job_config, results, shared_reference_sha
@@ -142,3 +145,30 @@ def test_a_planned_stop_of_node_0_hands_the_manager_over_and_is_recovered(
     assert [r["sha256"] for r in final] == [reference] * 4
     assert all(r["committed"] == STEPS - 1 for r in final)
     assert job.pods.restarts == {0: 1}
+
+
+def test_a_manager_whose_standby_goes_silent_mid_handover_ends_the_job_as_asked(tmp_path):
+    """SIGTERM with a standby answering: the manager hands over (it says so in its status and
+    decides nothing more); the standby goes silent before it took over: the manager gives up
+    the handover and ends the job as asked, 143."""
+    events = EventLog(str(tmp_path / "events.jsonl"))
+    server = ManagerServer(job_config(manager_port=0), events=events, bind="127.0.0.1")
+    server.set_role("active", 0, True)
+    answering = [True]
+    server.standbys, server.successor_answering = 1, lambda: answering[0]
+    thread = server.start_thread()
+    try:
+        server.sigterm("SIGTERM")
+        mgr = wait_for(lambda: server.status()["manager"].get("handing_over"), 10, "handover")
+        assert mgr.startswith("node 0, which hosts the manager, was asked to stop (SIGTERM")
+        assert server.model.state.value == "forming" and not server.model.stop_asked
+        answering[0] = False  # the standby died before it took over
+        thread.join(timeout=15)
+        assert not thread.is_alive()
+    finally:
+        server.stop()
+        thread.join(timeout=5)
+    assert server.exit_code() == exitcodes.STOPPED
+    (end,) = events.recent("job_end")
+    assert end["reason"].startswith("asked to stop: node 0, which hosts the manager"), end
+    assert "none of the 1 standby manager(s) answers" in end["reason"]
