@@ -26,8 +26,11 @@ from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.status import query
+from ms_recover.strategy import parse_strategies
+from ms_recover.worker.dump import load_npz, locate, read_manifest
+from ms_recover.worker.repair import sha256_of
 
-from .jobs import STEPS, job_config, results, shared_reference_sha
+from .jobs import STEPS, job_config, reference_sha, results, shared_reference_sha
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,13 +43,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     return shared_reference_sha(tmp_path_factory)
 
 
-def pod_job(out: str, faults: Faults | None = None, *extra: str) -> ManagerPodJob:
+def pod_job(
+    out: str, faults: Faults | None = None, *extra: str, standby: bool = True, **changes: Any
+) -> ManagerPodJob:
     command = [
         *(sys.executable, "-m", "ms_recover.localrun.numpy_trainer"),
         *("--steps", str(STEPS), "--out", out, *extra),
     ]
     env = {"OPENBLAS_NUM_THREADS": "1", **(faults.to_env() if faults else {})}
-    return ManagerPodJob(job_config(), command, env, os.path.join(out, "logs"))
+    cfg = job_config(**changes)
+    return ManagerPodJob(cfg, command, env, os.path.join(out, "logs"), standby=standby)
 
 
 def manager_status(cfg: JobConfig, host_port: str) -> dict[str, Any] | None:
@@ -172,3 +178,34 @@ def test_a_manager_whose_standby_goes_silent_mid_handover_ends_the_job_as_asked(
     (end,) = events.recent("job_end")
     assert end["reason"].startswith("asked to stop: node 0, which hosts the manager"), end
     assert "none of the 1 standby manager(s) answers" in end["reason"]
+
+
+def test_a_planned_stop_of_node_0_without_a_standby_ends_the_job_with_a_final_dump(tmp_path):
+    """One manager only: node 0's pod deleted ends the job as asked, after a final dump of
+    the last committed step (bit-identical to an uninterrupted run of as many steps), 143."""
+    out, dump_dir = str(tmp_path / "run"), str(tmp_path / "dump")
+    with pod_job(
+        out,
+        None,
+        "--step-time",
+        "0.2",
+        standby=False,
+        strategies=parse_strategies("recover,dump,exit"),
+        dump_dir=dump_dir,
+    ) as job:
+        assert job.config.managers == (job.config.managers[0],)
+        wait_for(lambda: job.find("job_start"), 120, "training under way")
+        job.pods.stop_node(0)
+        assert job.wait(60), f"job did not end: {job.status()}"
+    assert job.exit_code == exitcodes.STOPPED
+    (end,) = job.find("job_end")
+    assert end["reason"].startswith("asked to stop: node 0, which hosts the manager"), end
+    assert "saved by ranks" in end["reason"] and job.find("takeover") == []
+    assert job.find("fault") == [] and job.pods.restarts == {}
+    manifest = read_manifest(dump_dir)
+    (dumped,) = job.find("dump")
+    assert manifest.step == dumped["step"]
+    expected = reference_sha(str(tmp_path / "reference"), steps=manifest.step + 1)
+    for rank in range(4):
+        path, _ = locate(dump_dir, rank)
+        assert sha256_of(load_npz(path)) == expected
