@@ -282,7 +282,7 @@ class ManagerServer:
         if reason is None and plan is OnSigterm.HAND_OVER:
             return  # handing over: the watch stands this manager down once it landed
         if reason is not None:
-            log.warning("manager of node %d got %s: %s (%s)", node, reason, plan.value, why)
+            log.warning("manager of node %d, %s: %s (%s)", node, reason, plan.value, why)
         if plan is OnSigterm.STOP:
             self._stop.set()
             return
@@ -646,6 +646,10 @@ class ManagerServer:
             node, msg.reason, round(leaving.deadline, 3), round(msg.deadline_s, 3)
         )
         self.events.write(stop, epoch=m.epoch)
+        if node == self.config.sched_node_rank and self.standbys and not self.standby:
+            # This manager's own pod is going, also where the SIGTERM reached only the agent
+            # (a start script that passes it on, the hook's detached manager): hand over.
+            self.sigterm("SIGTERM to its agent")
 
     def _left(self, info: RankInfo, now: float, latency: float) -> None:
         """A rank's process exited 0 on its own. It finished if it said so (WorkerDone);

@@ -12,6 +12,7 @@ node 0's leaving is an ordinary planned stop for its successor."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -121,17 +122,23 @@ def test_a_recreated_node_0_stands_by_and_does_not_split_the_brain(tmp_path, ref
     assert [r["sha256"] for r in results(out)] == [reference] * 4
 
 
+@pytest.mark.parametrize("signalled", ["pod", "agent"])
 def test_a_planned_stop_of_node_0_hands_the_manager_over_and_is_recovered(
-    tmp_path, reference, scenario
+    tmp_path, reference, scenario, signalled
 ):
-    """Node 0's pod deleted (SIGTERM to its manager and agent): the manager hands over (the
-    standby takes over with term 1, no silence waited for, node 0 not lost), node 0's agent
-    says it is leaving and its successor moves it as any node: 0 lost steps, bit-identical."""
+    """Node 0's pod deleted (SIGTERM to its manager and agent; or to its agent alone, as a
+    start script passes it on while the hook's manager runs detached): the manager hands over
+    (the standby takes over with term 1, no silence waited for, node 0 not lost), node 0's
+    agent says it is leaving and its successor moves it as any node: 0 lost steps,
+    bit-identical."""
     out = str(tmp_path)
     with pod_job(out, None, "--step-time", "0.2") as job:
         wait_for(lambda: job.find("job_start"), 120, "training under way")
         sent = time.time()
-        job.pods.stop_node(0)
+        if signalled == "pod":
+            job.pods.stop_node(0)
+        else:
+            job.pods.procs[0].send_signal(signal.SIGTERM)
         assert job.wait(120), f"job did not finish: {job.status()}"
     assert job.exit_code == 0, [(e["strategy"], e["reason"]) for e in job.find("decision")]
     stops = job.find("planned_stop")  # written by the old manager, again by its successor
