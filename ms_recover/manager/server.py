@@ -137,7 +137,7 @@ class ManagerServer:
         #: decides nothing more, and says so in its status (:meth:`sigterm`).
         self.handing_over = ""
         #: The standby managers of ``MS_RECOVER_MANAGERS``, and whether one answers now or
-        #: took over (the takeover watch's, set with :meth:`watched`).
+        #: took over (the takeover watch's; ``manager.main`` sets both).
         self.standbys = 0
         self.successor_answering: Callable[[], bool] = lambda: False
         self._sigterm: str | None = None  # a SIGTERM's reason, until the loop takes it up
