@@ -106,7 +106,8 @@ class LocalJob:
 
 class ManagerPodJob(LocalJob):
     """A :class:`LocalJob` whose manager lives in node 0's pod, as the scheduler pod's does in
-    Kubernetes, with a standby manager in the next node's pod (docs/manager-takeover.md):
+    Kubernetes, with a standby manager in the next node's pod (unless ``standby`` is False;
+    docs/manager-takeover.md):
     losing node 0 loses its manager, and the standby takes over. The managers write one JSONL
     event log that this job tails into :attr:`events` (listeners see each event as it comes).
     ``status()`` asks the active manager; :attr:`exit_code` is the job's, from ``job_end``."""
@@ -123,13 +124,14 @@ class ManagerPodJob(LocalJob):
         reschedule_delay_s: float = 0.0,
         on_event: Callable[[Event], None] | None = None,
         spares: int = 0,
+        standby: bool = True,
     ) -> None:
         self.events = EventLog()
         if on_event is not None:
             self.events.subscribe(on_event)
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="ms-recover-job-")
         self.events_path = config.events_path or os.path.join(self.log_dir, "events.jsonl")
-        hosts = manager_nodes(config)
+        hosts = manager_nodes(config, standby)
         ports = {node: free_port() for node in hosts}
         self.config = config.replace(
             manager_port=ports[hosts[0]],
@@ -231,11 +233,13 @@ class ManagerPodJob(LocalJob):
         return self.start()
 
 
-def manager_nodes(config: JobConfig) -> list[int]:
+def manager_nodes(config: JobConfig, standby: bool = True) -> list[int]:
     """The nodes whose pods hold a manager: the scheduler's node, then the next one (its
-    standby), when the job has more than one node."""
+    standby), when the job has more than one node and wants a ``standby``."""
     first = config.sched_node_rank
-    return [first] if config.node_nums < 2 else [first, (first + 1) % config.node_nums]
+    if config.node_nums < 2 or not standby:
+        return [first]
+    return [first, (first + 1) % config.node_nums]
 
 
 def free_port() -> int:

@@ -219,6 +219,14 @@ class LocalPods:
         if node in self.procs:
             os.killpg(self._pgid[node], signal.SIGKILL)
 
+    def stop_node(self, node: int) -> None:
+        """SIGTERM the pod's main processes, its manager (if it holds one) and its agent, as
+        Kubernetes does to every container of a pod it deletes (a drain, a preemption): a
+        planned stop. The ranks are the agent's to stop."""
+        for proc in (self.managers.get(node), self.procs.get(node)):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
     def close(self) -> None:
         """Kill every process group we ever started (a dead pod's orphans too) and reap."""
         self._due.clear()

@@ -26,7 +26,7 @@ def decide(m: JobModel, now: float) -> list[Action]:
         return after_end(m)
     restoring = m.state is JobState.FORMING and m.restore is not None
     faults = [] if restoring else [*m.pending, *detect_silence(m, now), *detect_early_exits(m, now)]
-    if m.leaving and not restoring:  # planned stops (docs/design.md §1d)
+    if (m.leaving and not restoring) or m.stop_asked:  # planned stops (docs/design.md §1d)
         ending = asked_to_stop(m, now)
         if ending is not None:
             return ending

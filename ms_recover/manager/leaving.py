@@ -14,7 +14,9 @@ here:
   replacement from replicas; ``recover-in-place`` never applies (the pod is going); ``dump``
   may use the leaving ranks as writers (they are alive until the round ends);
 * every node leaving (:meth:`JobModel.every_node_leaving
-  <ms_recover.manager.model.JobModel.every_node_leaving>`): the job was asked to stop. With
+  <ms_recover.manager.model.JobModel.every_node_leaving>`), or the manager's own node
+  leaving with no standby manager to take over (:meth:`JobModel.stop_reason
+  <ms_recover.manager.model.JobModel.stop_reason>`): the job was asked to stop. With
   ``dump`` configured (and a replica of every shard alive) the survivors stop and write a
   final dump; the job then ends with :data:`~ms_recover.exitcodes.STOPPED` and a ``job_end``
   whose reason starts with :data:`~ms_recover.manager.commands.ASKED_TO_STOP`.
@@ -72,18 +74,16 @@ def settled(m: JobModel, faults: list[Fault], now: float) -> list[Fault]:
 
 
 def asked_to_stop(m: JobModel, now: float) -> list[Action] | None:
-    """The job's end when every node is leaving (None otherwise, or when its final dump is
-    already under way): a final dump where ``dump`` is configured and can be written, else
-    the end at once, with :data:`~ms_recover.exitcodes.STOPPED`."""
-    if m.state in (JobState.EXITING, JobState.FINISHED) or not m.every_node_leaving():
+    """The job's end when it was asked to stop as a whole (:meth:`JobModel.stop_reason`:
+    every node leaving, or the manager's node with no standby manager; None otherwise, or
+    when its final dump is already under way): a final dump where ``dump`` is configured and
+    can be written, else the end at once, with :data:`~ms_recover.exitcodes.STOPPED`."""
+    why = m.stop_reason()
+    if m.state in (JobState.EXITING, JobState.FINISHED) or not why:
         return None
     if m.in_recovery and m.round is not None and m.round.strategy is Strategy.DUMP:
         return None  # the dump under way ends the job (with STOPPED, see dump.dumping)
-    nodes = sorted(m.leaving)
-    reason = (
-        f"{ASKED_TO_STOP}: every node is leaving (SIGTERM to nodes {nodes}: the job deleted "
-        "or its nodes drained)"
-    )
+    reason = f"{ASKED_TO_STOP}: {why}"
     if Strategy.DUMP not in m.config.strategies:
         return exit_job(m, exitcodes.STOPPED, f"{reason}; no final dump (dump not configured)")
     incident = Incident(

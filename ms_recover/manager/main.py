@@ -2,9 +2,12 @@
 
 Every option falls back to the MindCluster environment (MINDX_TASK_ID, MS_SCHED_HOST, POD_IP,
 MS_WORKER_NUM, MS_LOCAL_WORKER, MS_RECOVER_*) and then to the defaults. SIGTERM stops it
-cleanly. Exit code: 0 when the job finished, 87 when recovery gave up (exit strategy), 88 after
-a dump, 143 when the job was asked to stop (every node's agent got SIGTERM: the job deleted or
-every node drained; after a final dump when ``dump`` is configured).
+cleanly: the active manager hands over to a standby of ``MS_RECOVER_MANAGERS`` that answers
+(docs/manager-takeover.md), and without one ends the job as asked (a final dump when ``dump``
+is configured). Exit code: 0 when the job finished (or this manager handed over), 87 when
+recovery gave up (exit strategy), 88 after a dump, 143 when the job was asked to stop (every
+node's agent got SIGTERM: the job deleted or every node drained; or the manager's own SIGTERM
+with no standby; after a final dump when ``dump`` is configured).
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def _run(args: argparse.Namespace) -> int:
     if index is not None:
         server.set_role("standby", 0, False)  # until the watch decides (docs/manager-takeover.md)
         watch = Watch(config, index, server)
+        server.standbys = len(config.managers) - 1  # SIGTERM: hand over to one that answers
+        server.successor_answering = watch.successor_answering
         watch.decide_start()
         watch.start()
     if metrics_port:
@@ -190,14 +195,17 @@ def hold_sigterm() -> _Handler:
 
 
 def serve_in_foreground(server: ManagerServer) -> int:
-    """Serve until the job ends or SIGTERM arrives; the exit code of the job."""
+    """Serve until the job ends; the exit code of the job. SIGTERM (the pod deleted or the
+    node drained) makes an active manager hand over to a standby that answers, or else end
+    the job cleanly (a final dump where ``dump`` is configured, then 143); a standby stops
+    (:func:`~ms_recover.manager.takeover.on_sigterm`)."""
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
-        server.stop()
+        server.sigterm("SIGTERM")
 
     signal.signal(signal.SIGTERM, on_term)
     if _TERM.is_set():  # it came while binding (see hold_sigterm)
-        server.stop()
+        server.sigterm("SIGTERM")
     return server.serve()
 
 

@@ -251,6 +251,10 @@ class JobModel:
     heard_at: float = math.inf
     #: Nodes whose agent announced a planned stop, until a new agent registers for the node.
     leaving: dict[int, Leaving] = dataclasses.field(default_factory=dict)
+    #: Why this manager itself was asked to stop with no standby to take over (its SIGTERM:
+    #: the pod of its node deleted or drained); "" when it was not. The job then ends as
+    #: asked (:meth:`stop_reason`).
+    stop_asked: str = ""
     #: This manager's role among the job's managers (docs/manager-takeover.md): ``role``
     #: (active or standby), ``term``, ``node``, ``seen_active``; in every status reply.
     manager: dict[str, object] = dataclasses.field(default_factory=dict)
@@ -301,6 +305,26 @@ class JobModel:
         the job itself is being deleted (or every node drained), not one pod moved."""
         live = [n for n, a in self.agents.items() if a.alive]
         return bool(self.leaving) and all(n in self.leaving for n in live)
+
+    def stop_reason(self) -> str:
+        """Why the job was asked to stop as a whole, or "": every node still in the job is
+        leaving (the job deleted, or every node drained), or the manager's own node is
+        leaving (its manager or its agent got SIGTERM) and no standby manager can take over
+        (:attr:`stop_asked`, or no second entry in ``MS_RECOVER_MANAGERS``)."""
+        if self.stop_asked:
+            return self.stop_asked
+        if self.every_node_leaving():
+            nodes = sorted(self.leaving)
+            why = "the job deleted or its nodes drained"
+            return f"every node is leaving (SIGTERM to nodes {nodes}: {why})"
+        sched = self.config.sched_node_rank
+        if sched in self.leaving and len(self.config.managers) < 2:
+            return (
+                f"node {sched}, which hosts the manager, is leaving (SIGTERM: its pod deleted or "
+                "its node drained) and no standby manager can take over (MS_RECOVER_MANAGERS "
+                "lists none)"
+            )
+        return ""
 
     def min_committed(self) -> int:
         return min(info.committed_step for info in self.ranks.values())

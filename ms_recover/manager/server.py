@@ -33,6 +33,7 @@ from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
 from ms_recover.manager.strategies.registry import config_problems
+from ms_recover.manager.takeover import OnSigterm, on_sigterm
 from ms_recover.manager.workers import Handler, WorkerHandlers
 from ms_recover.observability.events import EventLog
 from ms_recover.observability.schema import (
@@ -132,6 +133,14 @@ class ManagerServer:
         # Takeover (docs/manager-takeover.md): a standby serves status requests only; after a
         # takeover, (lost node, when detected) until every survivor is back.
         self.standby = False
+        #: Why this active manager hands over to a standby ("" while it does not): it then
+        #: decides nothing more, and says so in its status (:meth:`sigterm`).
+        self.handing_over = ""
+        #: The standby managers of ``MS_RECOVER_MANAGERS``, and whether one answers now or
+        #: took over (the takeover watch's; ``manager.main`` sets both).
+        self.standbys = 0
+        self.successor_answering: Callable[[], bool] = lambda: False
+        self._sigterm: str | None = None  # a SIGTERM's reason, until the loop takes it up
         self._forced_exit: int | None = None
         self._coordinating: tuple[int, float] | None = None
         self.cadence = Cadence(self.model, tick_s)
@@ -179,7 +188,10 @@ class ManagerServer:
                 else:
                     self.model.heard_at = self.clock()  # nothing unread: silence is silence
                 with self._lock:
-                    self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
+                    if self._sigterm is not None or self.handing_over:
+                        self._take_sigterm(self._sigterm)
+                    if not self.handing_over:  # refuse new work: the successor decides
+                        self.cadence.run(self._decide_and_execute)  # when due (see .cadence)
                     if self._coordinating is not None:
                         self._note_coordinated()
                     self.relay.flush()  # what handlers and decide sent to relayed ranks
@@ -252,22 +264,61 @@ class ManagerServer:
                 "seen_active": seen_active,
             }
 
-    def take_over(self, lost_node: int, term: int, detected_at: float, reason: str) -> None:
-        """Become the active manager with ``term``: the node of the lost active manager is
-        lost (recovered like any other node), and the survivors that come here are adopted
-        as by a restarted manager (``phases._restoring``)."""
+    def sigterm(self, reason: str) -> None:
+        """SIGTERM came (safe from a signal handler: it only records the fact). The serve
+        loop acts on it at its next turn (:meth:`_take_sigterm`)."""
+        self._sigterm = reason
+
+    def _take_sigterm(self, reason: str | None) -> None:
+        """Apply :func:`~.takeover.on_sigterm` to a new SIGTERM (``reason``), and again on
+        every turn of a handover (``None``): stop at once, hand over to the standby that
+        answers, or end the job cleanly (``JobModel.stop_asked``), also when the standby
+        stopped answering before it took over. Under the lock."""
+        self._sigterm = None
+        m, node = self.model, self.config.node_rank
+        role = "standby" if self.standby else "active"
+        ended = m.state in (JobState.FINISHED, JobState.EXITING)
+        plan, why = on_sigterm(role, ended, self.standbys, self.successor_answering())
+        if reason is None and plan is OnSigterm.HAND_OVER:
+            return  # handing over: the watch stands this manager down once it landed
+        if reason is not None:
+            log.warning("manager of node %d, %s: %s (%s)", node, reason, plan.value, why)
+        if plan is OnSigterm.STOP:
+            self._stop.set()
+            return
+        asked = f"node {node}, which hosts the manager, was asked to stop ({reason or 'SIGTERM'}"
+        if plan is OnSigterm.HAND_OVER and not self.handing_over:
+            self.handing_over = f"{asked}: its pod deleted or its node drained)"
+            m.manager = {**m.manager, "handing_over": self.handing_over}
+        elif plan is OnSigterm.END_JOB and not m.stop_asked:
+            if self.handing_over:
+                log.warning("manager of node %d: the handover failed (%s)", node, why)
+            self.handing_over = ""
+            m.manager = {k: v for k, v in m.manager.items() if k != "handing_over"}
+            m.stop_asked = f"{asked}: its pod deleted or its node drained); {why}"
+
+    def take_over(
+        self, lost_node: int, term: int, detected_at: float, reason: str, handover: bool = False
+    ) -> None:
+        """Become the active manager with ``term``, and adopt the members that come here as
+        a restarted manager does (``phases._restoring``). After a loss the old active
+        manager's node is lost (recovered like any other node); after a ``handover`` nothing
+        is lost: every member comes here, and the old manager's node says itself that it is
+        leaving (its agent's planned stop)."""
         with self._lock:
             m, now = self.model, self.clock()
             self.standby = False
             m.manager = {"role": "active", "term": term, "node": self.config.node_rank}
             if m.state is JobState.FORMING and m.round is None and m.restore is None:
                 m.restore = Restore(now)
-            detail = f"node {lost_node} lost with the active manager: {reason}"
-            m.pending.append(
-                Fault(FaultKind.NODE_LOST, lost_node, -1, detail, now, self.config.silence_s)
-            )
-            self._coordinating = (lost_node, detected_at)
-            self.events.write(TakeoverRecord(term, lost_node, reason), epoch=m.epoch)
+            if not handover:
+                detail = f"node {lost_node} lost with the active manager: {reason}"
+                m.pending.append(
+                    Fault(FaultKind.NODE_LOST, lost_node, -1, detail, now, self.config.silence_s)
+                )
+            self._coordinating = (-1 if handover else lost_node, detected_at)
+            record = TakeoverRecord(term, lost_node, reason, handover=handover or None)
+            self.events.write(record, epoch=m.epoch)
 
     def stand_down(self, code: int, reason: str) -> None:
         """Stop serving with ``code`` (the job ended, or a higher term is active)."""
@@ -276,13 +327,16 @@ class ManagerServer:
         self._stop.set()
 
     def _note_coordinated(self) -> None:
-        """After a takeover: once every survivor (agent and rank off the lost node) is
-        registered here, write ``manager_takeover`` with the seconds since the detection."""
+        """After a takeover: once every survivor (agent and rank off the lost node, and off
+        the nodes that are leaving) is registered here, write ``manager_takeover`` with the
+        seconds since the detection."""
         assert self._coordinating is not None
         lost, detected_at = self._coordinating
         m = self.model
-        agents = all(a.alive for n, a in m.agents.items() if n != lost)
-        if agents and all(i.alive or i.done for i in m.ranks.values() if i.node_rank != lost):
+        # Survivors: off the lost node, and (after a handover) off nodes leaving or sent away.
+        gone = {lost, *m.leaving, *(m.round.reschedule_nodes if m.round is not None else ())}
+        agents = all(a.alive for n, a in m.agents.items() if n not in gone)
+        if agents and all(i.alive or i.done for i in m.ranks.values() if i.node_rank not in gone):
             took = round(self.clock() - detected_at, 4)
             self.events.write(ManagerTakeoverRecord(lost, took), epoch=m.epoch)
             self._coordinating = None
@@ -592,6 +646,10 @@ class ManagerServer:
             node, msg.reason, round(leaving.deadline, 3), round(msg.deadline_s, 3)
         )
         self.events.write(stop, epoch=m.epoch)
+        if node == self.config.sched_node_rank and self.standbys and not self.standby:
+            # This manager's own pod is going, also where the SIGTERM reached only the agent
+            # (a start script that passes it on, the hook's detached manager): hand over.
+            self.sigterm("SIGTERM to its agent")
 
     def _left(self, info: RankInfo, now: float, latency: float) -> None:
         """A rank's process exited 0 on its own. It finished if it said so (WorkerDone);

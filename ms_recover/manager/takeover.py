@@ -17,12 +17,18 @@ Guarantees:
   answers as active and none has seen an active one (a fresh job), or if nobody answered
   within ``silence_s`` plus a beat; otherwise it starts as a standby: a recreated node 0
   does not split the brain;
+* an active manager asked to stop (SIGTERM: its pod deleted or its node drained) hands over
+  when a standby answers (:func:`on_sigterm`): it decides nothing more and says so in its
+  status; the next standby that answers takes over at its next probe, without waiting for a
+  silence and without declaring the old manager's node lost (that node's agent says itself
+  that it is leaving: a planned stop); the old manager stands down with 0 once it sees the
+  new term active;
 * an active manager that hears another active one with a higher term stands down (exit 1):
   the members follow the higher term;
 * a standby that sees the job end stands down with the job's exit code.
 
 The decisions are pure functions of what the probes saw (:func:`start_role`,
-:func:`watch_verdict`); :class:`Watch` is the thread that probes and acts.
+:func:`watch_verdict`, :func:`on_sigterm`); :class:`Watch` is the thread that probes and acts.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class Seen:
     state: str = ""
     seen_active: bool = False
     at: float = -1.0  # monotonic time of the last answer; -1: never
+    handing_over: str = ""  # an active manager asked to stop: why ("" when it is not)
 
 
 def seen_of(status: dict[str, Any], now: float) -> Seen:
@@ -74,7 +81,38 @@ def seen_of(status: dict[str, Any], now: float) -> Seen:
         state=str(status.get("state", "")),
         seen_active=bool(mgr.get("seen_active", False)),
         at=now,
+        handing_over=str(mgr.get("handing_over", "")),
     )
+
+
+class OnSigterm(str, enum.Enum):
+    """What a manager does with a SIGTERM (:func:`on_sigterm`): STOP serving at once,
+    HAND_OVER to a standby, or END_JOB cleanly (a final dump where ``dump`` is configured,
+    then exit 143)."""
+
+    STOP = "stop"
+    HAND_OVER = "hand_over"
+    END_JOB = "end_job"
+
+
+def on_sigterm(role: str, job_ended: bool, standbys: int, answering: bool) -> tuple[OnSigterm, str]:
+    """The plan of a manager that got SIGTERM, and why. A standby, or a manager whose job has
+    ended, has nothing to keep: it stops. The active manager hands over when one of its
+    ``standbys`` is ``answering`` (answered its probe within ``silence_s``, or has taken
+    over); without one the job cannot outlive this manager, so it ends the job cleanly (the
+    manager's node was asked to stop)."""
+    if role != Role.ACTIVE:
+        return OnSigterm.STOP, "a standby serves nobody"
+    if job_ended:
+        return OnSigterm.STOP, "the job has ended"
+    if not standbys:
+        return (
+            OnSigterm.END_JOB,
+            "no standby manager can take over (MS_RECOVER_MANAGERS lists none)",
+        )
+    if answering:
+        return OnSigterm.HAND_OVER, "a standby manager answers: it takes over"
+    return OnSigterm.END_JOB, f"none of the {standbys} standby manager(s) answers"
 
 
 def start_role(peers: list[Seen], waited_s: float, limit_s: float) -> Role | None:
@@ -92,26 +130,40 @@ def start_role(peers: list[Seen], waited_s: float, limit_s: float) -> Role | Non
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """What a watching manager does now: ``take_over`` (lost node, new term), ``stand_down``
-    (exit code), or nothing; ``reason`` says why."""
+    """What a watching manager does now: ``take_over`` (the old manager's node, new term),
+    ``stand_down`` (exit code), or nothing; ``reason`` says why. ``handover``: the old manager
+    handed over (its node is not lost: its agent announces its own planned stop)."""
 
     take_over: tuple[int, int] | None = None
     stand_down: int | None = None
     reason: str = ""
+    handover: bool = False
 
 
 def watch_verdict(
-    role: Role, term: int, index: int, peers: dict[int, Seen], now: float, silence_s: float
+    role: Role,
+    term: int,
+    index: int,
+    peers: dict[int, Seen],
+    now: float,
+    silence_s: float,
+    handing_over: bool = False,
 ) -> Verdict:
     """The decision of the manager at ``index`` (in takeover order, ``peers`` by index).
 
     A standby takes over from the last active peer it saw once that one was silent for
     ``silence_s`` times its distance in the order (the next one first), unless the job had
-    ended; an active manager stands down before a peer active with a higher term."""
+    ended, or at once when that peer hands over and no standby ahead of it in the order
+    answers; an active manager stands down before a peer active with a higher term (with 0
+    when it was ``handing_over``: that peer is its successor)."""
     n = len(peers) + 1
     active = [(i, p) for i, p in peers.items() if p.at >= 0 and p.role == Role.ACTIVE]
     if role is Role.ACTIVE:
         higher = [p for _, p in active if p.term > term and now - p.at <= silence_s]
+        if higher and handing_over:
+            new = higher[0]
+            why = f"handed over to the manager of node {new.node} (term {new.term})"
+            return Verdict(stand_down=0, reason=why)
         if higher:
             return Verdict(stand_down=1, reason=f"a manager with term {higher[0].term} is active")
         return Verdict()
@@ -124,16 +176,44 @@ def watch_verdict(
         return Verdict(stand_down=1, reason="the job gave up")
     distance = (index - i) % n
     quiet = now - last.at
+    if (
+        last.handing_over
+        and quiet <= silence_s
+        and not _answering_ahead(i, index, peers, now, silence_s)
+    ):
+        why = f"the active manager (node {last.node}, term {last.term}) hands over: "
+        return Verdict(
+            take_over=(last.node, last.term + 1), reason=why + last.handing_over, handover=True
+        )
     if quiet > silence_s * distance:
         why = f"the active manager (node {last.node}, term {last.term}) silent for {quiet:.2f}s"
         return Verdict(take_over=(last.node, last.term + 1), reason=why)
     return Verdict()
 
 
+def _answering_ahead(
+    active: int, index: int, peers: dict[int, Seen], now: float, silence_s: float
+) -> bool:
+    """Whether a standby between the active manager (at ``active``) and this one (at
+    ``index``) in takeover order answered within ``silence_s``: that one takes over first."""
+    n = len(peers) + 1
+    ahead = [(active + d) % n for d in range(1, (index - active) % n)]
+    return any(
+        peers[j].at >= 0 and now - peers[j].at <= silence_s and peers[j].role == Role.STANDBY
+        for j in ahead
+        if j in peers
+    )
+
+
 class Serving(Protocol):
     """What :class:`Watch` needs of the manager server."""
 
-    def take_over(self, lost_node: int, term: int, detected_at: float, reason: str) -> None: ...
+    #: Why this (active) manager hands over ("" while it does not; :func:`on_sigterm`).
+    handing_over: str
+
+    def take_over(
+        self, lost_node: int, term: int, detected_at: float, reason: str, handover: bool
+    ) -> None: ...
 
     def stand_down(self, code: int, reason: str) -> None: ...
 
@@ -214,7 +294,13 @@ class Watch:
         if self.role is Role.STANDBY:
             self.server.set_role(Role.STANDBY.value, self.term, seen_active)
         v = watch_verdict(
-            self.role, self.term, self.index, self.peers, time.monotonic(), self.config.silence_s
+            self.role,
+            self.term,
+            self.index,
+            self.peers,
+            time.monotonic(),
+            self.config.silence_s,
+            handing_over=bool(self.server.handing_over),
         )
         if v.stand_down is not None:
             log.warning("manager %d stands down: %s", self.index, v.reason)
@@ -224,5 +310,16 @@ class Watch:
             lost, self.term = v.take_over
             log.warning("manager %d takes over with term %d: %s", self.index, self.term, v.reason)
             self.role = Role.ACTIVE
-            self.server.take_over(lost, self.term, time.time(), v.reason)
+            self.server.take_over(lost, self.term, time.time(), v.reason, v.handover)
         return False
+
+    def successor_answering(self) -> bool:
+        """Whether a peer that can take over (a standby), or has (active with a higher
+        term), answered within ``silence_s``."""
+        now, term = time.monotonic(), self.term
+        return any(
+            p.at >= 0
+            and now - p.at <= self.config.silence_s
+            and (p.role == Role.STANDBY or p.term > term)
+            for p in self.peers.values()
+        )

@@ -379,17 +379,21 @@ class PlannedStopRecord(Record):
 
 @dataclasses.dataclass(frozen=True)
 class TakeoverRecord(Record):
-    """This standby manager became active with ``term`` after ``lost_node`` was lost."""
+    """This standby manager became active with ``term`` after ``lost_node`` was lost, or
+    (``handover``) when the active manager of ``lost_node`` handed over: it was asked to
+    stop, and its node is not lost."""
 
     EVENT: ClassVar[str] = "takeover"
     term: int
     lost_node: int
     reason: str
+    handover: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ManagerTakeoverRecord(Record):
-    """Every survivor registered with the new manager, ``takeover_s`` after the detection."""
+    """Every survivor registered with the new manager, ``takeover_s`` after the detection
+    (``lost_node`` -1 after a handover: every member came back)."""
 
     EVENT: ClassVar[str] = "manager_takeover"
     lost_node: int

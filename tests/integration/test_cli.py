@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ms_recover import exitcodes
 from ms_recover.cli import COMMANDS, main
 from ms_recover.errors import ConfigError
 from ms_recover.integrations.taskd import manager_api as api
@@ -112,9 +114,13 @@ def test_manager_listens_and_stops_cleanly_on_sigterm(tmp_path):
         ],
         port,
     )
-    assert code == 1  # stopped before the job ever finished
+    # The only manager was asked to stop (its pod deleted): the job ends as asked, 143.
+    assert code == exitcodes.STOPPED, stderr[-2000:]
     assert "Traceback" not in stderr
-    assert '"event": "manager_start"' in events.read_text()
+    text = events.read_text()
+    assert '"event": "manager_start"' in text
+    (end,) = [e for e in map(json.loads, text.splitlines()) if e["event"] == "job_end"]
+    assert end["reason"].startswith("asked to stop: node 0, which hosts the manager"), end
 
 
 def test_init_taskd_manager_validates(monkeypatch):
@@ -239,5 +245,5 @@ def test_a_sigterm_while_the_manager_binds_still_stops_it_cleanly():
     run = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
     )
-    assert run.returncode == 1, run.stderr[-2000:]  # stopped before the job finished
+    assert run.returncode == exitcodes.STOPPED, run.stderr[-2000:]  # the job ends as asked
     assert "Traceback" not in run.stderr

@@ -10,7 +10,8 @@ survives when the job ends 0, every recovery it needed succeeded, and the final 
 every rank are bit-identical to an uninterrupted run's; it adds the committed steps its
 recoveries lost (always 0 when it survives). The terminal summary prints the tally. The
 manager restart scenarios are in test_manager_restart.py; node 0 lost whole with the manager
-(a standby takes over) in test_node0_takeover.py.
+(a standby takes over) and a planned stop of node 0 (its manager hands over) in
+test_node0_takeover.py, whose pods hold the managers.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ FACTS = frozenset(
         "pending",  # faults detected, waiting for the next decision
         "early_exits",
         "leaving",  # planned stops announced
+        "stop_asked",  # the manager's own SIGTERM with no standby to hand over to
         "health",
         "health_rev",
         "heard_at",

@@ -228,3 +228,58 @@ def test_a_crash_while_a_planned_stop_settles_takes_it_along(make_job: Callable[
     m = job.model
     assert m.state is JobState.STOPPING and m.round is not None and m.pending == []
     assert m.round.reschedule_nodes == {1, 2}  # the leaving node is not forgotten
+
+
+def test_node_0_leaving_without_a_standby_ends_the_job_as_asked(
+    make_job: Callable[..., Job], tmp_path: Path
+) -> None:
+    """Node 0 hosts the manager: with no standby manager the job cannot outlive its pod.
+    It ends at once (no settle) as a job asked to stop: a final dump first with ``dump``."""
+    job = make_job("recover,dump,exit", dump_dir=str(tmp_path))
+    job.running(step=10)
+    leave(job, 0)
+    job.tick()
+    m = job.model
+    assert m.state is JobState.STOPPING and m.round is not None
+    assert m.round.strategy is not None and m.round.strategy.value == "dump"
+    assert job.decision()["reason"].startswith(
+        "asked to stop: node 0, which hosts the manager, is leaving"
+    ), job.decision()
+    assert msgs(job.take(), M.AgentExit) == []  # node 0's ranks may write the dump
+    plain = make_job("recover,exit")
+    plain.running()
+    leave(plain, 0)
+    plain.tick()
+    (end,) = plain.events("job_end")
+    assert plain.model.exit_code == exitcodes.STOPPED and "no standby manager" in end["reason"]
+
+
+def test_the_managers_own_sigterm_without_a_standby_ends_the_job_as_asked(
+    make_job: Callable[..., Job],
+) -> None:
+    job = make_job("recover,exit")
+    job.running()
+    job.model.stop_asked = "node 0, which hosts the manager, was asked to stop (SIGTERM)"
+    job.tick()
+    (end,) = job.events("job_end")
+    assert end["exit_code"] == exitcodes.STOPPED
+    assert (
+        end["reason"]
+        == f"asked to stop: {job.model.stop_asked}; no final dump (dump not configured)"
+    )
+
+
+def test_node_0_leaving_after_a_handover_is_an_ordinary_planned_stop(
+    make_job: Callable[..., Job],
+) -> None:
+    """The successor manager (on node 1, with the list of managers) moves node 0 like any
+    node: sent away for a new pod, repaired from replicas."""
+    job = make_job("recover,exit", sched_node_rank=1, managers=("127.0.0.1:1", "127.0.0.1:2"))
+    job.running(step=10)
+    leave(job, 0)
+    settle(job)
+    m = job.model
+    assert m.state is JobState.STOPPING and m.round is not None
+    assert m.round.replace_ranks == {0, 1} and m.round.reschedule_nodes == {0}
+    sent = job.take()
+    assert [(w, x.code) for w, x in msgs(sent, M.AgentExit)] == [("a0", exitcodes.RESCHEDULE)]

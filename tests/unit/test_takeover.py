@@ -4,10 +4,19 @@ agent leaves its manager for the next one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ms_recover.agent.managers import ManagerLinkState
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
-from ms_recover.manager.takeover import Role, Seen, start_role, watch_verdict
+from ms_recover.manager.takeover import (
+    OnSigterm,
+    Role,
+    Seen,
+    on_sigterm,
+    start_role,
+    watch_verdict,
+)
 
 SILENCE = 2.0
 
@@ -130,3 +139,42 @@ def test_a_manager_finds_its_entry_by_address_else_by_its_node() -> None:
         assert "MS_RECOVER_MANAGERS" in str(exc) and "node 2" in str(exc)
     else:
         raise AssertionError("a manager on a node without an entry was accepted")
+
+
+def test_a_sigterm_hands_over_to_a_standby_that_answers_else_ends_the_job() -> None:
+    """Node 0's pod deleted or drained: its active manager hands over when a standby answers;
+    with none listed, or none answering, the job cannot outlive it and ends as asked."""
+    assert on_sigterm("active", False, 1, True)[0] is OnSigterm.HAND_OVER
+    plan, why = on_sigterm("active", False, 0, False)
+    assert plan is OnSigterm.END_JOB and "MS_RECOVER_MANAGERS lists none" in why
+    plan, why = on_sigterm("active", False, 2, False)
+    assert plan is OnSigterm.END_JOB and "none of the 2 standby manager(s) answers" in why
+    assert on_sigterm("standby", False, 1, True)[0] is OnSigterm.STOP  # serves nobody
+    assert on_sigterm("active", True, 1, True)[0] is OnSigterm.STOP  # the job has ended
+
+
+def test_a_standby_takes_over_at_once_from_a_manager_that_hands_over() -> None:
+    """No silence to wait for, and the old manager's node is not lost (a handover)."""
+    asked = "node 0, which hosts the manager, was asked to stop (SIGTERM)"
+    peers = {0: dataclasses.replace(active(at=10.0), handing_over=asked)}
+    v = watch_verdict(Role.STANDBY, 0, 1, peers, 10.1, SILENCE)
+    assert v.take_over == (0, 1) and v.handover and v.reason.endswith(asked), v
+    # One further down the list leaves it to the next one while that one answers...
+    ahead = {**peers, 1: standby(seen_active=True, at=10.0)}
+    assert watch_verdict(Role.STANDBY, 0, 2, ahead, 10.1, SILENCE).take_over is None
+    # ...and takes over at once when that one is silent.
+    gone = {**peers, 1: standby(seen_active=True, at=5.0)}
+    assert watch_verdict(Role.STANDBY, 0, 2, gone, 10.1, SILENCE).handover
+    # A manager that handed over and then went silent is taken over as a lost one.
+    late = watch_verdict(Role.STANDBY, 0, 1, peers, 12.1, SILENCE)
+    assert late.take_over == (0, 1) and not late.handover
+
+
+def test_a_manager_that_hands_over_stands_down_with_0_once_its_successor_is_active() -> None:
+    successor = {1: active(term=1, node=1, at=10.0)}
+    v = watch_verdict(Role.ACTIVE, 0, 0, successor, 10.2, SILENCE, handing_over=True)
+    assert v.stand_down == 0 and "handed over to the manager of node 1 (term 1)" in v.reason
+    standing_by = {1: standby(seen_active=True, at=10.0)}
+    assert watch_verdict(Role.ACTIVE, 0, 0, standing_by, 10.2, SILENCE, handing_over=True) == (
+        watch_verdict(Role.ACTIVE, 0, 0, {}, 10.2, SILENCE)
+    )

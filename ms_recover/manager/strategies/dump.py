@@ -1,7 +1,8 @@
 """``dump`` (MindCluster's "save last words"): once the survivors stopped, one healthy replica
 per data-parallel shard writes its state at the highest committed step, the manager writes
 the manifest over the files, and the job ends with :data:`~ms_recover.exitcodes.DUMPED`
-(:data:`~ms_recover.exitcodes.STOPPED` when every node is leaving: the job was asked to stop).
+(:data:`~ms_recover.exitcodes.STOPPED` when the job was asked to stop: every node leaving, or
+the manager's node with no standby manager, :meth:`~ms_recover.manager.model.JobModel.stop_reason`).
 The ranks of a node that is leaving (a planned stop) are alive until the job ends: they stop
 and may write like any survivor.
 """
@@ -89,8 +90,8 @@ def dumping(m: JobModel, now: float) -> list[Action]:
             return exit_job(m, exitcodes.JOB_EXIT, f"ranks {late} did not finish their dump")
         return []
     reason = f"state of step {rnd.target_step} saved by ranks {list(rnd.dump_ranks)}"
-    if m.every_node_leaving():  # the final dump of a job asked to stop
-        leaving = sorted(m.leaving)
-        why = f"{ASKED_TO_STOP}: every node is leaving (SIGTERM to nodes {leaving}); {reason}"
+    asked = m.stop_reason()
+    if asked:  # the final dump of a job asked to stop
+        why = f"{ASKED_TO_STOP}: {asked}; {reason}"
         return [WriteManifest(reason)] + exit_job(m, exitcodes.STOPPED, why)
     return [WriteManifest(reason)] + exit_job(m, exitcodes.DUMPED, reason)
