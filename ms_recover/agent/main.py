@@ -63,6 +63,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         f"its step too; ignored with --spares (env {E.STANDBY}, default on)",
     )
     p.add_argument(
+        "--spare",
+        choices=("on", "off"),
+        help="this pod is a spare node: it holds one pre-warmed process per local rank and no "
+        "node rank, and takes a lost node's place when the manager gives it one (recover); its "
+        f"node rank is ignored (env {E.SPARE}, default off; docs/design.md §1f)",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="the rank command after --, e.g. -- python train.py",
@@ -70,8 +77,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
+    # A spare node has no node rank until the manager gives it one: a Kubernetes replica
+    # beyond the job's nodes carries one out of range, which would be refused.
+    spare = spare_on(getattr(args, "spare", None))
     return JobConfig.from_env(
-        node_rank=args.node_rank,
+        node_rank=0 if spare else args.node_rank,
         node_nums=args.node_nums,
         proc_per_node=args.proc_per_node,
         manager_host=args.host,
@@ -114,7 +124,12 @@ def run(args: argparse.Namespace) -> int:
         _check_log_dir(args.log_dir)
     _die_with_launcher()
     agent = Agent(
-        config, command, log_dir=args.log_dir, spares=args.spares, standby=standby_on(args.standby)
+        config,
+        command,
+        log_dir=args.log_dir,
+        spares=args.spares,
+        standby=standby_on(args.standby),
+        spare=spare_on(args.spare),
     )
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
@@ -133,6 +148,14 @@ def standby_on(flag: str | None) -> bool:
 
 
 _SWITCH = {"on": True, "1": True, "off": False, "0": False}
+
+
+def spare_on(flag: str | None) -> bool:
+    """``--spare``, else ``MS_RECOVER_SPARE``, else off."""
+    raw = flag if flag is not None else os.environ.get(E.SPARE, "off").strip().lower()
+    if raw not in _SWITCH:
+        raise ConfigError(f"{E.SPARE}={raw!r} is not valid; use on, off, 1 or 0")
+    return _SWITCH[raw]
 
 
 def _die_with_launcher() -> None:
