@@ -54,6 +54,9 @@ class LocalPods:
         #: Spare nodes (``ms-recover agent --spare``): pods ``node_nums..`` start as spares,
         #: and with any, every recreated pod comes back as a spare (docs/design.md §1f).
         self.spare_pods = spare_pods
+        #: With spares, a recreated pod comes back as a spare (False: as its node, as a
+        #: Kubernetes pod would; the manager then tells it to become a spare).
+        self.back_as_spare = True
         self.promotions: dict[int, int] = {}  # node -> agent pid of the spare that took it
         self.command = command
         self.spares = spares
@@ -127,7 +130,8 @@ class LocalPods:
         recreated pod (except one that holds a manager, which cannot move)."""
         if pod >= self.config.node_nums:
             return True
-        return self.spare_pods > 0 and self.restarts.get(pod, 0) > 0 and pod not in self.managers
+        again = self.restarts.get(pod, 0) > 0 and pod not in self.managers
+        return self.spare_pods > 0 and self.back_as_spare and again
 
     def _launch(self, node: int) -> None:
         group: dict[str, Any] = {"start_new_session": True}
