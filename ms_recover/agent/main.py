@@ -67,7 +67,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         choices=("on", "off"),
         help="this pod is a spare node: it holds one pre-warmed process per local rank and no "
         "node rank, and takes a lost node's place when the manager gives it one (recover); its "
-        f"node rank is ignored (env {E.SPARE}, default off; docs/design.md §1f)",
+        f"node rank is ignored (env {E.SPARE}; default: on when the node rank is at or beyond "
+        "the job's node count, an extra replica; docs/design.md §1f)",
     )
     p.add_argument(
         "command",
@@ -77,9 +78,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
-    # A spare node has no node rank until the manager gives it one: a Kubernetes replica
-    # beyond the job's nodes carries one out of range, which would be refused.
-    spare = spare_on(getattr(args, "spare", None))
+    """The agent's configuration; a spare node's (see :func:`is_spare`) has node rank 0 as a
+    placeholder until the manager gives it a node."""
+    spare = is_spare(args)
     return JobConfig.from_env(
         node_rank=0 if spare else args.node_rank,
         node_nums=args.node_nums,
@@ -89,6 +90,23 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         job_id=args.job_id,
         strategies=args.strategy,
     )
+
+
+def is_spare(args: argparse.Namespace) -> bool:
+    """``--spare``, else ``MS_RECOVER_SPARE``; unset, a node rank at or beyond the job's node
+    count makes a spare node (one extra Kubernetes replica, docs/deployment.md §4a)."""
+    flag = spare_on(getattr(args, "spare", None))
+    if flag is not None:
+        return flag
+    raw = args.node_rank if args.node_rank is not None else os.environ.get(E.NODE_RANK, "")
+    try:
+        node_rank = int(raw)
+    except ValueError:
+        return False  # not given, or not a number: JobConfig says so
+    nodes = JobConfig.from_env(
+        node_rank=0, node_nums=args.node_nums, proc_per_node=args.proc_per_node
+    )
+    return node_rank >= nodes.node_nums
 
 
 def _check_command(command: list[str]) -> None:
@@ -129,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         spares=args.spares,
         standby=standby_on(args.standby),
-        spare=spare_on(args.spare),
+        spare=is_spare(args),
     )
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
@@ -150,9 +168,11 @@ def standby_on(flag: str | None) -> bool:
 _SWITCH = {"on": True, "1": True, "off": False, "0": False}
 
 
-def spare_on(flag: str | None) -> bool:
-    """``--spare``, else ``MS_RECOVER_SPARE``, else off."""
-    raw = flag if flag is not None else os.environ.get(E.SPARE, "off").strip().lower()
+def spare_on(flag: str | None) -> bool | None:
+    """``--spare``, else ``MS_RECOVER_SPARE``; None when neither is given."""
+    raw = flag if flag is not None else os.environ.get(E.SPARE, "").strip().lower()
+    if not raw:
+        return None
     if raw not in _SWITCH:
         raise ConfigError(f"{E.SPARE}={raw!r} is not valid; use on, off, 1 or 0")
     return _SWITCH[raw]

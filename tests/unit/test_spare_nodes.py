@@ -4,9 +4,15 @@ fake sender (the :class:`Job` of ``test_decide``)."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
+import pytest
+
+from ms_recover import env as E
 from ms_recover import exitcodes
+from ms_recover.agent import main as agent_main
+from ms_recover.errors import ConfigError
 from ms_recover.manager import actions as A
 from ms_recover.manager import sparenodes
 from ms_recover.manager.model import SpareNode
@@ -171,3 +177,30 @@ def test_status_shows_the_spares(make_job: Callable[..., Job]) -> None:
         {"pid": 706, "pod_ip": "10.0.1.206", "warm": 2, "waiting_s": 3.0, "silent_s": 0.0}
     ]
     assert "spare nodes: 1: pid 706 on 10.0.1.206 (2 warm, 3.0s)" in render(status)
+
+
+def _agent_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    agent_main.configure(p)
+    return p.parse_args([*argv, "--", "python", "train.py"])
+
+
+def test_a_spare_node_is_asked_for_or_is_a_replica_beyond_the_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in (E.SPARE, E.NODE_RANK, E.NODE_NUMS):
+        monkeypatch.delenv(name, raising=False)
+    base = ("--node-nums", "2", "--proc-per-node", "2")
+    assert not agent_main.is_spare(_agent_args(*base, "--node-rank", "1"))
+    assert agent_main.is_spare(_agent_args(*base, "--node-rank", "1", "--spare", "on"))
+    # One extra Kubernetes replica: its node rank is the job's node count.
+    monkeypatch.setenv(E.NODE_RANK, "2")
+    args = _agent_args(*base)
+    assert agent_main.is_spare(args)
+    assert agent_main.config_from_args(args).node_rank == 0  # a placeholder until promoted
+    monkeypatch.setenv(E.SPARE, "off")
+    with pytest.raises(ConfigError, match="node_rank 2 is outside 0..1"):
+        agent_main.config_from_args(_agent_args(*base))
+    monkeypatch.setenv(E.SPARE, "maybe")
+    with pytest.raises(ConfigError, match="MS_RECOVER_SPARE='maybe' is not valid; use on, off"):
+        agent_main.is_spare(_agent_args(*base))
