@@ -5,13 +5,14 @@ processes pre-warmed (the training script run up to ``ms_recover.init()``, its `
 compiled there) and no node rank, and offers itself to the manager (``SpareHello``, again on
 every heartbeat interval). The server's handler records it in ``JobModel.spares`` (a fact).
 
-When a recovery round waits for nodes sent to be rescheduled (``recover``, or
-``elastic-training`` growing back: a node lost, or its pod told to leave), the decision here
-gives each such node whose agent is gone to the oldest live spare at once, instead of waiting
-for the recreated pod: the executor sends the spare ``SpareAssign(node)``, the spare's agent
-registers as that node's agent and starts its ranks from the warm processes, which register
-and are repaired from replicas like any replacement. A recreated pod that comes back later
-for that node is told to become a spare (the server's hello handler), as is a new spare pod.
+When a recovery round waits for nodes sent to be rescheduled (``recover``: a node lost, or
+its pod told to leave; elastic training shrinks instead, and a hot switch has its own new
+pod), the decision here gives each such node whose agent is gone to the oldest live spare at
+once, instead of waiting for the recreated pod: the executor sends the spare
+``SpareAssign(node)``, the spare's agent registers as that node's agent and starts its ranks
+from the warm processes, which register and are repaired from replicas like any replacement.
+A recreated pod that comes back later for that node is told to become a spare (the server's
+hello handler), as is a new spare pod.
 
 Without a spare nothing changes: the round waits for the recreated pod as before.
 
@@ -37,14 +38,17 @@ def live_spares(m: JobModel, now: float) -> list[SpareNode]:
 
 
 def waiting_nodes(m: JobModel, now: float) -> list[int]:
-    """The nodes the current recovery round waits for a new pod for, whose agent is gone and
-    which no spare was given within the last ``silence_s`` (a promoted spare registers within
-    milliseconds; one that did not is given up, and the next spare may take the node)."""
+    """The nodes the current recovery round waits for a new pod for (never the scheduler's),
+    whose agent is gone and which no spare was given within the last ``silence_s`` (a promoted
+    spare registers within milliseconds; one that did not is given up, and the next spare may
+    take the node)."""
     r = m.round
     if r is None or r.strategy is None or not m.in_recovery:
         return []
     out = []
-    for node in sorted(r.reschedule_nodes):
+    # Node 0 (the scheduler's) is rescheduled only after a manager takeover, whose recreated
+    # pod brings a standby manager along: a spare does not take its place (not built).
+    for node in sorted(r.reschedule_nodes - {m.config.sched_node_rank}):
         given = m.promoted.get(node)
         if m.agents[node].alive or (given is not None and now - given[1] < m.config.silence_s):
             continue

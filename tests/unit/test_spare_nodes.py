@@ -5,6 +5,7 @@ fake sender (the :class:`Job` of ``test_decide``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -204,3 +205,16 @@ def test_a_spare_node_is_asked_for_or_is_a_replica_beyond_the_nodes(
     monkeypatch.setenv(E.SPARE, "maybe")
     with pytest.raises(ConfigError, match="MS_RECOVER_SPARE='maybe' is not valid; use on, off"):
         agent_main.is_spare(_agent_args(*base))
+
+
+def test_the_scheduler_node_is_never_given_to_a_spare(make_job: Callable[..., Job]) -> None:
+    """Node 0 is rescheduled only after a manager takeover, whose recreated pod brings the
+    standby manager along."""
+    job = make_job("recover,exit")
+    job.running()
+    add_spare(job, 707)
+    lose_node_1(job)
+    assert job.model.round is not None
+    job.model.round = dataclasses.replace(job.model.round, reschedule_nodes=frozenset({0, 1}))
+    job.model.agents[0].alive = False
+    assert sparenodes.waiting_nodes(job.model, job.now) == [1]
