@@ -18,11 +18,13 @@ from ms_recover.manager import actions as A
 from ms_recover.manager import sparenodes
 from ms_recover.manager.model import SpareNode
 from ms_recover.manager.status import status_of
+from ms_recover.observability.metrics import ManagerCollector
 from ms_recover.observability.schema import JobState
 from ms_recover.observability.status import render
 from ms_recover.protocol import messages as M
 
 from .test_decide import Job, make_job, msgs
+from .test_metrics import _samples
 
 __all__ = ["make_job"]  # the fixture, used by name
 
@@ -169,10 +171,13 @@ def test_a_failed_job_sends_its_spares_away_with_its_code(make_job: Callable[...
     assert code == exitcodes.JOB_EXIT
 
 
-def test_status_shows_the_spares(make_job: Callable[..., Job]) -> None:
+def test_status_and_metrics_show_the_spares(make_job: Callable[..., Job]) -> None:
     job = make_job("recover,exit")
     job.running()
+    collector = ManagerCollector(lambda: status_of(job.model, job.now), job.executor.events)
+    assert _samples(collector)[("ms_recover_spare_nodes", ())] == 0
     add_spare(job, 706, since=job.now - 3.0)
+    assert _samples(collector)[("ms_recover_spare_nodes", ())] == 1
     status = status_of(job.model, job.now)
     assert status["spares"] == [
         {"pid": 706, "pod_ip": "10.0.1.206", "warm": 2, "waiting_s": 3.0, "silent_s": 0.0}
