@@ -46,7 +46,12 @@ Guarantees:
   the relay: they never reconnect themselves;
 * if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
   ranks are killed and the agent exits 1 (0 if every local rank had exited 0): without a
-  manager nothing can be recovered.
+  manager nothing can be recovered;
+* a spare node's agent (``spare=True``, ``ms-recover agent --spare``) starts no rank: it holds
+  one warm process per local rank and waits (:mod:`ms_recover.agent.sparenode`) until the
+  manager gives it a node, then registers as that node's agent and starts the node's ranks in
+  the warm processes. An agent told that its node was taken by a spare meanwhile
+  (``BecomeSpare``: its pod came back late) ends the ranks it started and becomes a spare.
 """
 
 from __future__ import annotations
