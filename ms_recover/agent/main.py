@@ -68,7 +68,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="this pod is a spare node: it holds one pre-warmed process per local rank and no "
         "node rank, and takes a lost node's place when the manager gives it one (recover); its "
         f"node rank is ignored (env {E.SPARE}; default: on when the node rank is at or beyond "
-        "the job's node count, an extra replica; docs/design.md §1f)",
+        f"an explicit node count, --node-nums or {E.NODE_NUMS}: one extra replica; "
+        "docs/design.md §1f)",
     )
     p.add_argument(
         "command",
@@ -93,11 +94,15 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
 
 
 def is_spare(args: argparse.Namespace) -> bool:
-    """``--spare``, else ``MS_RECOVER_SPARE``; unset, a node rank at or beyond the job's node
-    count makes a spare node (one extra Kubernetes replica, docs/deployment.md §4a)."""
+    """``--spare``, else ``MS_RECOVER_SPARE``. Unset: a node rank (``--node-rank``, else
+    ``MS_NODE_RANK``) at or beyond the job's node count given explicitly (``--node-nums`` or
+    ``MS_RECOVER_NODE_NUMS``) makes a spare node: one extra Kubernetes replica
+    (docs/deployment.md §4d). Without an explicit node count it stays an error."""
     flag = spare_on(getattr(args, "spare", None))
     if flag is not None:
         return flag
+    if args.node_nums is None and not os.environ.get(E.NODE_NUMS, "").strip():
+        return False
     raw = args.node_rank if args.node_rank is not None else os.environ.get(E.NODE_RANK, "")
     try:
         node_rank = int(raw)

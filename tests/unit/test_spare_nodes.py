@@ -194,7 +194,7 @@ def _agent_args(*argv: str) -> argparse.Namespace:
 def test_a_spare_node_is_asked_for_or_is_a_replica_beyond_the_nodes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in (E.SPARE, E.NODE_RANK, E.NODE_NUMS):
+    for name in (E.SPARE, E.NODE_RANK, E.NODE_NUMS, E.WORKER_NUM, E.LOCAL_WORKER):
         monkeypatch.delenv(name, raising=False)
     base = ("--node-nums", "2", "--proc-per-node", "2")
     assert not agent_main.is_spare(_agent_args(*base, "--node-rank", "1"))
@@ -204,6 +204,14 @@ def test_a_spare_node_is_asked_for_or_is_a_replica_beyond_the_nodes(
     args = _agent_args(*base)
     assert agent_main.is_spare(args)
     assert agent_main.config_from_args(args).node_rank == 0  # a placeholder until promoted
+    assert agent_main.is_spare(_agent_args(*base, "--node-rank", "2"))  # as the sample passes it
+    # Without an explicit node count, out of range is an error (the operator's MS_WORKER_NUM
+    # would count the spare's workers too).
+    monkeypatch.setenv(E.WORKER_NUM, "4")
+    monkeypatch.setenv(E.LOCAL_WORKER, "2")
+    assert not agent_main.is_spare(_agent_args())
+    with pytest.raises(ConfigError, match="node_rank 5 is outside 0..1"):
+        agent_main.config_from_args(_agent_args("--node-rank", "5"))
     monkeypatch.setenv(E.SPARE, "off")
     with pytest.raises(ConfigError, match="node_rank 2 is outside 0..1"):
         agent_main.config_from_args(_agent_args(*base))
