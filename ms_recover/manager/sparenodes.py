@@ -30,9 +30,16 @@ def act(m: JobModel, now: float) -> list[Action]:
     return [*dropouts(m, now), *promotions(m, now)]
 
 
+def _silence_limit(m: JobModel, now: float) -> float:
+    """Heard before this is silent: judged as of ``m.heard_at`` when earlier than ``now``, as
+    :func:`~ms_recover.manager.decide.detect_silence` judges agents (a spare's hello waiting
+    unread in a busy manager's queue is not silence)."""
+    return min(now, m.heard_at) - m.config.silence_s
+
+
 def live_spares(m: JobModel, now: float) -> list[SpareNode]:
     """Spares heard within ``silence_s``, oldest first (the longest warm)."""
-    limit = now - m.config.silence_s
+    limit = _silence_limit(m, now)
     live = [s for s in m.spares.values() if s.last_seen >= limit]
     return sorted(live, key=lambda s: (s.since, s.pid))
 
@@ -77,7 +84,7 @@ def promotions(m: JobModel, now: float) -> list[Action]:
 
 def dropouts(m: JobModel, now: float) -> list[Action]:
     """Spares silent for ``silence_s``: forgotten (a spare that speaks again registers anew)."""
-    limit = now - m.config.silence_s
+    limit = _silence_limit(m, now)
     return [
         ReleaseSpare(f"spare (agent pid {s.pid}) silent for {now - s.last_seen:.1f}s", ident, None)
         for ident, s in m.spares.items()

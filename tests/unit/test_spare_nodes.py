@@ -116,6 +116,19 @@ def test_a_silent_spare_is_never_given_a_node_and_is_forgotten(
     assert left["pid"] == 900 and "silent" in left["reason"]
 
 
+def test_a_spare_is_silent_only_as_of_the_last_empty_queue(make_job: Callable[..., Job]) -> None:
+    """A manager that has not read its queue since ``heard_at`` does not forget a spare whose
+    hello may be waiting there."""
+    job = make_job("recover,exit")
+    job.running()
+    add_spare(job, 708)
+    job.model.heard_at = job.now + 0.5
+    job.advance(3.0)
+    assert sparenodes.dropouts(job.model, job.now) == []
+    job.model.heard_at = job.now
+    assert [a.identity for a in sparenodes.dropouts(job.model, job.now)] == [b"s.708"]
+
+
 def test_a_spare_that_never_registered_is_given_up_for_the_next_one(
     make_job: Callable[..., Job],
 ) -> None:
