@@ -188,7 +188,17 @@ class Agent:
         assert self._own is not None
         self._own.hold_warm()
         log.info("spare node: %d rank processes warming, waiting for a node", self._own.warm)
-        wait = SpareWait(self.config, self.chan, self._own, self._stop, lambda: self.leaving)
+        self._link = ManagerLinkState(time.monotonic())  # a manager has 2 * silence_s to answer
+        self._welcomed = False
+        wait = SpareWait(
+            self.config,
+            self.chan,
+            self._own,
+            self._stop,
+            lambda: self.leaving,
+            self._fail_over,
+            self._spare_answered,
+        )
         node = wait.run()
         if node is None:
             self.exit_code = wait.exit_code
@@ -199,8 +209,15 @@ class Agent:
             self.relay.adopt(self.config)
         self.chan.sender = f"agent:{node}"
         self.spare = False
+        self._welcomed = False
         self.hello()
         return True
+
+    def _spare_answered(self) -> None:
+        """A manager answered this spare node: it is the active one (a standby answers
+        nobody), so the link stays."""
+        self._welcomed = True
+        self._link.welcomed()
 
     def hello(self) -> None:
         """Announce this node to the manager (ZeroMQ queues it until the manager listens)."""
@@ -411,6 +428,9 @@ class Agent:
         exit of each local rank that is not running (it may have died while no one listened)."""
         log.warning("%s: registering again", reason)
         self._welcomed = False
+        if self.spare:  # its wait offers it to the new manager (SpareHello), no node hello
+            self._link.since = time.monotonic()
+            return
         self.hello()
         if self.relay is not None:
             self.relay.rejoin_all(reason)

@@ -7,9 +7,10 @@ The pod holds one pre-warmed process per local rank (the rank command run up to
 offers itself to the manager (``SpareHello``, with how many processes are warm) and replaces a
 warm process that died. It waits until the manager gives it a lost node's place
 (``SpareAssign``): the agent then registers as that node's agent and starts the node's ranks in
-the warm processes. It ends instead when the job ends (``AgentExit``), on SIGTERM (nothing to
-hand over: exit 143 at once), or when the manager has been silent for
-``lost_manager_grace_s`` (exit 1).
+the warm processes. With standby managers (``MS_RECOVER_MANAGERS``) it moves to the next one
+as the agent does (docs/manager-takeover.md) and offers itself there. It ends instead when the
+job ends (``AgentExit``), on SIGTERM (nothing to hand over: exit 143 at once), or when no
+manager has answered for ``lost_manager_grace_s`` (exit 1).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class SpareWait:
     ranks: RankSet
     stop: threading.Event
     leaving: Callable[[], bool]  # SIGTERM came
+    #: With standby managers: move to the next one when this one is gone or does not answer
+    #: (the agent's own rule, docs/manager-takeover.md); a no-op with one manager.
+    fail_over: Callable[[], None] = lambda: None
+    answered: Callable[[], None] = lambda: None  # a manager answered this spare
     exit_code: int | None = None
 
     def run(self) -> int | None:
@@ -48,6 +53,10 @@ class SpareWait:
         next_beat = 0.0
         heard = time.monotonic()
         while not self.stop.is_set():
+            endpoint = self.chan.endpoint
+            self.fail_over()
+            if self.chan.endpoint != endpoint:  # a new manager: say hello to it at once
+                next_beat, heard = 0.0, time.monotonic()
             now = time.monotonic()
             if self.leaving():
                 log.warning("spare node got SIGTERM: leaving (no node to hand over)")
@@ -69,6 +78,7 @@ class SpareWait:
             if env is None:
                 continue
             heard = time.monotonic()
+            self.answered()
             node = self._handle(env.msg)
             if node is not None or self.exit_code is not None:
                 return node

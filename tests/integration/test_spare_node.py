@@ -7,12 +7,22 @@ default) or as node 1 again (as a Kubernetes pod would: the manager tells it to)
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from typing import Any
 
 import pytest
 
+from ms_recover import exitcodes
+from ms_recover.agent.agent import Agent
+from ms_recover.config import JobConfig
 from ms_recover.localrun.faults import Faults
-from ms_recover.localrun.job import LocalJob
+from ms_recover.localrun.job import LocalJob, free_port
+from ms_recover.localrun.wait import wait_for
+from ms_recover.manager import sparenodes
+from ms_recover.manager.server import ManagerServer
+from ms_recover.observability.events import EventLog
 
 from .jobs import STEPS, results, shared_reference_sha, trainer_job
 
@@ -85,3 +95,32 @@ def test_a_pod_that_comes_back_as_the_taken_node_becomes_the_spare(tmp_path, ref
     assert len({pid for pid, left, _ in spares if not left}) == 2, spares
     assert spares[-1][1:] == (True, "every rank finished training"), spares
     assert len(job.find("member", role="agent", node_rank=1)) == 2  # the first pod, the spare
+
+
+def test_a_spare_node_moves_to_the_next_manager_that_answers(tmp_path):
+    """With standby managers (``MS_RECOVER_MANAGERS``) a spare follows the agent's rule: the
+    first manager never answers it (gone, or a standby), so it offers itself to the next,
+    and leaves with that one's exit code when the job ends."""
+    cfg = JobConfig(job_id="spare-failover", node_nums=2, proc_per_node=2, manager_port=0)
+    srv = ManagerServer(cfg.replace(heartbeat_s=0.25), events=EventLog(), bind="127.0.0.1")
+    thread = srv.start_thread()
+    managers = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{srv.port}")
+    agent_cfg = cfg.replace(heartbeat_s=0.25, managers=managers, manager_port=srv.port)
+    command = [sys.executable, "-m", "ms_recover.localrun.numpy_trainer", "--out", str(tmp_path)]
+    agent = Agent(agent_cfg, command, spare=True)
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(agent.run()), daemon=True)
+    runner.start()
+    try:
+        spares = wait_for(lambda: srv.status()["spares"], 20, "the spare at the second manager")
+        assert [s["pid"] for s in spares] == [os.getpid()] and agent.manager_index == 1
+        with srv._lock:  # the job ends (as the executor would end it): the spare leaves
+            srv.executor.execute(sparenodes.release_all(srv.model, exitcodes.JOB_EXIT, "over"))
+        wait_for(lambda: codes, 20, "the spare leaves")
+        assert codes == [exitcodes.JOB_EXIT]
+    finally:
+        agent.stop()
+        runner.join(20)
+        srv.stop()
+        thread.join(10)
+    assert not runner.is_alive() and not thread.is_alive()
