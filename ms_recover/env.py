@@ -66,6 +66,7 @@ TASKD_PROCESS_ENABLE = "TASKD_PROCESS_ENABLE"
 SPARE_FD = "MS_RECOVER_SPARE_FD"  # a pre-warmed spare reads its rank's environment from it
 SPARE_SETTLED_FD = "MS_RECOVER_SPARE_SETTLED_FD"  # ... and writes a byte once it committed
 STANDBY = "MS_RECOVER_STANDBY"  # ms-recover agent: keep a pre-imported standby (on/off)
+SPARE = "MS_RECOVER_SPARE"  # ms-recover agent: a spare node (on/off; unset: node rank >= nodes)
 STANDBY_LOG = "MS_RECOVER_STANDBY_LOG"  # the rank log a standby writes to once it took a rank
 WARM_UP_MARK = "MS_RECOVER_WARM_UP_MARK"  # a rank creates this file if its init() has a warm_up
 DIE_WITH = "MS_RECOVER_DIE_WITH_PID"  # LocalPods: the agent dies with this (parent) process

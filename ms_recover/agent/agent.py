@@ -46,7 +46,12 @@ Guarantees:
   the relay: they never reconnect themselves;
 * if the manager stays silent for ``lost_manager_grace_s`` (default ``phase_timeout_s``), the
   ranks are killed and the agent exits 1 (0 if every local rank had exited 0): without a
-  manager nothing can be recovered.
+  manager nothing can be recovered;
+* a spare node's agent (``spare=True``, ``ms-recover agent --spare``) starts no rank: it holds
+  one warm process per local rank and waits (:mod:`ms_recover.agent.sparenode`) until the
+  manager gives it a node, then registers as that node's agent and starts the node's ranks in
+  the warm processes. An agent told that its node was taken by a spare meanwhile
+  (``BecomeSpare``: its pod came back late) ends the ranks it started and becomes a spare.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import math
 import os
 import threading
 import time
+import typing
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -66,6 +72,7 @@ from ms_recover.agent.leaving import LEFT_AT_DEADLINE, PlannedStop
 from ms_recover.agent.managers import ManagerLinkState
 from ms_recover.agent.ranks import RankSet
 from ms_recover.agent.relay import LocalRelay
+from ms_recover.agent.sparenode import SpareWait
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
@@ -86,24 +93,29 @@ class Agent:
         spares: int = 0,
         hands: RankHands | None = None,
         standby: bool = False,
+        spare: bool = False,
     ) -> None:
         if not command and hands is None:
             raise ValueError("agent needs a rank command, e.g. -- python train.py")
+        if spare and hands is not None:
+            raise ValueError("a spare node launches its own ranks: no msrun hands")
         self.config = config
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         # Our own child processes talk to our relay; msrun's (lent hands) to the manager.
         self.relay = LocalRelay(self._ctx, config) if hands is None else None
         endpoint = self.relay.endpoint if self.relay is not None else None
-        self.ranks: RankHands = (
-            hands
-            if hands is not None
-            else RankSet(config, command, log_dir, spares, endpoint, standby)
+        own = (
+            RankSet(config, command, log_dir, spares, endpoint, standby) if hands is None else None
         )
+        self.ranks: RankHands = hands if hands is not None else typing.cast(RankSet, own)
+        self._own = own
+        #: A spare node (docs/design.md §1f): no node rank until the manager gives it one.
+        self.spare = spare
         self._training = False  # every local rank committed a step (told to the hands once)
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._epoch = 0
-        ident = f"a{config.node_rank}.{os.getpid()}".encode()
+        ident = (f"s.{os.getpid()}" if spare else f"a{config.node_rank}.{os.getpid()}").encode()
         self._ident, self._endpoints, self._at = ident, config.manager_endpoints, 0
         self._failover = len(self._endpoints) > 1
         # With standbys, ZeroMQ's PING/PONG ends a connection silent for silence_s.
@@ -114,7 +126,7 @@ class Agent:
         self.chan = manager_channel(
             self._ctx,
             config,
-            f"agent:{config.node_rank}",
+            f"spare:{os.getpid()}" if spare else f"agent:{config.node_rank}",
             ident,
             self._endpoints[0],
             beats if self._failover else None,
@@ -130,6 +142,7 @@ class Agent:
         self._last_heard = time.monotonic()
         self._sent_at = -math.inf  # when a frame other than a beat last went to the manager
         self._welcomed = False  # the manager accepted this agent's (last) hello
+        self._demoted = False  # told to become a spare node (see _step_down)
         self._poller = zmq.Poller()
         self._poller.register(self.chan.sock, zmq.POLLIN)
         if self.relay is not None:
@@ -161,9 +174,50 @@ class Agent:
         return self._leaving is not None
 
     def run(self) -> int:
-        """Register, start every local rank, and serve until the job ends for this node."""
+        """Register, start every local rank, and serve until the job ends for this node; a
+        spare node first waits, its ranks warm, until the manager gives it a node."""
+        if self.spare:
+            return self.serve(start=self._as_spare())
         self.hello()
         return self.serve(start=True)
+
+    def _as_spare(self) -> bool:
+        """Wait as a spare node until the manager gives this agent a lost node's place; then
+        register as that node's agent (True: start its ranks). False when it must end
+        instead (the job ended, SIGTERM, the manager gone): ``exit_code`` says how."""
+        assert self._own is not None
+        self._own.hold_warm()
+        log.info("spare node: %d rank processes warming, waiting for a node", self._own.warm)
+        self._link = ManagerLinkState(time.monotonic())  # a manager has 2 * silence_s to answer
+        self._welcomed = False
+        wait = SpareWait(
+            self.config,
+            self.chan,
+            self._own,
+            self._stop,
+            lambda: self.leaving,
+            self._fail_over,
+            self._spare_answered,
+        )
+        node = wait.run()
+        if node is None:
+            self.exit_code = wait.exit_code
+            return False
+        self.config = self.config.replace(node_rank=node)
+        self._own.adopt(self.config)
+        if self.relay is not None:
+            self.relay.adopt(self.config)
+        self.chan.sender = f"agent:{node}"
+        self.spare = False
+        self._welcomed = False
+        self.hello()
+        return True
+
+    def _spare_answered(self) -> None:
+        """A manager answered this spare node: it is the active one (a standby answers
+        nobody), so the link stays."""
+        self._welcomed = True
+        self._link.welcomed()
 
     def hello(self) -> None:
         """Announce this node to the manager (ZeroMQ queues it until the manager listens)."""
@@ -226,6 +280,9 @@ class Agent:
                 self.ranks.start_all(cfg.ranks_of(cfg.node_rank))
                 log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
             while self.exit_code is None and not self._stop.is_set():
+                if self._demoted:
+                    self._step_down()
+                    continue
                 self._report(self.ranks.poll())
                 if self._leaving is not None and self._planned_stop(self._leaving):
                     break
@@ -256,6 +313,18 @@ class Agent:
             self.ranks.close()
             self.close()
         return self.exit_code if self.exit_code is not None else 128 + 15
+
+    def _step_down(self) -> None:
+        """The manager said this node was taken by a spare node (this pod came back late): end
+        the ranks started for it, and wait as a spare node instead."""
+        self._demoted = False
+        self.ranks.kill(list(self.ranks.pids()))  # never registered: nothing to report
+        self._exits.clear()
+        self._welcomed = False
+        self.chan.sender = f"spare:{os.getpid()}"
+        self.spare = True
+        if self._as_spare():
+            self.ranks.start_all(self.config.ranks_of(self.config.node_rank))
 
     def _exchanging(self, now: float) -> bool:
         """Whether a beat would tell the manager nothing new: this agent is registered, sent
@@ -359,6 +428,9 @@ class Agent:
         exit of each local rank that is not running (it may have died while no one listened)."""
         log.warning("%s: registering again", reason)
         self._welcomed = False
+        if self.spare:  # its wait offers it to the new manager (SpareHello), no node hello
+            self._link.since = time.monotonic()
+            return
         self.hello()
         if self.relay is not None:
             self.relay.rejoin_all(reason)
@@ -465,6 +537,9 @@ class Agent:
                 self.ranks.start(rank)
         elif isinstance(msg, M.RelayDown):
             self._deliver(msg)
+        elif isinstance(msg, M.BecomeSpare) and self._own is not None and not self.spare:
+            log.warning("node %d: %s", self.config.node_rank, msg.reason)
+            self._demoted = True
         elif isinstance(msg, M.Rejoin):
             self._rejoin(msg.reason)
         elif isinstance(msg, M.AgentExit) and msg.code == exitcodes.OK:

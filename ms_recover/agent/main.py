@@ -63,6 +63,15 @@ def configure(p: argparse.ArgumentParser) -> None:
         f"its step too; ignored with --spares (env {E.STANDBY}, default on)",
     )
     p.add_argument(
+        "--spare",
+        choices=("on", "off"),
+        help="this pod is a spare node: it holds one pre-warmed process per local rank and no "
+        "node rank, and takes a lost node's place when the manager gives it one (recover); its "
+        f"node rank is ignored (env {E.SPARE}; default: on when the node rank is at or beyond "
+        f"an explicit node count, --node-nums or {E.NODE_NUMS}: one extra replica; "
+        "docs/design.md §1f)",
+    )
+    p.add_argument(
         "command",
         nargs=argparse.REMAINDER,
         help="the rank command after --, e.g. -- python train.py",
@@ -70,8 +79,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
+    """The agent's configuration; a spare node's (see :func:`is_spare`) has node rank 0 as a
+    placeholder until the manager gives it a node."""
+    spare = is_spare(args)
     return JobConfig.from_env(
-        node_rank=args.node_rank,
+        node_rank=0 if spare else args.node_rank,
         node_nums=args.node_nums,
         proc_per_node=args.proc_per_node,
         manager_host=args.host,
@@ -79,6 +91,27 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         job_id=args.job_id,
         strategies=args.strategy,
     )
+
+
+def is_spare(args: argparse.Namespace) -> bool:
+    """``--spare``, else ``MS_RECOVER_SPARE``. Unset: a node rank (``--node-rank``, else
+    ``MS_NODE_RANK``) at or beyond the job's node count given explicitly (``--node-nums`` or
+    ``MS_RECOVER_NODE_NUMS``) makes a spare node: one extra Kubernetes replica
+    (docs/deployment.md §4d). Without an explicit node count it stays an error."""
+    flag = spare_on(getattr(args, "spare", None))
+    if flag is not None:
+        return flag
+    if args.node_nums is None and not os.environ.get(E.NODE_NUMS, "").strip():
+        return False
+    raw = args.node_rank if args.node_rank is not None else os.environ.get(E.NODE_RANK, "")
+    try:
+        node_rank = int(raw)
+    except ValueError:
+        return False  # not given, or not a number: JobConfig says so
+    nodes = JobConfig.from_env(
+        node_rank=0, node_nums=args.node_nums, proc_per_node=args.proc_per_node
+    )
+    return node_rank >= nodes.node_nums
 
 
 def _check_command(command: list[str]) -> None:
@@ -114,7 +147,12 @@ def run(args: argparse.Namespace) -> int:
         _check_log_dir(args.log_dir)
     _die_with_launcher()
     agent = Agent(
-        config, command, log_dir=args.log_dir, spares=args.spares, standby=standby_on(args.standby)
+        config,
+        command,
+        log_dir=args.log_dir,
+        spares=args.spares,
+        standby=standby_on(args.standby),
+        spare=is_spare(args),
     )
 
     def on_term(signum: int, frame: types.FrameType | None) -> None:
@@ -133,6 +171,16 @@ def standby_on(flag: str | None) -> bool:
 
 
 _SWITCH = {"on": True, "1": True, "off": False, "0": False}
+
+
+def spare_on(flag: str | None) -> bool | None:
+    """``--spare``, else ``MS_RECOVER_SPARE``; None when neither is given."""
+    raw = flag if flag is not None else os.environ.get(E.SPARE, "").strip().lower()
+    if not raw:
+        return None
+    if raw not in _SWITCH:
+        raise ConfigError(f"{E.SPARE}={raw!r} is not valid; use on, off, 1 or 0")
+    return _SWITCH[raw]
 
 
 def _die_with_launcher() -> None:

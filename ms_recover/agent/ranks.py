@@ -106,6 +106,32 @@ class RankSet:
             self._log_file(-1),
             self._die_with_me,
         )
+        self._regular: tuple[list[str], int, bool] | None = None  # see hold_warm()
+
+    def hold_warm(self) -> None:
+        """A spare node (``ms-recover agent --spare``): keep one pre-warmed process per local
+        rank (the rank command run up to ``init()``, its ``warm_up`` compiled there) until
+        :meth:`adopt` gives the node its ranks; the regular pool is restored then."""
+        pool = self.spares
+        self._regular = (pool.command, pool.count, self.standby)
+        pool.command, pool.count, self.standby = self.command, self.config.proc_per_node, False
+        pool.fill()
+
+    def adopt(self, config: JobConfig) -> None:
+        """This spare node takes ``config.node_rank``: :meth:`start_all` then starts its ranks
+        in the warm processes, and the pool goes back to what a regular node keeps (its
+        ``--spares``, or the standby once the ranks train)."""
+        self.config = config
+        pool = self.spares
+        pool.env = {**os.environ, **spare_env(config)}
+        if self._regular is not None:
+            pool.command, pool.count, self.standby = self._regular
+            self._regular = None
+
+    @property
+    def warm(self) -> int:
+        """Pre-warmed processes alive now, waiting for a rank."""
+        return sum(1 for s in self.spares.spares if s.proc.poll() is None)
 
     def start_all(self, ranks: Sequence[int]) -> None:
         """Start every local rank, then warm the spares (a standby waits for

@@ -89,6 +89,11 @@ class LocalRelay:
         self._urgent: dict[bytes, int] = {}  # identity -> the step its RESUME named
         self._report_at = -math.inf  # when the next heartbeat carries the steps (see report)
 
+    def adopt(self, config: JobConfig) -> None:
+        """A spare node took ``config.node_rank``: relay that node's ranks from now on."""
+        self.config, self.node_rank = config, config.node_rank
+        self.mine = frozenset(config.ranks_of(config.node_rank))
+
     # ------------------------------------------------------------------ ranks -> manager
     def drain(self) -> bool:
         """Read every frame that is ready; True if anything is now waiting to be relayed."""

@@ -13,12 +13,16 @@ same seeded fault schedule (:mod:`ms_recover.bench.goodputmodel`):
   productive step rate. It runs once, first.
 * **(a) ms_recover**: the job under a LocalJob (the manager, one ``ms-recover agent`` per node
   with its default standby, the default strategies), the faults injected at their times:
-  a kill is a SIGKILL of the rank's process, a node loss a SIGKILL of the pod's process group
-  (the pod is recreated at once, as a ready spare node would be), a hang a SIGSTOP of the rank,
+  a kill is a SIGKILL of the rank's process, a node loss a SIGKILL of the pod's process group,
+  a hang a SIGSTOP of the rank,
   a transient error is raised in the rank's allreduce (``MS_RECOVER_FAULTS``, at the step the
   fault-free rate reaches at its time). A node loss never hits node 0 (MindSpore's scheduler and
-  the manager: its loss is a manager takeover). A run that ends mid-recovery keeps the steps
-  its ranks had committed when it last trained.
+  the manager: its loss is a manager takeover). A schedule that loses nodes runs with one
+  spare node (``ms-recover agent --spare``, docs/design.md §1f), warm before the budget starts
+  (on a cluster it warms on its own machine): the manager gives it the lost node's place, and
+  the lost pod is recreated at once as the next spare (it warms on the same cores, as it would
+  not on a cluster). A run that ends mid-recovery keeps the steps its ranks had committed when
+  it last trained.
 * **(b) plain msrun** (:mod:`ms_recover.bench.msrunrestart`): the same model in MindSpore's own
   data-parallel step over mccl, ``msrun`` with all 4 workers, rank 0 checkpointing every
   ``--ckpt-every`` steps, and msrun's own answer to a fault: it exits, and is started again on
@@ -55,6 +59,7 @@ from typing import Any
 from ms_recover import env as E
 from ms_recover.bench import goodputmodel as gm
 from ms_recover.bench import msrunrestart
+from ms_recover.bench.jobdriver import warm_spare_pids
 from ms_recover.bench.table import Measure, Report
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
@@ -251,7 +256,10 @@ def run_ours(
         proc_per_node=cfg.procs_per_node,
     )
     env = {**programs.env, **_transient_env(faults, step_s, cfg.procs_per_node)}
-    job = LocalJob(config, programs.ours(out), env, os.path.join(out, "logs"))
+    spare_pods = spare_pods_for(faults)
+    job = LocalJob(
+        config, programs.ours(out), env, os.path.join(out, "logs"), spare_pods=spare_pods
+    )
     injected: list[dict[str, Any]] = []
     with job:
         last = {"running_min": -1}  # the slowest rank's committed step, seen while training
@@ -273,6 +281,9 @@ def run_ours(
             return steps if ok and min(steps) >= 1 else None
 
         s0 = min(wait_for(supervised(first_steps), cfg.timeout_s, "every rank's first step"))
+        if spare_pods:  # a spare warms on its own machine on a cluster: not in the budget here
+            wait_for(supervised(functools.partial(_spare_warm, job, cfg)), cfg.timeout_s, "spare")
+            s0 = min(r["step"] for r in job.status()["ranks"])
         t0, wall0, load0 = time.monotonic(), time.time(), os.getloadavg()[0]
         rate: float | None = None
         for f in faults:
@@ -296,6 +307,8 @@ def run_ours(
     return {
         "steps": max(0, kept - s0),
         "clean_rate": rate,
+        "spare_pods": spare_pods,
+        "promoted": [dict(e) for e in job.find("spare_promoted")],
         "ledger": dataclasses.asdict(ledger.record(wall0 + cfg.budget_s)),
         "load": [load0, os.getloadavg()[0]],
         "state_at_end": st.get("state"),
@@ -303,6 +316,18 @@ def run_ours(
         "recoveries": recoveries,
         "faults_seen": len(fault_events),
     }
+
+
+def spare_pods_for(faults: tuple[gm.Fault, ...]) -> int:
+    """Spare nodes arm (a) runs with: one when its schedule loses a node (a lost pod then
+    comes back as the next spare, docs/design.md §1f), else none."""
+    return 1 if any(f.kind == "node" for f in faults) else 0
+
+
+def _spare_warm(job: LocalJob, cfg: Settings) -> bool:
+    """The spare pod's rank processes are all warm (blocked waiting for a rank)."""
+    spare = job.pods.procs.get(cfg.nodes)
+    return spare is not None and len(warm_spare_pids({spare.pid})) >= cfg.procs_per_node
 
 
 def _training(job: LocalJob) -> bool:
@@ -522,16 +547,34 @@ def _loads(result: dict[str, Any]) -> str:
 
 
 def _ours_row(
-    cfg: Settings, name: str, value: float | None, note: str = "", failed: str = ""
+    cfg: Settings,
+    name: str,
+    value: float | None,
+    note: str = "",
+    failed: str = "",
+    spares: int = 0,
 ) -> Measure:
+    spare = " with one spare node" if spares else ""
     return Measure(
-        f"goodput {name}: ETTR (a) ms_recover",
+        f"goodput {name}: ETTR (a) ms_recover{spare}",
         value,
         "%",
         ">=",
         TARGET_PCT[name],
         note=note,
         failed=failed,
+    )
+
+
+def _spare_note(ours: dict[str, Any]) -> str:
+    """How arm (a)'s spare node served, if it ran with one."""
+    if not ours.get("spare_pods"):
+        return ""
+    waited = [f"{p['waited_s']:.2f}" for p in ours.get("promoted") or []]
+    return (
+        f"; one spare node (ms-recover agent --spare, warm before the budget; a lost pod comes "
+        f"back as the next spare, warming on these cores): {len(waited)} promoted, "
+        f"{', '.join(waited) or '-'} s after the node's last sign of life"
     )
 
 
@@ -545,8 +588,9 @@ def _schedule_rows(
     rows: list[Measure] = []
     cost: dict[str, float] = {}
     ettr_a: float | None = None
+    spares = spare_pods_for(tuple(faults))
     if ours.get("failed"):
-        rows.append(_ours_row(cfg, name, None, failed=ours["failed"]))
+        rows.append(_ours_row(cfg, name, None, failed=ours["failed"], spares=spares))
     else:
         ettr_a = gm.ettr_pct(ours["steps"], c_steps)
         cost["a"] = gm.cost_per_fault_s(ours["steps"], c_steps, cfg.budget_s, n)
@@ -559,7 +603,8 @@ def _schedule_rows(
                 ettr_a,
                 note=f"{ours['steps']} of {c_steps} steps; {kinds}; {len(mttrs)} recoveries, "
                 f"MTTR {', '.join(f'{m:.2f}' for m in mttrs)} s, {lost} steps recomputed; "
-                f"state at the end: {ours['state_at_end']}",
+                f"state at the end: {ours['state_at_end']}" + _spare_note(ours),
+                spares=spares,
             )
         )
         own_rate = ours.get("clean_rate")

@@ -80,15 +80,20 @@ class JobDriver:
         return len(self.warm_spare_pids())
 
     def warm_spare_pids(self) -> list[int]:
-        agents = {proc.pid for proc in self.job.pods.procs.values()}
-        return [
-            int(entry)
-            for entry in os.listdir("/proc")
-            if entry.isdigit() and _is_warm_spare(int(entry), agents)
-        ]
+        return warm_spare_pids({proc.pid for proc in self.job.pods.procs.values()})
 
     def rank_pids(self) -> list[int]:
         return [int(r["pid"]) for r in self.job.status()["ranks"] if r.get("pid")]
+
+
+def warm_spare_pids(agents: set[int]) -> list[int]:
+    """Spare processes of the agents ``agents`` (pids) ready to take a rank (see
+    :meth:`JobDriver.warm_spares`)."""
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and _is_warm_spare(int(entry), agents)
+    ]
 
 
 def _is_warm_spare(pid: int, parents: set[int]) -> bool:

@@ -39,6 +39,7 @@ class LocalJob:
         reschedule_delay_s: float = 0.0,
         on_event: Callable[[Event], None] | None = None,
         spares: int = 0,
+        spare_pods: int = 0,
     ) -> None:
         self.events = EventLog(config.events_path)
         if on_event is not None:
@@ -52,8 +53,17 @@ class LocalJob:
         if config.secret:  # the members learn it as from a Kubernetes Secret
             env = {**(env or {}), E.SECRET: config.secret.decode()}
         self.member_env = env
-        self.pods = LocalPods(self.config, command, env, log_dir, reschedule_delay_s, spares=spares)
+        self.pods = LocalPods(
+            self.config,
+            command,
+            env,
+            log_dir,
+            reschedule_delay_s,
+            spares=spares,
+            spare_pods=spare_pods,
+        )
         self.events.subscribe(self._on_hot_switch)
+        self.events.subscribe(self._on_spare_promoted)
         #: Whether a hot switch's request for a new pod is served (a test of its timeout
         #: turns it off: no pod comes, as when a cluster has no free node).
         self.serve_backups = True
@@ -75,6 +85,12 @@ class LocalJob:
         if e["event"] == "sub_health" and e.get("action") == "switch_requested":
             if self.serve_backups:
                 self.pods.want_backup(int(e["node"]))
+
+    def _on_spare_promoted(self, e: Event) -> None:
+        """A spare pod took a lost node's place: the supervisor's map of which pod holds
+        which node follows (this runs in the manager's thread)."""
+        if e["event"] == "spare_promoted":
+            self.pods.promoted(int(e["node_rank"]), int(e["pid"]))
 
     def wait(self, timeout_s: float) -> bool:
         """Supervise the pods until the job ended; False on timeout."""

@@ -106,7 +106,11 @@ class MsrunPods(LocalPods):
         self.sched_port = free_port()  # MindSpore's scheduler port: unused by the host backend
         self.msrun = msrun_path()
 
-    def agent_argv(self, node: int) -> list[str]:
+    def agent_argv(self, node: int, spare: bool = False) -> list[str]:
+        if spare:
+            raise ValueError(
+                "msrun pods have no spare node (its ranks are msrun's, not an agent's)"
+            )
         cfg = self.config
         args = [
             "--worker_num", str(cfg.world_size),

@@ -48,8 +48,16 @@ class LocalPods:
         max_restarts: int = 5,
         spares: int = 0,
         managers: dict[int, list[str]] | None = None,
+        spare_pods: int = 0,
     ):
         self.config = config
+        #: Spare nodes (``ms-recover agent --spare``): pods ``node_nums..`` start as spares,
+        #: and with any, every recreated pod comes back as a spare (docs/design.md §1f).
+        self.spare_pods = spare_pods
+        #: With spares, a recreated pod comes back as a spare (False: as its node, as a
+        #: Kubernetes pod would; the manager then tells it to become a spare).
+        self.back_as_spare = True
+        self.promotions: dict[int, int] = {}  # node -> agent pid of the spare that took it
         self.command = command
         self.spares = spares
         # Agents and ranks see the manager's timing, as every container of a pod spec would.
@@ -72,7 +80,7 @@ class LocalPods:
         self.retired: list[tuple[int, subprocess.Popen[bytes]]] = []  # (node, old agent)
         self.retired_exits: list[tuple[int, int]] = []  # (node, exit code) of retired agents
 
-    def agent_argv(self, node: int) -> list[str]:
+    def agent_argv(self, node: int, spare: bool = False) -> list[str]:
         cfg = self.config
         argv = [
             sys.executable,
@@ -98,11 +106,32 @@ class LocalPods:
             argv += ["--log-dir", self.log_dir]
         if self.spares:
             argv += ["--spares", str(self.spares)]
+        if spare:
+            argv += ["--spare", "on"]
         return argv + ["--", *self.command]
 
     def start(self) -> None:
-        for node in range(self.config.node_nums):
+        for node in range(self.config.node_nums + self.spare_pods):
             self._launch(node)
+
+    def pod_of(self, node: int) -> int:
+        """The pod that holds ``node`` now: the spare that took its place last, while that
+        one lives; else its own."""
+        pid = self.promotions.get(node)
+        return next((p for p, proc in list(self.procs.items()) if proc.pid == pid), node)
+
+    def promoted(self, node: int, agent_pid: int) -> None:
+        """A spare pod (its agent ``agent_pid``) took ``node``'s place (called from the
+        manager's thread: one dict write)."""
+        self.promotions[node] = agent_pid
+
+    def _is_spare_launch(self, pod: int) -> bool:
+        """A pod beyond the job's nodes starts as a spare; with spares, so does every
+        recreated pod (except one that holds a manager, which cannot move)."""
+        if pod >= self.config.node_nums:
+            return True
+        again = self.restarts.get(pod, 0) > 0 and pod not in self.managers
+        return self.spare_pods > 0 and self.back_as_spare and again
 
     def _launch(self, node: int) -> None:
         group: dict[str, Any] = {"start_new_session": True}
@@ -114,12 +143,14 @@ class LocalPods:
             self.managers[node] = mgr
             self._groups.add(mgr.pid)
             group = {"process_group": mgr.pid}
+        spare = self._is_spare_launch(node)
         proc = self.procs[node] = self._spawn(
-            self.agent_argv(node), f"agent_{node}.log", node, group
+            self.agent_argv(node, spare), f"agent_{node}.log", node, group
         )
         self._pgid[node] = group.get("process_group", proc.pid)
         self._groups.add(self._pgid[node])
-        self.history.append((time.time(), node, f"pod started (agent pid {proc.pid})"))
+        what = "spare pod" if spare else "pod"
+        self.history.append((time.time(), node, f"{what} started (agent pid {proc.pid})"))
 
     def _spawn(
         self, argv: list[str], log: str, node: int, group: dict[str, Any]
@@ -215,9 +246,11 @@ class LocalPods:
         return False
 
     def kill_node(self, node: int) -> None:
-        """SIGKILL the pod's whole process group: its agent and every rank (a lost node)."""
-        if node in self.procs:
-            os.killpg(self._pgid[node], signal.SIGKILL)
+        """SIGKILL the whole process group of the pod that holds ``node``: its agent and
+        every rank (a lost node)."""
+        pod = self.pod_of(node)
+        if pod in self.procs:
+            os.killpg(self._pgid[pod], signal.SIGKILL)
 
     def stop_node(self, node: int) -> None:
         """SIGTERM the pod's main processes, its manager (if it holds one) and its agent, as

@@ -157,6 +157,25 @@ class SubHealthStep(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class PromoteSpare(Action):
+    """Give ``node``'s place to the spare node whose agent is ``identity``
+    (``waited_s``: since the incident began)."""
+
+    node: int
+    identity: bytes
+    waited_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseSpare(Action):
+    """Send the spare node whose agent is ``identity`` away: exit with ``code`` (the job
+    ended), or forget it (``code`` None: it stopped answering)."""
+
+    identity: bytes
+    code: int | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Emit(Action):
     """Write one event to the job's event log."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ms_recover.comm.peers import group_targets, needs_all
+from ms_recover.manager import sparenodes
 from ms_recover.manager.actions import (
     Action,
     Emit,
@@ -71,6 +72,7 @@ def exit_job(m: JobModel, code: int, reason: str) -> list[Action]:
     for node, agent in sorted(m.agents.items()):
         if agent.alive:
             actions.append(SendAgent("exit", node, AgentExit(code, reason)))
+    actions.extend(sparenodes.release_all(m, code, reason))
     actions.append(Emit(reason, JobEndRecord(code, reason)))
     actions.append(Transition(reason, JobState.EXITING))
     return actions

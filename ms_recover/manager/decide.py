@@ -8,7 +8,7 @@ fields. Pure: no zmq, numpy or msgpack.
 
 from __future__ import annotations
 
-from ms_recover.manager import detection, subhealth
+from ms_recover.manager import detection, sparenodes, subhealth
 from ms_recover.manager.actions import Action, Emit, Judged
 from ms_recover.manager.ending import after_end
 from ms_recover.manager.leaving import asked_to_stop, settled
@@ -36,6 +36,8 @@ def decide(m: JobModel, now: float) -> list[Action]:
     progress = PROGRESS[m.state](m, now)
     if isinstance(progress, Failure):
         return escalate(m, now, progress)  # every failed phase re-enters the fault path here
+    if m.spares:  # a lost node's place goes to a spare node (docs/design.md §1f)
+        progress = [*sparenodes.act(m, now), *progress]
     if m.state is JobState.RUNNING and m.switching:  # hot switches (docs/design.md §1e)
         swap = subhealth.switches(m, now)
         if swap:

@@ -5,7 +5,8 @@ it ``waits``): if another rank fails at the very end, it stops, rebuilds and is 
 source like any survivor. Only once every rank of the world finished does the manager release
 the members:
 
-* every agent gets ``AgentExit(0)`` (it waits, bounded, for its ranks to leave on their own);
+* every agent gets ``AgentExit(0)`` (it waits, bounded, for its ranks to leave on their own),
+  and so does every spare node's;
 * every waiting rank gets ``Exit(0)``, and its ``finish()`` returns;
 * a member that appears after the end (a rescheduled pod that comes back late, its ranks) is
   told the same at once, so it exits 0 instead of waiting for a manager that is gone.
@@ -18,6 +19,7 @@ or msgpack.
 from __future__ import annotations
 
 from ms_recover import exitcodes
+from ms_recover.manager import sparenodes
 from ms_recover.manager.actions import Action, Emit, SendAgent, SendRanks, Transition
 from ms_recover.manager.model import JobModel
 from ms_recover.observability.schema import JobEndRecord, JobState
@@ -53,7 +55,7 @@ def release(m: JobModel, reason: str) -> list[Action]:
     )
     if ranks:
         actions.append(SendRanks(reason, ranks, Exit(exitcodes.OK, reason)))
-    return actions
+    return actions + sparenodes.release_all(m, exitcodes.OK, reason)
 
 
 def after_end(m: JobModel) -> list[Action]:

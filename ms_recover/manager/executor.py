@@ -30,9 +30,11 @@ from ms_recover.observability.schema import (
     Phase,
     PhaseRecord,
     RecoveryRecord,
+    SparePromotedRecord,
+    SpareRecord,
     WorldRecord,
 )
-from ms_recover.protocol.messages import AgentExit, Exit, Message, StartRanks
+from ms_recover.protocol.messages import AgentExit, Exit, Message, SpareAssign, StartRanks
 
 log = logging.getLogger("ms_recover.manager")
 
@@ -85,6 +87,8 @@ class Executor:
             A.Emit: self._emit,
             A.Judged: self._judged,
             A.SubHealthStep: self._sub_health_step,
+            A.PromoteSpare: self._promote_spare,
+            A.ReleaseSpare: self._release_spare,
         }
 
     def execute(self, actions: list[A.Action]) -> None:
@@ -214,7 +218,28 @@ class Executor:
         else:
             m.switching[action.node] = action.switching
 
-    def _write(self, record: PhaseRecord | WorldRecord | DumpRecord | JobStartRecord) -> None:
+    # ------------------------------------------------------------------ spare nodes
+    def _promote_spare(self, action: A.PromoteSpare) -> None:
+        m = self.model
+        spare = m.spares.pop(action.identity)
+        self.sender.send([action.identity], SpareAssign(action.node, action.reason))
+        m.promoted[action.node] = (action.identity, self.clock())
+        record = SparePromotedRecord(
+            action.node, spare.pid, spare.pod_ip, round(action.waited_s, 3), len(m.spares)
+        )
+        self.events.write(record, epoch=m.epoch, state=m.state.value)
+
+    def _release_spare(self, action: A.ReleaseSpare) -> None:
+        spare = self.model.spares.pop(action.identity, None)
+        if spare is None:
+            return
+        if action.code is not None:
+            self.sender.send([action.identity], AgentExit(action.code, action.reason))
+        self._write(SpareRecord(spare.pid, spare.pod_ip, True, action.reason))
+
+    def _write(
+        self, record: PhaseRecord | WorldRecord | DumpRecord | JobStartRecord | SpareRecord
+    ) -> None:
         self.events.write(record, epoch=self.model.epoch)
 
     def _write_manifest(self, action: A.WriteManifest) -> None:

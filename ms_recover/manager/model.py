@@ -18,14 +18,14 @@ Who writes what: **handlers record facts, the executor applies decisions.** The 
 message handlers (and their helpers: acks, health, leaving, divergence, the relay) record what
 members reported as it arrives: ``ranks`` (liveness, identity, acks, committed steps,
 digests), ``agents``, ``pending`` faults, ``early_exits``, ``leaving``, ``health`` and
-``health_rev``, ``heard_at``, ``restore``, ``manager`` and ``group_log``. Only the
+``health_rev``, ``heard_at``, ``restore``, ``manager``, ``group_log`` and ``spares``. Only the
 :class:`~ms_recover.manager.executor.Executor` writes the decisions, as the actions of
 ``decide`` say: ``state``, ``epoch``, ``round``, ``tries``, ``active``, ``recoveries``,
-``last_recovery``, ``exit_code``, ``restarts``, ``flagged`` and ``judged_rev`` (it may update
-facts too). One exception: a restarted manager, still forming and before any decision, adopts
-the epoch its members report (``WorkerHandlers.note_rejoin``). ``config`` is never written.
-``tests/unit/test_model_ownership.py`` reads every write from the code and holds this table.
-Pure: no zmq, numpy or msgpack.
+``last_recovery``, ``exit_code``, ``restarts``, ``flagged``, ``judged_rev`` and ``promoted``
+(it may update facts too). One exception: a restarted manager, still forming and before any
+decision, adopts the epoch its members report (``WorkerHandlers.note_rejoin``). ``config`` is
+never written. ``tests/unit/test_model_ownership.py`` reads every write from the code and
+holds this table. Pure: no zmq, numpy or msgpack.
 """
 
 from __future__ import annotations
@@ -135,6 +135,20 @@ class AgentInfo:
     last_seen: float = 0.0
     pod_ip: str = ""
     released: bool = False  # told to exit for good (not to reschedule)
+
+
+@dataclasses.dataclass(slots=True)
+class SpareNode:
+    """A spare node's agent (``ms-recover agent --spare``): a pod that holds pre-warmed rank
+    processes and no node rank, until a lost node's place is given to it
+    (:mod:`~ms_recover.manager.sparenodes`)."""
+
+    identity: bytes
+    pid: int
+    pod_ip: str
+    since: float  # when it first said hello
+    last_seen: float
+    warm: int  # its pre-warmed rank processes, as it last said
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +286,12 @@ class JobModel:
     backups: dict[int, float] = dataclasses.field(default_factory=dict)
     #: Nodes the sub-health policy has acted on (or gave up on): never acted on again.
     settled_nodes: set[int] = dataclasses.field(default_factory=set)
+    #: Spare nodes waiting to take a lost node's place, by their agent's identity (a fact:
+    #: their hellos; the executor removes one when it promotes or releases it).
+    spares: dict[bytes, SpareNode] = dataclasses.field(default_factory=dict)
+    #: node -> (the spare's identity, when it was given the node): a decision. While the node
+    #: has a live agent, a new pod's agent for it is told to become a spare.
+    promoted: dict[int, tuple[bytes, float]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.config

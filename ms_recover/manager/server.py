@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from ms_recover import exitcodes
 from ms_recover.config import JobConfig
 from ms_recover.dumpfiles import check_dump_dir
 from ms_recover.errors import ProtocolError
@@ -28,7 +29,7 @@ from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
 from ms_recover.manager.leaving import note_leaving
-from ms_recover.manager.model import Fault, JobModel, Origin, RankInfo, Restore
+from ms_recover.manager.model import Fault, JobModel, Origin, RankInfo, Restore, SpareNode
 from ms_recover.manager.relay import ManagerRelay
 from ms_recover.manager.slots import Hello, Slots
 from ms_recover.manager.status import status_of
@@ -46,6 +47,7 @@ from ms_recover.observability.schema import (
     PlannedStopRecord,
     RankExitRecord,
     RejectRecord,
+    SpareRecord,
     StandDownRecord,
     TakeoverRecord,
 )
@@ -162,6 +164,7 @@ class ManagerServer:
         )
         self._handlers: dict[type[M.Message], Handler] = {
             M.AgentHello: self._on_agent_hello,
+            M.SpareHello: self._on_spare_hello,
             M.AgentHeartbeat: self._on_agent_heartbeat,
             M.RankExited: self._on_rank_exited,
             M.NodeLeaving: self._on_node_leaving,
@@ -451,6 +454,8 @@ class ManagerServer:
             log.warning("rejected agent: %s", reason)
             return
         agent = m.agents[msg.node_rank]
+        if self._taken_by_spare(ident, env, msg):
+            return
         verdict = self.slots.agent_hello(
             msg.node_rank, (ident, env), agent.alive, now - agent.last_seen
         )
@@ -496,6 +501,36 @@ class ManagerServer:
         self._send(ident, M.AgentWelcome(True, ""))
         member = MemberRecord("agent", msg.pid, rejoin, node_rank=msg.node_rank, pod_ip=msg.pod_ip)
         self.events.write(member, epoch=m.epoch)
+
+    def _taken_by_spare(self, ident: bytes, env: Envelope, msg: M.AgentHello) -> bool:
+        """A new agent incarnation for a node a spare node took meanwhile (its recreated pod
+        came back late): it is told to become a spare (docs/design.md §1f)."""
+        node, agent = msg.node_rank, self.model.agents[msg.node_rank]
+        held = self.slots.agent_nonce.get(node)
+        if node not in self.model.promoted or not agent.alive or held in (None, env.nonce):
+            return False
+        reason = f"node {node} was taken by a spare node (agent pid {agent.pid}): stay a spare"
+        log.info("agent pid %d of node %d: %s", msg.pid, node, reason)
+        self._send(ident, M.BecomeSpare(reason))
+        return True
+
+    def _on_spare_hello(self, ident: bytes, env: Envelope, msg: M.SpareHello) -> None:
+        """Record a spare node's agent (or its beat), and answer it; after the job's end it
+        is sent away instead (the executor releases those it knew of)."""
+        m, now = self.model, self.clock()
+        if m.state is JobState.EXITING:
+            code = m.exit_code if m.exit_code is not None else exitcodes.FAILED
+            self._send(ident, M.AgentExit(code, "the job already ended"))
+            return
+        spare = m.spares.get(ident)
+        if spare is None:
+            spare = SpareNode(ident, msg.pid, msg.pod_ip, now, now, msg.warm)
+            m.spares[ident] = spare
+            log.info("spare node: agent pid %d on %s, %d warm", msg.pid, msg.pod_ip, msg.warm)
+            record = SpareRecord(msg.pid, msg.pod_ip, False, "registered")
+            self.events.write(record, epoch=m.epoch)
+        spare.last_seen, spare.warm = now, msg.warm
+        self._send(ident, M.ManagerBeat(m.state.value))
 
     def _refuse_claims(self, node_rank: int) -> None:
         """The registered agent of ``node_rank`` spoke: a pending claim on its slot is false."""

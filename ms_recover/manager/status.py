@@ -59,6 +59,17 @@ def status_of(m: JobModel, now: float, events: EventLog | None = None) -> dict[s
             }
             for _, a in sorted(m.agents.items())
         ],
+        # Spare nodes waiting to take a lost node's place (docs/design.md §1f), oldest first.
+        "spares": [
+            {
+                "pid": s.pid,
+                "pod_ip": s.pod_ip,
+                "warm": s.warm,
+                "waiting_s": round(now - s.since, 3),
+                "silent_s": round(now - s.last_seen, 3),
+            }
+            for s in sorted(m.spares.values(), key=lambda s: (s.since, s.pid))
+        ],
         "groups": m.group_log.to_wire(),
     }
 

@@ -11,8 +11,10 @@ How the time is painted onto the wall-clock span from the first event to ``now``
   from a ``fault`` seen while training, ``other`` until its ``recovery`` event (an unfinished
   recovery), then ``productive`` again (``other`` after a recovery that gave up).
 * a ``fault``'s ``detect_s`` before its timestamp, and a recovery's ``detect`` phase before its
-  start (``ts - mttr_s``), are ``detect``: the job ran, but its work was already lost.
-* a recovery's ``[ts - mttr_s, ts]``: ``rebuild``, ``repair`` and ``resume`` end at ``ts`` in
+  round's start, are ``detect``: the job ran, but its work was already lost. ``mttr_s`` runs
+  from the incident's start (the last sign of life), so it holds the detection: the round
+  began at ``ts - mttr_s + detect``.
+* a recovery's round, up to ``ts``: ``rebuild``, ``repair`` and ``resume`` end at ``ts`` in
   that order (each phase starts when the previous ended); before them ``stop`` from the start,
   then ``replace`` (``stop`` and ``replace`` are both measured from the round's start, so they
   overlap: the replace time past the stop is counted). ``replace`` is ``reschedule`` when the
@@ -258,8 +260,11 @@ def _paint_recovery(canvas: _Paint, ts: float, r: RecoveryRecord, nodes: bool) -
     """A recovery's detection and phases, before its event at ``ts`` (see the module
     docstring)."""
     phases = {k: float(v) for k, v in r.phases.items()}
-    begin = ts - r.mttr_s
-    canvas.paint(begin - phases.get("detect", 0.0), begin, "detect")
+    # ``mttr_s`` runs from the incident's start, the last sign of life, so it holds the
+    # detection: the round itself began ``detect`` later (else detection counted twice).
+    detect = min(max(phases.get("detect", 0.0), 0.0), max(r.mttr_s, 0.0))
+    begin = ts - r.mttr_s + detect
+    canvas.paint(begin - detect, begin, "detect")
     if r.strategy == "dump":
         canvas.paint(begin, ts, "dump")
         return

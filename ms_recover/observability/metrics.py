@@ -240,6 +240,11 @@ class ManagerCollector:
             value=len(status.get("hot_switch") or ()),
         )
         yield GaugeMetricFamily(
+            "ms_recover_spare_nodes",
+            "Spare nodes waiting to take a lost node's place (ms-recover agent --spare)",
+            value=len(status.get("spares") or ()),
+        )
+        yield GaugeMetricFamily(
             "ms_recover_insecure",
             "1 when the job has no secret: anyone who can reach the manager can drive it",
             value=1 if status.get("insecure") else 0,

@@ -279,6 +279,32 @@ class RecoveryRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class SparePromotedRecord(Record):
+    """A spare node's agent (``pid`` on ``pod_ip``) was given lost node ``node_rank``'s place,
+    ``waited_s`` after the incident began (the node's last sign of life); ``spares_left``
+    wait on."""
+
+    EVENT: ClassVar[str] = "spare_promoted"
+    node_rank: int
+    pid: int
+    pod_ip: str
+    waited_s: float
+    spares_left: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SpareRecord(Record):
+    """A spare node's agent (``pid`` on ``pod_ip``) registered, or was sent away (``left``:
+    the job ended, or it stopped answering) with ``reason``."""
+
+    EVENT: ClassVar[str] = "spare"
+    pid: int
+    pod_ip: str
+    left: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class GoodputRecord(Record):
     """The goodput ledger when the job ended: wall time, ETTR and seconds per category
     (:mod:`ms_recover.observability.goodput`)."""
@@ -425,6 +451,8 @@ RECORDS: dict[str, type[Record]] = {
     for cls in (
         FaultRecord,
         DecisionRecord,
+        SparePromotedRecord,
+        SpareRecord,
         DivergenceRecord,
         FlaggedRecord,
         SubHealthRecord,

@@ -84,6 +84,7 @@ def render(status: dict[str, Any], ranks: bool = False) -> str:
     ]
     agents = status["agents"]
     lines.append(f"  nodes: {sum(a['alive'] for a in agents)} of {len(agents)} agents up")
+    lines += _spare_lines(status.get("spares") or [])
     if status.get("insecure"):
         lines.append(f"  INSECURE: {INSECURE_HINT}")
     last = status.get("last_recovery")
@@ -99,6 +100,18 @@ def render(status: dict[str, Any], ranks: bool = False) -> str:
     if ranks:
         lines += _member_lines(status)
     return "\n".join(lines)
+
+
+def _spare_lines(spares: list[dict[str, Any]]) -> list[str]:
+    """Spare nodes waiting to take a lost node's place (``ms-recover agent --spare``)."""
+    if not spares:
+        return []
+    shown = ", ".join(
+        f"pid {s.get('pid')} on {safe(str(s.get('pod_ip') or '-'))} ({s.get('warm')} warm, "
+        f"{s.get('waiting_s')}s)"
+        for s in spares
+    )
+    return [f"  spare nodes: {len(spares)}: {shown}"]
 
 
 def _ranks_line(ranks: list[dict[str, Any]], world: int) -> str:

@@ -38,6 +38,18 @@ class AgentHello(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class SpareHello(Message):
+    """agent -> manager: a spare node's agent (``ms-recover agent --spare``) offers itself,
+    its ranks pre-warmed, to take a lost node's place; sent again every heartbeat interval
+    (its liveness, and its registration with a restarted manager)."""
+
+    KIND: ClassVar[bytes] = b"spare_hello"
+    pod_ip: str
+    pid: int
+    warm: int  # its pre-warmed rank processes alive now
+
+
+@dataclasses.dataclass(frozen=True)
 class AgentHeartbeat(Message):
     """agent -> manager: liveness. (It used to list every local rank's pid as well, which the
     manager never read; a heartbeat in that layout is dropped as malformed and logged.)"""
@@ -151,6 +163,25 @@ class ManagerBeat(Message):
 
     KIND: ClassVar[bytes] = b"manager_hb"
     state: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SpareAssign(Message):
+    """manager -> spare agent: take node ``node_rank``'s place (its pod was lost or sent
+    away): register as that node's agent and start its ranks from the warm spares."""
+
+    KIND: ClassVar[bytes] = b"spare_assign"
+    node_rank: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BecomeSpare(Message):
+    """manager -> agent: the node this agent registered for was taken by a spare meanwhile
+    (a recreated pod that came back late): stay as a spare instead."""
+
+    KIND: ClassVar[bytes] = b"become_spare"
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,6 +501,7 @@ KINDS: dict[bytes, type[Message]] = {
     cls.KIND: cls
     for cls in (
         AgentHello,
+        SpareHello,
         AgentHeartbeat,
         RankExited,
         NodeLeaving,
@@ -477,6 +509,8 @@ KINDS: dict[bytes, type[Message]] = {
         RelayAcks,
         AgentWelcome,
         ManagerBeat,
+        SpareAssign,
+        BecomeSpare,
         Rejoin,
         KillRanks,
         StartRanks,

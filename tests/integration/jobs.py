@@ -42,6 +42,7 @@ def trainer_job(
     reschedule_delay_s: float = 0.0,
     spares: int = 0,
     env: dict[str, str] | None = None,
+    spare_pods: int = 0,
     **changes: Any,
 ) -> LocalJob:
     command = [
@@ -61,6 +62,7 @@ def trainer_job(
         log_dir=os.path.join(out, "logs"),
         reschedule_delay_s=reschedule_delay_s,
         spares=spares,
+        spare_pods=spare_pods,
     )
 
 

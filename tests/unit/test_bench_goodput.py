@@ -179,3 +179,22 @@ def test_settings_reject_bad_flags_with_one_clear_line() -> None:
         goodput.settings_of(args)
     args.budget_s, args.ckpt_every = 120.0, 100
     assert goodput.settings_of(args).schedules == gm.SCHEDULES
+
+
+def test_node_losses_run_with_one_spare_node_and_the_row_says_so() -> None:
+    nodes = gm.schedule("nodes", 100.0, 0, 2, 2, 50.0)
+    assert goodput.spare_pods_for(nodes) == 1
+    assert goodput.spare_pods_for(gm.schedule("kills", 100.0, 0, 2, 2, 50.0)) == 0
+    promoted = [{"node_rank": 1, "waited_s": 2.1}, {"node_rank": 1, "waited_s": 2.3}]
+    ours = {**OURS, "spare_pods": 1, "promoted": promoted}
+    result = {
+        "clean": {"steps": 1000},
+        "schedules": {
+            "nodes": {"faults": [f.__dict__ for f in nodes], "ours": ours, "msrun": MSRUN}
+        },
+    }
+    cfg = _settings(schedules=("nodes",))
+    rows = {m.name: m for m in goodput.report(cfg, result, "w").measures}
+    row = rows["goodput nodes: ETTR (a) ms_recover with one spare node"]
+    assert row.target == ">= 95 %" and row.verdict == "PASS"
+    assert "one spare node" in row.note and "2 promoted, 2.10, 2.30 s" in row.note

@@ -42,6 +42,7 @@ DECISIONS = frozenset(
         "judged_rev",
         "switching",  # hot switches in progress (the sub-health policy's)
         "settled_nodes",  # flagged nodes the sub-health policy has acted on
+        "promoted",  # nodes whose place was given to a spare node
     }
 )
 #: Facts: the handlers record them as they arrive (the executor may change them too).
@@ -61,6 +62,7 @@ FACTS = frozenset(
         "group_log",
         "diverged_at",  # when each rank's replica digest diverged
         "backups",  # when a switching node's new pod said hello
+        "spares",  # spare nodes' agents that said hello
     }
 )
 NOBODY = frozenset({"config"})
