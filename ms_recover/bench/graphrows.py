@@ -53,6 +53,7 @@ def graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         "floor_pct": vs_cell("floor") if "floor_times" in inter else None,
         "gcomm_pct": vs_cell("gcomm") if "gcomm_times" in inter else None,
         "gskip_pct": vs_cell("gskip") if "gskip_times" in inter else None,
+        "gfresh_pct": vs_cell("gfresh") if "gfresh_times" in inter else None,
     }
 
 
@@ -108,6 +109,14 @@ def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measu
                 gb_target,
                 f"steps()/guard()/commit + session.allreduce in the op + the digest check "
                 f"amortized; halves (without it): {halves}",
+            ),
+            Measure(
+                f"{what}: (gf) GraphStep, identity reduce, (gb)'s batches, vs TrainOneStepCell",
+                g["gfresh_pct"],
+                "%",
+                note="(g) on a new batch each call, as (gb) takes the session's next step's: "
+                "the other arms repeat the batch of their untimed step, still in the caches; "
+                "(gb) - (gf): the session alone; reference, no target",
             ),
             Measure(
                 f"{what}: (gs) GraphStep on_failure='skip', identity reduce, vs TrainOneStepCell",
