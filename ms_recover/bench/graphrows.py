@@ -1,10 +1,12 @@
 """``bench overhead``'s GRAPH_MODE rows: GraphStep's arms against a plain ``TrainOneStepCell``.
 
 The arms (:mod:`~ms_recover.mindspore.programs.overhead_graph`) run interleaved step by step
-in one process, on one model, (g), (gc) and (gb) on one GraphStep (one compiled graph), in a
-fresh random order each round; each row is
-the median of the differences of the same round's steps, relative to the cell's median step.
-The null row (a second TrainOneStepCell) is the method's own noise. The (gb) row carries the
+in one process, on one model, (g), (gc), (gf) and (gb) on one GraphStep (one compiled graph),
+in a fresh random order each round; each row is the median of the differences of the same
+round's steps, relative to the cell's median step. The null row (a second TrainOneStepCell) is
+the method's own noise. Every arm but (gb) and (gf) times a step on the batch its untimed step
+just used; (gb) takes the session's next step's batch, and (gf) the same batches without the
+session, so (gb) - (gf) is the session alone. The (gb) row carries the
 targets: <= +4 % at the demo's ~1 ms step (docs/design.md §8 aims at +2 %), <= +2 % at the wide
 MLP's ~10 ms one; (g) keeps the earlier +10 % at ~1 ms.
 """
