@@ -113,7 +113,8 @@ def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measu
                 f"amortized; halves (without it): {halves}",
             ),
             Measure(
-                f"{what}: (gf) GraphStep, identity reduce, (gb)'s batches, vs TrainOneStepCell",
+                f"{what}: (gf) GraphStep, identity reduce, a new batch each step, "
+                "vs TrainOneStepCell",
                 g["gfresh_pct"],
                 "%",
                 note="(g) on a new batch each call, as (gb) takes the session's next step's: "

@@ -43,7 +43,8 @@ def test_the_gb_row_includes_the_digest_check_and_the_floor_row_has_no_target() 
     ]
     assert gc.value == pytest.approx(0.00015 / cell * 100) and gc.verdict == "-"
     gf = rows[
-        "demo MLP, GRAPH_MODE: (gf) GraphStep, identity reduce, (gb)'s batches, vs TrainOneStepCell"
+        "demo MLP, GRAPH_MODE: (gf) GraphStep, identity reduce, a new batch each step, "
+        "vs TrainOneStepCell"
     ]
     assert gf.value == pytest.approx(0.00012 / cell * 100) and gf.verdict == "-"
     floor = rows["demo MLP, GRAPH_MODE: floor, the op with an empty body, vs TrainOneStepCell"]
