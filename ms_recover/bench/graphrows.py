@@ -1,10 +1,12 @@
 """``bench overhead``'s GRAPH_MODE rows: GraphStep's arms against a plain ``TrainOneStepCell``.
 
 The arms (:mod:`~ms_recover.mindspore.programs.overhead_graph`) run interleaved step by step
-in one process, on one model, (g), (gc) and (gb) on one GraphStep (one compiled graph), in a
-fresh random order each round; each row is
-the median of the differences of the same round's steps, relative to the cell's median step.
-The null row (a second TrainOneStepCell) is the method's own noise. The (gb) row carries the
+in one process, on one model, (g), (gc), (gf) and (gb) on one GraphStep (one compiled graph),
+in a fresh random order each round; each row is the median of the differences of the same
+round's steps, relative to the cell's median step. The null row (a second TrainOneStepCell) is
+the method's own noise. Every arm but (gb) and (gf) times a step on the batch its untimed step
+just used; (gb) takes the session's next step's batch, and (gf) the same batches without the
+session, so (gb) - (gf) is the session alone. The (gb) row carries the
 targets: <= +4 % at the demo's ~1 ms step (docs/design.md §8 aims at +2 %), <= +2 % at the wide
 MLP's ~10 ms one; (g) keeps the earlier +10 % at ~1 ms.
 """
@@ -53,6 +55,7 @@ def graph_stats(inter: dict[str, Any]) -> dict[str, Any]:
         "floor_pct": vs_cell("floor") if "floor_times" in inter else None,
         "gcomm_pct": vs_cell("gcomm") if "gcomm_times" in inter else None,
         "gskip_pct": vs_cell("gskip") if "gskip_times" in inter else None,
+        "gfresh_pct": vs_cell("gfresh") if "gfresh_times" in inter else None,
     }
 
 
@@ -108,6 +111,15 @@ def graph_rows(inter: dict[str, Any], wide: dict[str, Any] | None) -> list[Measu
                 gb_target,
                 f"steps()/guard()/commit + session.allreduce in the op + the digest check "
                 f"amortized; halves (without it): {halves}",
+            ),
+            Measure(
+                f"{what}: (gf) GraphStep, identity reduce, a new batch each step, "
+                "vs TrainOneStepCell",
+                g["gfresh_pct"],
+                "%",
+                note="(g) on a new batch each call, as (gb) takes the session's next step's: "
+                "the other arms repeat the batch of their untimed step, still in the caches; "
+                "(gb) - (gf): the session alone; reference, no target",
             ),
             Measure(
                 f"{what}: (gs) GraphStep on_failure='skip', identity reduce, vs TrainOneStepCell",

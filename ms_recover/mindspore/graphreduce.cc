@@ -3,10 +3,10 @@
 // MsrReduce(slot, g_1 .. g_k) -> token (one float32), every g_i float32.
 // The op reduces the k gradient buffers IN PLACE: it hands the slot's callback (a ctypes
 // function that runs the Python reduction, bucket by bucket) the address and length of each
-// input, the callback writes the reduced values back into those same buffers, and the op's
-// only output is a token the optimizer is made to depend on. No copy of the gradients into a
-// flat buffer and back, no output buffers to allocate: a gradient as large as a bucket is
-// reduced where the backward pass left it.
+// input (read with msr_inputs, when they are new), the callback writes the reduced values back
+// into those same buffers, and the op's only output is a token the optimizer is made to depend
+// on. No copy of the gradients into a flat buffer and back, no output buffers to allocate: a
+// gradient as large as a bucket is reduced where the backward pass left it.
 // Small gradients are gathered into the slot's staging buffers (msr_plan: where each one goes)
 // here, before the callback, and scattered back only if the callback succeeded on every bucket:
 // a memcpy here costs far less than numpy slicing in the callback, and a failed reduction
@@ -31,9 +31,11 @@
 extern "C" {
 
 // flags: bit 0, the same buffers (addresses and sizes) as on the slot's previous call;
-// bit 1, the op gathered the small gradients into the staging buffers of msr_plan.
-typedef int (*msr_callback)(int64_t slot, int64_t k, void *const *ptrs, const int64_t *sizes,
-                            int64_t flags);
+// bit 1, the op gathered the small gradients into the staging buffers of msr_plan. The
+// callback's only argument: ctypes builds a Python object for each argument on every call
+// (a pointer argument is a ctypes instance), so the buffers' addresses and sizes, needed
+// only when they are new, are read with msr_inputs instead.
+typedef int (*msr_callback)(int64_t flags);
 
 static const int64_t kMsrSame = 1;
 static const int64_t kMsrStaged = 2;
@@ -79,6 +81,17 @@ int msr_plan(int64_t slot, int64_t k, const int64_t *sizes, float *const *stage)
   MsrSlot &s = g_msr_slots[slot];
   s.plan_sizes.assign(sizes, sizes + k);
   s.stage.assign(stage, stage + k);
+  return 0;
+}
+
+// The buffers (addresses and element counts) of the slot's last call, for its callback: k
+// entries each. Returns 1 if k is not the slot's count or the op has not run on it yet.
+int msr_inputs(int64_t slot, int64_t k, void **ptrs, int64_t *sizes) {
+  if (slot < 0 || slot >= kMsrSlots) return 1;
+  const MsrSlot &s = g_msr_slots[slot];
+  if (k != s.k || static_cast<int64_t>(s.last_ptrs.size()) != k) return 1;
+  std::copy(s.last_ptrs.begin(), s.last_ptrs.end(), ptrs);
+  std::copy(s.last_sizes.begin(), s.last_sizes.end(), sizes);
   return 0;
 }
 
@@ -143,7 +156,7 @@ static int msr_reduce(int nparam, void **params, int *ndims, int64_t **shapes,
   }
   const unsigned int saved = _mm_getcsr();
   _mm_setcsr(s.mxcsr);
-  const int rc = s.cb(slot, k, ptrs.data(), sizes.data(), flags);
+  const int rc = s.cb(flags);  // the buffers: s.last_ptrs, s.last_sizes (msr_inputs)
   _mm_setcsr(saved);
   if (rc != 0) return 5;  // the staged gradients stay as the backward pass wrote them
   if (staged) {

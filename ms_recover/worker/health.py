@@ -26,6 +26,7 @@ whole under the GIL; the rings are copied before they are sorted.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from collections.abc import Iterator
@@ -57,46 +58,53 @@ class StepClock:
     ) -> None:
         self.hang_k = hang_k
         self.hang_floor_s = hang_floor_s
-        self.steps: list[float] = []  # the last RING timed step times
-        self.compute: list[float] = []  # the last WINDOW timed compute times (wall clock)
+        # The last RING timed step times and the last WINDOW timed compute times (wall clock):
+        # bounded deques, which drop their oldest value themselves (no length test and delete
+        # on the training thread's every commit).
+        self.steps: collections.deque[float] = collections.deque(maxlen=RING)
+        self.compute: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self.long = 0  # depth of declared long stretches
         self.paused = False  # in a recovery, or done: nothing is timed or judged
         self._skip = WARM
         self._last = time.monotonic() if clock is None else clock
-        self._coll_since = 0.0  # 0: not inside a collective
-        self._coll_sum = 0.0  # time inside collectives in the current step
+        # Written by the training thread around each collective (enter_collective and
+        # leave_collective, or Session.allreduce's inline copy of them):
+        self.coll_since = 0.0  # 0: not inside a collective
+        self.coll_sum = 0.0  # time inside collectives in the current step
         self._shift_level = -1.0  # the lowest compute percentile since the last urgent report
         self.last_compute = 0.0  # of the last committed step, timed or not
         self._urgent_left = 0  # urgent heartbeats still to send after a shift
 
     # ------------------------------------------------------------------ training thread
     def committed(self, now: float) -> None:
-        """A step was committed at ``now``: time it, unless it is not to be timed."""
-        step_s, coll_s = now - self._last, self._coll_sum
-        self._last, self._coll_sum = now, 0.0
-        self.last_compute = max(step_s - coll_s, 0.0)
-        if self._skip > 0 or self.long or self.paused:
+        """A step was committed at ``now``: time it, unless it is not to be timed.
+
+        Called on every commit, right after the step's graph (cold caches): no call but the
+        two appends."""
+        step_s = now - self._last
+        compute = step_s - self.coll_sum
+        if compute < 0.0:
+            compute = 0.0
+        self._last, self.coll_sum, self.last_compute = now, 0.0, compute
+        if self._skip or self.long or self.paused:
             self._skip = max(self._skip - 1, 1 if self.long else 0)
             return
         self.steps.append(step_s)
-        if len(self.steps) > RING:
-            del self.steps[0]
-        self.compute.append(self.last_compute)
-        if len(self.compute) > WINDOW:
-            del self.compute[0]
+        self.compute.append(compute)
 
     def enter_collective(self, now: float) -> None:
-        self._coll_since = now
+        self.coll_since = now
 
     def leave_collective(self, now: float) -> None:
-        if self._coll_since:
-            self._coll_sum += now - self._coll_since
-        self._coll_since = 0.0
+        if self.coll_since:
+            self.coll_sum += now - self.coll_since
+        self.coll_since = 0.0
 
     def restart(self, now: float) -> None:
         """A recovery ended (or the rank started): time afresh after WARM steps."""
-        self.steps, self.compute = [], []
-        self._skip, self._last, self._coll_sum, self._coll_since = WARM, now, 0.0, 0.0
+        self.steps.clear()
+        self.compute.clear()
+        self._skip, self._last, self.coll_sum, self.coll_since = WARM, now, 0.0, 0.0
         self._shift_level = -1.0
         self.paused = False
 
@@ -116,7 +124,7 @@ class StepClock:
         steps, compute = list(self.steps), list(self.compute)
         still = bool(self.long or self.paused)
         idle = now - self._last
-        since = self._coll_since
+        since = self.coll_since
         p99 = quantile(steps, 0.99) if len(steps) >= MIN_TIMED else -1.0
         med = lo = -1.0
         if len(compute) >= WINDOW:

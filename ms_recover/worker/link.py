@@ -73,7 +73,9 @@ class ManagerLink:
         self._here_welcomed = False  # the manager at the current endpoint welcomed this rank
         self._at_moved = False  # the link left its first manager (see _fail_over)
         self._out: queue.SimpleQueue[tuple[M.Message, int | None]] = queue.SimpleQueue()
-        self._inbox: collections.deque[Envelope] = collections.deque()
+        #: Latched commands, oldest first; the training thread tests it without the lock (a
+        #: deque's truth is one atomic read under the GIL), Session.steps on every step.
+        self.inbox: collections.deque[Envelope] = collections.deque()
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self.epoch = 0
@@ -116,14 +118,14 @@ class ManagerLink:
     def next_command(self, timeout_s: float) -> Envelope | None:
         """The oldest latched command, waiting up to ``timeout_s``."""
         with self._cond:
-            if not self._inbox:
+            if not self.inbox:
                 self._cond.wait(timeout_s)
-            return self._inbox.popleft() if self._inbox else None
+            return self.inbox.popleft() if self.inbox else None
 
     def has_command(self) -> bool:
         """Whether a command is latched; no lock (polled every step: a deque's truth is one
         atomic read under the GIL, and a command latched just after is seen next time)."""
-        return bool(self._inbox)
+        return bool(self.inbox)
 
     def close(self, flush_s: float = 0.0) -> None:
         """Stop the thread; with ``flush_s`` > 0, queued messages are sent and given that long
@@ -204,7 +206,7 @@ class ManagerLink:
         if isinstance(env.msg, (M.Stop, M.Exit)):
             self._on_abort()
         with self._cond:
-            self._inbox.append(env)
+            self.inbox.append(env)
             self._cond.notify_all()
 
     def _rejoin(self, reason: str) -> None:

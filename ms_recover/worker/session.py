@@ -299,10 +299,10 @@ class Session:
         committed, a step interrupted by recovery is redone.
         """
         self.total = total
-        link = self.link
+        # safe_point()'s test, here, with no call: the link's inbox is tested directly
+        inbox = self.link.inbox if self.link is not None else ()
         while True:
-            # safe_point()'s test, here: one call less on every step
-            if self._await_manager or (link is not None and link.has_command()):
+            if self._await_manager or inbox:
                 self.safe_point()
             if self.next_step >= total:
                 return
@@ -346,14 +346,18 @@ class Session:
         :meth:`CommBackend.allreduce <ms_recover.comm.base.CommBackend.allreduce>`."""
         if self.faults.armed:
             self.faults.at_allreduce(self.next_step, self)
+        # StepClock.enter_collective and leave_collective, inline: under GraphStep this runs
+        # inside the graph's callback on every step, where each call costs several times more.
         clock = self.clock
-        clock.enter_collective(time.monotonic())
+        clock.coll_since = since = time.monotonic()
         try:
             if out is None:  # positional: backends (and test doubles) without ``out`` still work
                 return self.comm.allreduce(array, op)
             return self.comm.allreduce(array, op, out=out)
         finally:
-            clock.leave_collective(time.monotonic())
+            if clock.coll_since:
+                clock.coll_sum += time.monotonic() - since
+            clock.coll_since = 0.0
 
     def long_stretch(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Mark a stretch of steps that are long on purpose (``with session.long_stretch(

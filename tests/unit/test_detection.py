@@ -272,7 +272,7 @@ def test_step_clock_times_nothing_inside_a_long_stretch_or_a_pause() -> None:
     c.paused = True
     assert c.report(t + 100.0, 1)[0][6] == 1.0
     c.restart(t)
-    assert c.steps == [] and c.report(t, 2)[0][3] == -1.0
+    assert not c.steps and c.report(t, 2)[0][3] == -1.0
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ def _inter(hidden: int) -> dict[str, object]:
         "floor_times": [t + 0.00005 for t in cell],
         "graph_times": [t + 0.0001 for t in cell],
         "gcomm_times": [t + 0.00015 for t in cell],
+        "gfresh_times": [t + 0.00012 for t in cell],
         "gsession_times": [t + 0.0002 for t in cell],
         # 5 ms every 100 commits: 50 us a step, amortized
         "calls": {"digest_s": 0.005, "digest_every_steps": 100},
@@ -41,6 +42,11 @@ def test_the_gb_row_includes_the_digest_check_and_the_floor_row_has_no_target() 
         "vs TrainOneStepCell"
     ]
     assert gc.value == pytest.approx(0.00015 / cell * 100) and gc.verdict == "-"
+    gf = rows[
+        "demo MLP, GRAPH_MODE: (gf) GraphStep, identity reduce, a new batch each step, "
+        "vs TrainOneStepCell"
+    ]
+    assert gf.value == pytest.approx(0.00012 / cell * 100) and gf.verdict == "-"
     floor = rows["demo MLP, GRAPH_MODE: floor, the op with an empty body, vs TrainOneStepCell"]
     assert floor.value == pytest.approx(0.00005 / cell * 100) and floor.verdict == "-"
     null = rows["demo MLP, GRAPH_MODE: null, a second TrainOneStepCell vs the first"]

@@ -14,6 +14,9 @@ before each arm's steps, every other arm its own graph:
 * ``graph``: :class:`GraphStep`, identity reduce;
 * ``gskip``: GraphStep with ``on_failure="skip"``, identity reduce;
 * ``gcomm``: GraphStep reducing with the backend's allreduce directly (no session);
+* ``gfresh``: ``graph`` on the batches ``gsession`` takes, a new one on every call (the arms
+  above repeat their untimed step's batch; ``gsession`` cannot: each of its calls is the
+  session's next step), so ``gsession`` - ``gfresh`` is the session alone;
 * ``gsession``: GraphStep under ``session.steps()`` / ``guard()`` with
   ``session.allreduce(flat, "mean", out=flat)`` (the op path of a many-rank job).
 
@@ -78,9 +81,16 @@ def interleave(
         "graph": shared,
         "gskip": GraphStep(*model, on_failure="skip"),
         "gcomm": shared,
+        "gfresh": shared,
         "gsession": shared,
     }
-    reduces = {"graph": _identity, "gcomm": comm_reduce, "gsession": session_reduce}
+    reduces = {
+        "graph": _identity,
+        "gcomm": comm_reduce,
+        "gfresh": _identity,
+        "gsession": session_reduce,
+    }
+    fresh = [0]  # gfresh's batches: the steps the session hands out, in the same order
     cells = {
         "cell": nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer),
         "null": nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer),
@@ -97,12 +107,15 @@ def interleave(
             s = next(steps)
             with session.guard():
                 graphs[kind](*data.batch(s))
+        elif kind == "gfresh":
+            graphs[kind](*data.batch(fresh[0]))
+            fresh[0] += 1
         elif kind == "plain":
             step(*data.batch(i))
         else:
             graphs[kind](*data.batch(i))
 
-    order = ["cell", "null", "floor", "graph", "gskip", "gcomm", "gsession"]
+    order = ["cell", "null", "floor", "graph", "gskip", "gcomm", "gfresh", "gsession"]
     if not args.hidden:
         order.insert(2, "plain")  # DataParallelStep too at the demo's size, for the comparison
     times: dict[str, list[float]] = {kind: [] for kind in order}
