@@ -2,8 +2,11 @@
 :class:`~ms_recover.faulthooks.FaultHooks` implementation that fires the faults.
 
 A fault plan travels to rank processes in ``MS_RECOVER_FAULTS`` as ``;``-separated specs,
-``kind:rank=R:step=K[:inc=N]``. A spec fires only in incarnation ``inc`` (0 by default, the
-first process of the rank), so a restarted rank does not kill itself again.
+``kind:rank=R:step=K[:inc=N][:pod=P]``. A spec fires only in incarnation ``inc`` (0 by
+default, the first process of the rank), so a restarted rank does not kill itself again, and
+only in pod ``pod`` of its node (0 by default: the node's first pod; LocalPods numbers every
+later one, a recreated pod, a hot switch's backup or a spare, in ``MS_RECOVER_FAULTS_POD``),
+so a node's recreated pod, whose ranks start again at incarnation 0, does not either.
 
 Kinds:
 
@@ -44,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ms_recover import env as E
 from ms_recover.errors import CommError, ConfigError, Interrupted
 from ms_recover.faulthooks import FaultHooks
 from ms_recover.worker import repair
@@ -77,9 +81,11 @@ class FaultSpec:
     rank: int
     step: int = -1
     inc: int = 0
+    pod: int = 0
 
     def encode(self) -> str:
-        return f"{self.kind}:rank={self.rank}:step={self.step}:inc={self.inc}"
+        text = f"{self.kind}:rank={self.rank}:step={self.step}:inc={self.inc}"
+        return text + (f":pod={self.pod}" if self.pod else "")
 
 
 class Faults:
@@ -88,10 +94,10 @@ class Faults:
     def __init__(self, specs: tuple[FaultSpec, ...] = ()) -> None:
         self.specs = specs
 
-    def add(self, kind: str, rank: int, step: int = -1, inc: int = 0) -> Faults:
+    def add(self, kind: str, rank: int, step: int = -1, inc: int = 0, pod: int = 0) -> Faults:
         if kind not in KINDS:
             raise ConfigError(f"fault kind {kind!r} is not one of: {', '.join(KINDS)}")
-        return Faults(self.specs + (FaultSpec(kind, rank, step, inc),))
+        return Faults(self.specs + (FaultSpec(kind, rank, step, inc, pod),))
 
     def kill(self, rank: int, step: int, inc: int = 0) -> Faults:
         return self.add("kill", rank, step, inc)
@@ -132,7 +138,7 @@ def parse(text: str) -> tuple[FaultSpec, ...]:
             specs.append(FaultSpec(kind, **fields))
         except (ValueError, TypeError) as exc:
             raise ConfigError(
-                f"fault spec {raw!r} must look like kind:rank=R:step=K[:inc=N]"
+                f"fault spec {raw!r} must look like kind:rank=R:step=K[:inc=N][:pod=P]"
             ) from exc
     return tuple(specs)
 
@@ -140,9 +146,11 @@ def parse(text: str) -> tuple[FaultSpec, ...]:
 class FaultInjector(FaultHooks):
     """Fires this rank's faults at the named points of the worker's step loop."""
 
-    def __init__(self, specs: tuple[FaultSpec, ...], rank: int, incarnation: int) -> None:
+    def __init__(
+        self, specs: tuple[FaultSpec, ...], rank: int, incarnation: int, pod: int = 0
+    ) -> None:
         super().__init__()
-        self._specs = [s for s in specs if s.rank == rank and s.inc == incarnation]
+        self._specs = [s for s in specs if s.rank == rank and s.inc == incarnation and s.pod == pod]
         self._fired: set[FaultSpec] = set()
         self.armed = bool(self._specs)  # False: every hook is a no-op (skipped on hot paths)
         self._die_at_next_chunk = False
@@ -152,7 +160,11 @@ class FaultInjector(FaultHooks):
 
     @classmethod
     def from_env(cls, rank: int, incarnation: int) -> FaultInjector:
-        return cls(parse(os.environ.get("MS_RECOVER_FAULTS", "")), rank, incarnation)
+        plan = parse(os.environ.get(E.FAULTS, ""))
+        pod = os.environ.get(E.FAULTS_POD, "0")
+        if not pod.isdigit():
+            raise ConfigError(f"{E.FAULTS_POD}={pod!r} must be a pod number (0, 1, ...)")
+        return cls(plan, rank, incarnation, int(pod))
 
     def _take(self, kinds: tuple[str, ...], step: int) -> FaultSpec | None:
         for spec in self._specs:

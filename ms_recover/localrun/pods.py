@@ -75,6 +75,7 @@ class LocalPods:
         self.managers: dict[int, subprocess.Popen[bytes]] = {}  # node -> its pod's manager
         self.manager_exits: list[tuple[int, int]] = []  # (node, exit code) of ended managers
         self._pgid: dict[int, int] = {}  # node -> its pod's process group
+        self._launches: dict[int, int] = {}  # node -> pods started for it (fault plans' pod)
         self.history: list[tuple[float, int, str]] = []  # (time, node, what)
         self.backups_wanted: set[int] = set()  # nodes whose hot switch wants a new pod
         self.retired: list[tuple[int, subprocess.Popen[bytes]]] = []  # (node, old agent)
@@ -144,8 +145,14 @@ class LocalPods:
             self._groups.add(mgr.pid)
             group = {"process_group": mgr.pid}
         spare = self._is_spare_launch(node)
+        # A fault plan fires in a node's first pod only (a spare is never one).
+        pod = self._launches[node] = self._launches.get(node, int(spare)) + 1
         proc = self.procs[node] = self._spawn(
-            self.agent_argv(node, spare), f"agent_{node}.log", node, group
+            self.agent_argv(node, spare),
+            f"agent_{node}.log",
+            node,
+            group,
+            {E.FAULTS_POD: str(pod - 1)},
         )
         self._pgid[node] = group.get("process_group", proc.pid)
         self._groups.add(self._pgid[node])
@@ -153,13 +160,19 @@ class LocalPods:
         self.history.append((time.time(), node, f"{what} started (agent pid {proc.pid})"))
 
     def _spawn(
-        self, argv: list[str], log: str, node: int, group: dict[str, Any]
+        self,
+        argv: list[str],
+        log: str,
+        node: int,
+        group: dict[str, Any],
+        extra: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         out = None
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             out = open(os.path.join(self.log_dir, log), "ab")  # noqa: SIM115
         env = {**self.env, E.NODE_RANK: str(node)} if node in self.manager_argv else self.env
+        env = {**env, **(extra or {})}
         try:
             # A manager dies with this process as the agent does (MS_RECOVER_DIE_WITH_PID).
             return subprocess.Popen(

@@ -286,7 +286,11 @@ class Watch:
             for i, chan in self._chans.items():
                 env = chan.recv(int(min(left, 0.05) * 1000))
                 if env is not None and isinstance(env.msg, M.StatusReply):
-                    self.peers[i] = seen_of(env.msg.status, time.monotonic())
+                    seen = self.peers[i] = seen_of(env.msg.status, time.monotonic())
+                    if seen.role == Role.ACTIVE and self.role is Role.STANDBY:
+                        # Said at once, not a beat later: a node 0 recreated right after
+                        # it died must learn that the job was running (start_role).
+                        self.server.set_role(Role.STANDBY.value, self.term, True)
 
     def _act(self) -> bool:
         """Apply the verdict; True once this watch has nothing more to do."""

@@ -159,6 +159,24 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
         FaultInjector.from_env(rank=1, incarnation=0)
 
 
+def test_a_node_fault_fires_in_the_nodes_first_pod_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recreated pod's ranks start again at incarnation 0: LocalPods numbers the pod
+    (MS_RECOVER_FAULTS_POD), so a node fault does not kill the recreated pod again (the
+    survivors may resume before the fault's step), unless the spec names that pod."""
+    plan = Faults().node(rank=0, step=12).add("allreduce", rank=0, step=3, pod=1)
+    assert parse(plan.to_env()["MS_RECOVER_FAULTS"]) == plan.specs
+    assert plan.specs[1] == FaultSpec("allreduce", 0, 3, 0, 1)
+    monkeypatch.setenv("MS_RECOVER_FAULTS", plan.to_env()["MS_RECOVER_FAULTS"])
+    first = FaultInjector.from_env(rank=0, incarnation=0)
+    assert [s.kind for s in first._specs] == ["node"]
+    monkeypatch.setenv("MS_RECOVER_FAULTS_POD", "1")
+    again = FaultInjector.from_env(rank=0, incarnation=0)
+    assert [s.kind for s in again._specs] == ["allreduce"] and again.in_allreduce(3)
+    monkeypatch.setenv("MS_RECOVER_FAULTS_POD", "next")
+    with pytest.raises(ConfigError, match=r"MS_RECOVER_FAULTS_POD='next' must be a pod number"):
+        FaultInjector.from_env(rank=0, incarnation=0)
+
+
 @pytest.fixture
 def signals(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     """Record, instead of sending, every signal the injector sends."""

@@ -13,10 +13,13 @@ from ms_recover.manager.takeover import (
     OnSigterm,
     Role,
     Seen,
+    Watch,
     on_sigterm,
     start_role,
     watch_verdict,
 )
+from ms_recover.protocol import messages as M
+from ms_recover.protocol.codec import Envelope
 
 SILENCE = 2.0
 
@@ -178,3 +181,44 @@ def test_a_manager_that_hands_over_stands_down_with_0_once_its_successor_is_acti
     assert watch_verdict(Role.ACTIVE, 0, 0, standing_by, 10.2, SILENCE, handing_over=True) == (
         watch_verdict(Role.ACTIVE, 0, 0, {}, 10.2, SILENCE)
     )
+
+
+class _Server:
+    """The Serving side of a Watch, recorded."""
+
+    handing_over = ""
+
+    def __init__(self) -> None:
+        self.roles: list[tuple[str, int, bool]] = []
+
+    def set_role(self, role: str, term: int, seen_active: bool) -> None:
+        self.roles.append((role, term, seen_active))
+
+
+class _Chan:
+    """A peer channel that answers the first receive with ``status``."""
+
+    def __init__(self, status: dict[str, object]) -> None:
+        self.replies = [Envelope("j", 0, "manager", 1, M.StatusReply(status=status))]
+
+    def send(self, msg: object, epoch: int) -> None:
+        pass
+
+    def recv(self, timeout_ms: int) -> Envelope | None:
+        return self.replies.pop() if self.replies else None
+
+
+def test_a_standby_says_it_saw_an_active_manager_as_soon_as_the_answer_comes() -> None:
+    """Within the probe, not a beat later: node 0 recreated right after it died asks the
+    standby in that beat, and must hear that the job was running (a fresh-job answer made it
+    start active with term 0 and the survivors waited 4 s for it instead of a takeover)."""
+    server = _Server()
+    watch = Watch(JobConfig(job_id="j", heartbeat_s=0.05), 1, server)  # type: ignore[arg-type]
+    try:
+        running = {"state": "running", "manager": {"role": "active", "term": 0, "node": 0}}
+        watch._chans = {0: _Chan(running)}  # type: ignore[dict-item]
+        watch._probe()
+        assert server.roles == [("standby", 0, True)]
+        assert watch.peers[0].role == "active"
+    finally:
+        watch._ctx.term()
