@@ -127,7 +127,8 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
             )
         )
     if m.state is JobState.RUNNING and not faults:
-        faults.extend(detection.detect_hang(m, now, heard) or _detect_hang(m, now, heard))
+        hangs = detection.detect_hang(m, now, heard) or _detect_hang(m, now, heard)
+        faults.extend(subhealth.hangs_not_held(m, hangs, now))
     return faults
 
 

@@ -21,7 +21,8 @@ A flag names a rank; the policy acts on its node, once per node (``JobModel.sett
   hosts the scheduler and manager cannot move. If the new pod is not all there within
   ``hot_switch_timeout_s``, the switch is abandoned: the old node stays, training goes on,
   and nothing else happens (MindCluster's ClusterD, too, turns the policy to ``ignore`` when
-  its hot switch fails); never a job-level restart.
+  its hot switch fails); never a job-level restart. While a node is switching, a hang blamed
+  on one of its ranks is held (:func:`hangs_not_held`): the swap replaces that rank anyway.
 
 **Repeat divergence.** A replica whose steady-state digest differed from its replicas' is
 repaired (``diverged`` fault). One that differs again within ``diverge_window_s`` of its last
@@ -146,6 +147,22 @@ def _grace_exit(
         return [*first, *exit_job(m, exitcodes.JOB_EXIT, why)], True
     start = dump.start(m, now, incident, FAULT_DETECTED, f"graceExit: {why}; {reason}")
     return [*first, *start], True
+
+
+def hangs_not_held(m: JobModel, hangs: list[Fault], now: float) -> list[Fault]:
+    """The hangs to act on: a hang blamed on a rank of a switching node is held while its
+    hot switch may still come (``hot_switch_timeout_s``), since the swap replaces that rank
+    anyway. A flagged slow rank looks hung in its long steps; restarting it in place would
+    keep it on the slow node. Once the switch is done or abandoned, a hang is declared as
+    always."""
+    if not m.switching:  # the common case
+        return hangs
+    limit = m.config.hot_switch_timeout_s
+    return [
+        h
+        for h in hangs
+        if h.node_rank not in m.switching or now - m.switching[h.node_rank] > limit
+    ]
 
 
 def switches(m: JobModel, now: float) -> list[Action]:

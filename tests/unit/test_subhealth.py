@@ -29,7 +29,8 @@ RANKS_OF_NODE_1 = [2, 3]
 
 
 def job_with(policy: str, **changes: Any) -> Job:
-    j = Job("recover-in-place,recover,exit", hang_timeout_s=30.0, sub_healthy=policy, **changes)
+    changes = {"hang_timeout_s": 30.0, **changes}
+    j = Job("recover-in-place,recover,exit", sub_healthy=policy, **changes)
     j.running(step=100)
     return j
 
@@ -130,6 +131,45 @@ def test_hot_switch_without_a_new_pod_is_abandoned_and_training_goes_on() -> Non
     slow_rank(j, 3)  # nor is the node acted on again
     j.tick()
     assert j.model.state is JobState.RUNNING and len(j.events("sub_health")) == 2
+
+
+def test_a_hang_of_a_switching_nodes_rank_waits_for_the_swap() -> None:
+    """The flagged rank stalls (the demo's slow rank is stopped a third of the time): a hang
+    blamed on it is held while its node's hot switch may still come, and the swap, not an
+    in-place restart on the slow node, replaces it. Once the switch gave up, it is a hang."""
+    j = job_with("hotSwitch", hang_timeout_s=3.0, hot_switch_timeout_s=10.0)
+    slow_rank(j, 2)
+    j.commit(101, ranks=[0, 1, 3])  # rank 2 stalls at step 100
+    j.advance(4.0)  # past the fixed hang bound
+    j.tick()
+    assert not j.events("fault") and j.model.state is JobState.RUNNING and j.model.switching
+    swap_ready(j)
+    j.tick()
+    (fault,) = j.events("fault")
+    assert fault["kind"] == FaultKind.SUB_HEALTHY.value and j.decision()["strategy"] == "recover"
+
+
+def test_a_hang_is_declared_once_the_hot_switch_gave_up() -> None:
+    j = job_with("hotSwitch", hang_timeout_s=3.0, hot_switch_timeout_s=5.0)
+    slow_rank(j, 2)
+    j.commit(101, ranks=[0, 1, 3])
+    j.advance(4.0)
+    j.tick()
+    assert not j.events("fault")
+    j.advance(1.5)  # the switch may come within 5 s: past that, the hang is one again
+    j.tick()
+    (fault,) = j.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("hang", 2)
+
+
+def test_a_hang_of_another_nodes_rank_is_not_held() -> None:
+    j = job_with("hotSwitch", hang_timeout_s=3.0, hot_switch_timeout_s=10.0)
+    slow_rank(j, 2)
+    j.commit(101, ranks=[1, 2, 3])  # rank 0, on node 0, stalls
+    j.advance(4.0)
+    j.tick()
+    (fault,) = j.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("hang", 0)
 
 
 def test_the_scheduler_node_cannot_hot_switch() -> None:
