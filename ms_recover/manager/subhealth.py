@@ -159,9 +159,7 @@ def hangs_not_held(m: JobModel, hangs: list[Fault], now: float) -> list[Fault]:
         return hangs
     limit = m.config.hot_switch_timeout_s
     return [
-        h
-        for h in hangs
-        if h.node_rank not in m.switching or now - m.switching[h.node_rank] > limit
+        h for h in hangs if h.node_rank not in m.switching or now - m.switching[h.node_rank] > limit
     ]
 
 
