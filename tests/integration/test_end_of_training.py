@@ -69,7 +69,9 @@ def test_node_lost_at_the_last_step_is_rescheduled_and_repaired(tmp_path, refere
     assert [r["sha256"] for r in results(out)] == [reference] * 4
     (rec,) = job.find("recovery", ok=True)
     assert rec["strategy"] == "recover" and rec["replaced"] == [2, 3]
-    assert rec["target_step"] == LAST
+    # Rank 3 dies with its node, perhaps before its part of step LAST's allreduce reached the
+    # survivors: then nobody committed LAST and the target is the step before; nothing lost.
+    assert rec["target_step"] in (LAST - 1, LAST) and rec["lost_steps"] == 0
 
 
 def test_a_pod_back_after_the_end_is_told_the_job_is_over(tmp_path, reference):
