@@ -45,6 +45,10 @@ from ms_recover.subhealth import SubHealthy
 
 MAX_DEMO_RANKS = 32
 DEMO_HANG_TIMEOUT_S = 20.0  # --fault hang: see _validate
+KILL_STEP = 15  # the fault's step by default
+#: --fault hang's step by default: the adaptive hang rule needs its ranks' step times (5 steps
+#: of compilation, then 20 timed: ms_recover.worker.health), else the fixed bound applies.
+HANG_STEP = 30
 MAX_STEPS = 1_000_000
 #: --fault slow: steps at least (a new pod imports MindSpore while training goes on), and each
 #: step's extra time as short sleeps (a stopped rank takes longer over them too).
@@ -53,7 +57,9 @@ SLOW_TIMEOUT_S = 900.0  # --fault slow: each run is 600 steps of at least 50 ms
 FAULTS = {
     "kill": "SIGKILL one rank after --kill-step",
     "node": "SIGKILL a whole node (its agent and ranks)",
-    "hang": "SIGSTOP one rank: detected by the step-progress (hang) timeout",
+    "hang": "one rank blocks in its own compute while its heartbeat goes on (a deadlocked data "
+    f"loader; from step {HANG_STEP} by default, once step times are known): the adaptive hang "
+    "rule names it within seconds",
     "transient": "a transient data-plane error in one rank's allreduce (the rank survives)",
     "memory": "corrupt one rank's state and report a device memory error",
     "bitflip": "flip one bit of one rank's state silently: found by comparing the replicas' "
@@ -95,7 +101,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="--fault slow: what the flagged node meets (MindCluster's subHealthyStrategy; "
         "default %(default)s)",
     )
-    p.add_argument("--kill-step", type=int, default=15, help="step of the fault (default 15)")
+    p.add_argument(
+        "--kill-step",
+        type=int,
+        default=None,
+        help=f"step of the fault (default {KILL_STEP}; {HANG_STEP} for --fault hang)",
+    )
     p.add_argument("--kill-node", type=int, default=None, help="kill this whole node instead")
     p.add_argument(
         "--verify",
@@ -145,9 +156,11 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
     if args.launcher == "msrun" and args.spares:
         raise ConfigError("--spares needs --launcher agent: msrun starts its workers cold")
+    fault = args.fault or ("node" if args.kill_node is not None else "kill")
+    if args.kill_step is None:
+        args.kill_step = min(HANG_STEP, args.steps - 2) if fault == "hang" else KILL_STEP
     if not 0 <= args.kill_step < args.steps - 1:
         raise ConfigError(f"--kill-step must be in 0..{args.steps - 2} (before the last step)")
-    fault = args.fault or ("node" if args.kill_node is not None else "kill")
     if fault == "slow":
         faults = _slow(args)
     elif fault == "node":
@@ -158,7 +171,8 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
     else:
         if not 0 <= args.kill_rank < world:
             raise ConfigError(f"--kill-rank {args.kill_rank} is outside 0..{world - 1}")
-        faults = Faults().add(fault, rank=args.kill_rank, step=args.kill_step)
+        kind = "computehang" if fault == "hang" else fault
+        faults = Faults().add(kind, rank=args.kill_rank, step=args.kill_step)
     config = JobConfig(
         job_id=f"demo-{os.getpid()}",
         node_nums=args.nodes,
@@ -170,11 +184,11 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         secret=secrets.token_hex(32).encode(),  # random per run: never the forgeable default
     )
     if fault == "hang":
-        # A hang is found by the step-progress timeout: shorter than the default 120 s, and
-        # silence detection longer. It also bounds every resume (the first step after the
-        # forming round and after a recovery, which compiles the step graph again): 6 s was
-        # shorter than that compile on a busy host, and the job ended before the fault.
-        config = config.replace(hang_timeout_s=DEMO_HANG_TIMEOUT_S, rank_silence_s=60.0)
+        # Until step times are known (and a --kill-step before HANG_STEP), the fixed hang bound
+        # applies: shorter than the default 120 s. It also bounds every resume (the first step
+        # after the forming round and after a recovery, which compiles the step graph again):
+        # 6 s was shorter than that compile on a busy host, and the job ended before the fault.
+        config = config.replace(hang_timeout_s=DEMO_HANG_TIMEOUT_S)
     if fault == "bitflip":  # the default check every 100 steps would come after a short demo
         config = config.replace(digest_every_steps=10)
     return config, faults
@@ -322,9 +336,8 @@ def run(args: argparse.Namespace) -> int:
         f"training, {args.steps} steps, strategy {format_strategies(config.strategies)}, "
         f"launcher {args.launcher}"
     )
-    kind, rank = (
-        (faults.specs[0].kind, faults.specs[0].rank) if faults.specs else ("slow", args.kill_rank)
-    )
+    rank = faults.specs[0].rank if faults.specs else args.kill_rank
+    kind = args.fault or ("node" if args.kill_node is not None else "kill")
     print(f"fault: {kind} (rank {rank}) after step {args.kill_step}; logs in {workdir}")
     print(f"each run starts {world} rank processes that import MindSpore first (~10-30 s)")
     result: dict[str, Any] = {}

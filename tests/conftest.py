@@ -60,10 +60,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{tier}: {what}")
 
 
+#: Modules run first, longest first: their whole demo runs would otherwise end a parallel run
+#: alone on one worker while the others idle.
+FIRST = ("e2e/test_demo_cli.py", "e2e/test_demo_job.py", "integration/test_bench_goodput.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with the tier of the directory it lives in, and keep the tests that share
     a module-scoped fixture (one whole job asserted several ways) on one xdist worker, so the
-    job runs once."""
+    job runs once. The costliest run first (:data:`FIRST`, then e2e, integration, unit): a
+    module's tests stay together, so its fixtures still run once."""
+    rank: dict[str, int] = {}
     for item in items:
         try:
             parts = pathlib.Path(str(item.path)).resolve().relative_to(HERE).parts
@@ -71,8 +79,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if parts and parts[0] in TIERS:
             item.add_marker(parts[0])
+            where = "/".join(parts)
+            first = FIRST.index(where) if where in FIRST else len(FIRST)
+            rank[item.nodeid] = first * len(TIERS) + TIERS[::-1].index(parts[0])
         if _shares_a_wide_fixture(item):
             item.add_marker(pytest.mark.xdist_group(name=str(item.path)))
+    items.sort(key=lambda item: rank.get(item.nodeid, len(FIRST) * len(TIERS)))
 
 
 def _shares_a_wide_fixture(item: pytest.Item) -> bool:
@@ -85,10 +97,11 @@ def _shares_a_wide_fixture(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker per core, at most 4, and at most one per 3 GiB of available
-    memory (an e2e job is a few MindSpore processes of 0.5 GiB each)."""
+    """``-n auto``: one worker more than the cores (whole-job tests mostly wait on their
+    processes), at most 4, and at most one per 3 GiB of available memory (an e2e job is a few
+    MindSpore processes of 0.5 GiB each)."""
     cores = len(os.sched_getaffinity(0))
-    return max(1, min(cores, 4, _available_gib() // 3))
+    return max(1, min(cores + 1, 4, _available_gib() // 3))
 
 
 def _available_gib() -> int:

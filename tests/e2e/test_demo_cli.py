@@ -20,6 +20,65 @@ def _demo(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.timeout(900)
+def test_demo_slow_moves_the_slow_rank_to_a_new_pod(tmp_path):
+    """``--fault slow``: rank 2 (node 1) stopped a third of the time by its pod is flagged, a
+    new pod for node 1 comes up while training goes on and is swapped in (hotSwitch):
+    recovered, 0 lost steps, weights bit-identical."""
+    out = tmp_path / "result.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "slow", "--verify"]
+        + ["--workdir", str(tmp_path / "work"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["recovered"] and result["lost_steps"] == 0 and result["weights_match"]
+    # The hot switch moves the rank (recover); a hang blamed on the stalling flagged rank waits
+    # for it (on a loaded host, the adaptive hang bound was crossed before the new pod was up).
+    assert result["strategy_used"] == "recover"
+    assert "fault: slow (rank 2)" in run.stdout and "flagged" in run.stdout
+
+
+@pytest.mark.timeout(900)
+def test_demo_hang_with_its_defaults_exits_0(tmp_path):
+    """Issue 26 item 8: the hang case's own timeout also bounds every first step's compile.
+    Its default hang comes once step times are known: the adaptive rule names the culprit."""
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "hang", "--verify"]
+        + ["--workdir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "weights match the uninterrupted run bit for bit" in run.stdout
+    assert "fault: hang (rank 1) after step 30" in run.stdout
+    assert "rank 1 at step 30: not waiting in a collective while the others are" in run.stdout
+
+
+@pytest.mark.timeout(900)
+def test_demo_node_0_lost_with_the_manager_is_recovered_by_the_standby(tmp_path):
+    """Issue 26 items 3 and 8: the default node fault kills node 0, whose pod holds the
+    manager; the standby takes over, node 0's ranks come back bit-identical, exit 0."""
+    out = tmp_path / "result.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "node", "--verify"]
+        + ["--json", str(out), "--workdir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["recovered"] is True and result["weights_match"] is True
+    assert result["lost_steps"] == 0 and result["strategy_used"] == "recover"
+    assert 0 < result["manager_takeover_s"] <= 3, result
+    assert "the standby manager took over" in run.stdout
+
+
 def test_demo_verify_writes_the_result_json(tmp_path):
     out = tmp_path / "result.json"
     run = _demo(
@@ -64,59 +123,3 @@ def test_demo_bad_flags_exit_2_with_a_reason(args, needle):
     assert run.returncode == 2
     assert needle in run.stderr
     assert "Traceback" not in run.stderr
-
-
-@pytest.mark.timeout(900)
-def test_demo_node_0_lost_with_the_manager_is_recovered_by_the_standby(tmp_path):
-    """Issue 26 items 3 and 8: the default node fault kills node 0, whose pod holds the
-    manager; the standby takes over, node 0's ranks come back bit-identical, exit 0."""
-    out = tmp_path / "result.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "node", "--verify"]
-        + ["--json", str(out), "--workdir", str(tmp_path / "work")],
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["recovered"] is True and result["weights_match"] is True
-    assert result["lost_steps"] == 0 and result["strategy_used"] == "recover"
-    assert 0 < result["manager_takeover_s"] <= 3, result
-    assert "the standby manager took over" in run.stdout
-
-
-@pytest.mark.timeout(900)
-def test_demo_hang_with_its_defaults_exits_0(tmp_path):
-    """Issue 26 item 8: the hang case's own timeout also bounds every first step's compile."""
-    run = subprocess.run(
-        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "hang", "--verify"]
-        + ["--workdir", str(tmp_path / "work")],
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "weights match the uninterrupted run bit for bit" in run.stdout
-
-
-@pytest.mark.timeout(900)
-def test_demo_slow_moves_the_slow_rank_to_a_new_pod(tmp_path):
-    """``--fault slow``: rank 2 (node 1) stopped a third of the time by its pod is flagged, a
-    new pod for node 1 comes up while training goes on and is swapped in (hotSwitch):
-    recovered, 0 lost steps, weights bit-identical."""
-    out = tmp_path / "result.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "slow", "--verify"]
-        + ["--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["recovered"] and result["lost_steps"] == 0 and result["weights_match"]
-    # The hot switch moves the rank (recover); a hang blamed on the stalling flagged rank waits
-    # for it (on a loaded host, the adaptive hang bound was crossed before the new pod was up).
-    assert result["strategy_used"] == "recover"
-    assert "fault: slow (rank 2)" in run.stdout and "flagged" in run.stdout
