@@ -11,12 +11,12 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+def _demo(*args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ms_recover.cli", "demo", *args],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
     )
 
 
@@ -26,11 +26,9 @@ def test_demo_slow_moves_the_slow_rank_to_a_new_pod(tmp_path):
     new pod for node 1 comes up while training goes on and is swapped in (hotSwitch):
     recovered, 0 lost steps, weights bit-identical."""
     out = tmp_path / "result.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "slow", "--verify"]
-        + ["--workdir", str(tmp_path / "work"), "--json", str(out)],
-        capture_output=True,
-        text=True,
+    run = _demo(
+        *("--fault", "slow", "--verify", "--workdir", str(tmp_path / "work")),
+        *("--json", str(out)),
         timeout=880,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -46,13 +44,7 @@ def test_demo_slow_moves_the_slow_rank_to_a_new_pod(tmp_path):
 def test_demo_hang_with_its_defaults_exits_0(tmp_path):
     """Issue 26 item 8: the hang case's own timeout also bounds every first step's compile.
     Its default hang comes once step times are known: the adaptive rule names the culprit."""
-    run = subprocess.run(
-        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "hang", "--verify"]
-        + ["--workdir", str(tmp_path / "work")],
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
+    run = _demo("--fault", "hang", "--verify", "--workdir", str(tmp_path / "work"), timeout=880)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "weights match the uninterrupted run bit for bit" in run.stdout
     assert "fault: hang (rank 1) after step 30" in run.stdout
@@ -64,11 +56,14 @@ def test_demo_node_0_lost_with_the_manager_is_recovered_by_the_standby(tmp_path)
     """Issue 26 items 3 and 8: the default node fault kills node 0, whose pod holds the
     manager; the standby takes over, node 0's ranks come back bit-identical, exit 0."""
     out = tmp_path / "result.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "ms_recover.cli", "demo", "--fault", "node", "--verify"]
-        + ["--json", str(out), "--workdir", str(tmp_path / "work")],
-        capture_output=True,
-        text=True,
+    run = _demo(
+        "--fault",
+        "node",
+        "--verify",
+        "--json",
+        str(out),
+        "--workdir",
+        str(tmp_path / "work"),
         timeout=880,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
