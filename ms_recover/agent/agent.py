@@ -529,6 +529,8 @@ class Agent:
             if not msg.ok:
                 log.error("manager rejected this agent: %s", msg.reason)
                 self.exit_code = exitcodes.USAGE
+        elif isinstance(msg, M.ManagerBeat) and not self._welcomed:
+            self._link.answered()  # the active manager holds this agent's hello
         elif isinstance(msg, M.KillRanks):
             self._report(self.ranks.kill(self._local(msg.ranks)), requested=True)
         elif isinstance(msg, M.StartRanks):

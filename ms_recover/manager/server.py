@@ -459,6 +459,10 @@ class ManagerServer:
         verdict = self.slots.agent_hello(
             msg.node_rank, (ident, env), agent.alive, now - agent.last_seen
         )
+        if verdict is Hello.HOLD:
+            # Heard and held, not welcomed: a beat tells the agent that this manager is the
+            # active one, so it waits here instead of moving on to a standby.
+            self._send(ident, M.ManagerBeat(m.state.value))
         if verdict is Hello.HOLD and msg.node_rank in m.switching:
             log.info(
                 "node %d: its new pod's agent (pid %d) waits for the hot switch",

@@ -20,6 +20,7 @@ from ms_recover.manager.takeover import (
 )
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
+from tests.unit.test_divergence import ServerJob
 
 SILENCE = 2.0
 
@@ -98,6 +99,36 @@ def test_an_agent_leaves_a_dropped_connection_after_a_beat_and_a_silent_manager_
     quiet = ManagerLinkState(since=0.0)
     quiet.note(True, 0.1)  # up, but a standby never welcomes
     assert "did not answer within 4.0s" in quiet.why_leave(4.0, welcomed=False, cfg=cfg)
+
+
+def test_an_agent_the_active_manager_holds_waits_for_it() -> None:
+    """A hot switch's new pod: the active manager holds its agent's hello until the swap (up
+    to the switch's timeout) and answers it with a beat. The agent waits there; it left for
+    the standby after 4 s before, and the swap's rebuild then waited 60 s for its ranks."""
+    cfg = JobConfig(node_nums=2, heartbeat_s=0.5)
+    link = ManagerLinkState(since=0.0)
+    link.note(True, 0.1)
+    link.answered()
+    assert link.why_leave(30.0, welcomed=False, cfg=cfg) == ""
+    link.note(False, 31.0)  # the active manager itself went away: move on as always
+    assert "unreachable" in link.why_leave(31.5, welcomed=False, cfg=cfg)
+
+
+def test_a_held_hello_is_answered_with_a_beat() -> None:
+    """The server's side: a hot switch's new pod's agent is held and told so by a beat."""
+    job = ServerJob("recover-in-place,recover,exit")
+    try:
+        job.running(step=10)
+        job.model.switching[1] = job.now
+        sent: list[tuple[bytes, M.Message]] = []
+        job.server._send = lambda ident, msg: sent.append((ident, msg))  # type: ignore[method-assign]
+        hello = M.AgentHello(1, "10.0.0.9", [2, 3], 9999, False)
+        env = Envelope("unit", 1, "agent:1", 0, hello, 77)
+        job.server._on_agent_hello(b"a1-new", env, hello)
+        assert [(i, type(m).__name__) for i, m in sent] == [(b"a1-new", "ManagerBeat")]
+        assert job.model.agents[1].pid != 9999  # held, not registered
+    finally:
+        job.server.close()
 
 
 def test_a_reconnect_to_the_same_address_is_not_the_manager_that_went_away() -> None:
