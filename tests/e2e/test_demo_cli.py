@@ -54,21 +54,17 @@ def test_demo_hang_with_its_defaults_exits_0(tmp_path):
 @pytest.mark.timeout(900)
 def test_demo_node_0_lost_with_the_manager_is_recovered_by_the_standby(tmp_path):
     """Issue 26 items 3 and 8: the default node fault kills node 0, whose pod holds the
-    manager; the standby takes over, node 0's ranks come back bit-identical, exit 0."""
+    manager; the standby takes over, node 0's ranks come back, exit 0. Without --verify, for
+    the suite's cost: this path's bit-identity is tests/integration/test_node0_takeover.py's
+    (and the acceptance check's, with --verify)."""
     out = tmp_path / "result.json"
     run = _demo(
-        "--fault",
-        "node",
-        "--verify",
-        "--json",
-        str(out),
-        "--workdir",
-        str(tmp_path / "work"),
+        *("--fault", "node", "--json", str(out), "--workdir", str(tmp_path / "work")),
         timeout=880,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["recovered"] is True and result["weights_match"] is True
+    assert result["recovered"] is True and result["ranks_finished"] == 4, result
     assert result["lost_steps"] == 0 and result["strategy_used"] == "recover"
     assert 0 < result["manager_takeover_s"] <= 3, result
     assert "the standby manager took over" in run.stdout
