@@ -156,7 +156,7 @@ def _validate(args: argparse.Namespace) -> tuple[JobConfig, Faults]:
         raise ConfigError(f"--spares must be 0 or more, got {args.spares}")
     if args.launcher == "msrun" and args.spares:
         raise ConfigError("--spares needs --launcher agent: msrun starts its workers cold")
-    fault = args.fault or ("node" if args.kill_node is not None else "kill")
+    fault = args.fault = args.fault or ("node" if args.kill_node is not None else "kill")
     if args.kill_step is None:
         args.kill_step = min(HANG_STEP, args.steps - 2) if fault == "hang" else KILL_STEP
     if not 0 <= args.kill_step < args.steps - 1:
@@ -337,8 +337,7 @@ def run(args: argparse.Namespace) -> int:
         f"launcher {args.launcher}"
     )
     rank = faults.specs[0].rank if faults.specs else args.kill_rank
-    kind = args.fault or ("node" if args.kill_node is not None else "kill")
-    print(f"fault: {kind} (rank {rank}) after step {args.kill_step}; logs in {workdir}")
+    print(f"fault: {args.fault} (rank {rank}) after step {args.kill_step}; logs in {workdir}")
     print(f"each run starts {world} rank processes that import MindSpore first (~10-30 s)")
     result: dict[str, Any] = {}
     elastic = Strategy.ELASTIC_TRAINING in config.strategies
