@@ -40,6 +40,7 @@ class Rank:
         self.actions: list[int] = []
         self.exited = threading.Event()
         self.hang_stop = hang_stop
+        self.unhang = threading.Event()  # ends a hung stop handler (the fixture's teardown)
         for name in ("save_ckpt", "rename", "stop", "clean", "repair", "rebuild_group"):
             self.proc.register(name, self._recorder(name), f"ctx{rank}")
         self.proc.register("exit", lambda ctx: self.exited.set(), f"ctx{rank}")
@@ -51,7 +52,7 @@ class Rank:
             self.calls.append((name, args))
             if name == "stop":
                 if self.hang_stop:
-                    threading.Event().wait(10)
+                    self.unhang.wait(10)
                 self.force_stop.set()  # the device stop: ForceStopError at the safe point
             return 0
 
@@ -120,6 +121,7 @@ def job(tmp_path: Any) -> Iterator[Any]:
     for server, ranks in made:
         server.stop()
         for r in ranks:
+            r.unhang.set()  # its thread ends now, not 10 s after the hang began
             r.proc.close()
 
 
