@@ -97,12 +97,13 @@ def _shares_a_wide_fixture(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per core (whole-job tests spend much of their time waiting on
-    their processes: on 2 cores, 4 workers ran the suite in 554 s, 3 in 592 s), at most 4, and
-    at most one per 3 GiB of available memory (an e2e job is a few MindSpore processes of
-    0.5 GiB each)."""
+    """``-n auto``: one worker more than the cores (whole-job tests spend much of their time
+    waiting on their processes), at most 4, and at most one per 3 GiB of available memory (an
+    e2e job is a few MindSpore processes of 0.5 GiB each). Two per core was faster on 2 cores
+    (554 s against 592 s) but loaded the host past what a MindSpore job's first-step compile
+    fits in: a clean-clone run failed once that way."""
     cores = len(os.sched_getaffinity(0))
-    return max(1, min(2 * cores, 4, _available_gib() // 3))
+    return max(1, min(cores + 1, 4, _available_gib() // 3))
 
 
 def _available_gib() -> int:
