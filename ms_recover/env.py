@@ -69,6 +69,9 @@ SPARE_SETTLED_FD = "MS_RECOVER_SPARE_SETTLED_FD"  # ... and writes a byte once i
 STANDBY = "MS_RECOVER_STANDBY"  # ms-recover agent: keep a pre-imported standby (on/off)
 SPARE = "MS_RECOVER_SPARE"  # ms-recover agent: a spare node (on/off; unset: node rank >= nodes)
 STANDBY_LOG = "MS_RECOVER_STANDBY_LOG"  # the rank log a standby writes to once it took a rank
+#: what a standby imports ahead (comma list; unset: ms_recover.worker.standby.PRELOAD). The
+#: agent sets it when its ranks do not load MindSpore (tests' numpy programs).
+STANDBY_PRELOAD = "MS_RECOVER_STANDBY_PRELOAD"
 WARM_UP_MARK = "MS_RECOVER_WARM_UP_MARK"  # a rank creates this file if its init() has a warm_up
 DIE_WITH = "MS_RECOVER_DIE_WITH_PID"  # LocalPods: the agent dies with this (parent) process
 DIGEST_EVERY = "MS_RECOVER_DIGEST_EVERY_STEPS"

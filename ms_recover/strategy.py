@@ -29,6 +29,14 @@ class Strategy(str, enum.Enum):
 
 PRIORITY: tuple[Strategy, ...] = tuple(Strategy)
 VALID_NAMES = ", ".join(s.value for s in PRIORITY)
+#: The strategies that may start a rank again on its own node (the agent's StartRanks):
+#: only they can use a node's standby interpreter.
+RESTART_IN_PLACE = frozenset({Strategy.RECOVER_IN_PLACE, Strategy.ELASTIC_TRAINING})
+
+
+def restarts_in_place(strategies: tuple[Strategy, ...]) -> bool:
+    """Whether a job with these strategies may restart a rank on its own node."""
+    return any(s in RESTART_IN_PLACE for s in strategies)
 
 
 def parse_strategies(text: str) -> tuple[Strategy, ...]:

@@ -64,7 +64,6 @@ import time
 import typing
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ms_recover import exitcodes
 from ms_recover.agent.hands import Exited, LauncherError, RankHands
@@ -76,7 +75,8 @@ from ms_recover.agent.sparenode import SpareWait
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
-from ms_recover.protocol.transport import manager_channel
+from ms_recover.protocol.transport import manager_channel, monitor_event
+from ms_recover.strategy import restarts_in_place
 
 log = logging.getLogger("ms_recover.agent")
 
@@ -104,6 +104,9 @@ class Agent:
         # Our own child processes talk to our relay; msrun's (lent hands) to the manager.
         self.relay = LocalRelay(self._ctx, config) if hands is None else None
         endpoint = self.relay.endpoint if self.relay is not None else None
+        # A standby serves only a rank restarted on this node: no strategy does, no standby
+        # (a MindSpore interpreter is ~400 MB of a node's memory).
+        standby = standby and restarts_in_place(config.strategies)
         own = (
             RankSet(config, command, log_dir, spares, endpoint, standby) if hands is None else None
         )
@@ -404,7 +407,7 @@ class Agent:
         now = time.monotonic()
         while True:
             try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+                event = monitor_event(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
             self._link.note(event == zmq.EVENT_CONNECTED, now)

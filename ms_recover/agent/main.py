@@ -60,7 +60,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="keep one standby interpreter per node with MindSpore imported, started once the "
         "ranks train, to restart a failed rank without a cold start; when the ranks' program "
         "passes ms_recover.init(warm_up=...), the standby runs it up to there and compiles "
-        f"its step too; ignored with --spares (env {E.STANDBY}, default on)",
+        f"its step too; ignored with --spares, and when the job's strategies never restart a "
+        f"rank in place (neither recover-in-place nor elastic-training) (env {E.STANDBY}, "
+        "default on)",
     )
     p.add_argument(
         "--spare",

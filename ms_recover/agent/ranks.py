@@ -153,6 +153,9 @@ class RankSet:
         if self.standby and self.config.backend != "ascend" and os.path.exists(self._warm_mark):
             self.spares.fallback, self.spares.command = self.spares.command, self.command
         if self.standby:
+            live = [p.pid for p in self.procs.values() if p.poll() is None]
+            if live and not any(loads_mindspore(pid) for pid in live):
+                self.spares.env[E.STANDBY_PRELOAD] = BOOTSTRAP  # MindSpore would be dead weight
             self.spares.fill()
 
     def start(self, rank: int) -> int:
@@ -249,6 +252,20 @@ class RankSet:
             fh.close()
         self._logs.clear()
         shutil.rmtree(self._words_dir, ignore_errors=True)
+
+
+#: What a standby preloads for ranks that do not load MindSpore (see :meth:`RankSet.training`).
+BOOTSTRAP = "ms_recover.worker.bootstrap"
+
+
+def loads_mindspore(pid: int) -> bool:
+    """Whether process ``pid`` has MindSpore's native library mapped (Linux ``/proc``); True when
+    that cannot be read, so a standby then imports MindSpore as it always did."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            return b"/mindspore/" in fh.read()
+    except OSError:
+        return True
 
 
 def standby_command(command: list[str]) -> list[str] | None:

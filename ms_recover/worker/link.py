@@ -29,13 +29,12 @@ import time
 from collections.abc import Callable, Iterable
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ms_recover.agent.managers import ManagerLinkState
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
-from ms_recover.protocol.transport import manager_channel
+from ms_recover.protocol.transport import manager_channel, monitor_event
 
 log = logging.getLogger("ms_recover.worker")
 
@@ -251,7 +250,7 @@ class ManagerLink:
         now = time.monotonic()
         while self._monitor is not None:
             try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+                event = monitor_event(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
             self._state.note(event == zmq.EVENT_CONNECTED, now)

@@ -16,8 +16,10 @@ starts the standby *warm* instead: the rank command itself, as a pre-warmed spar
 back to this module if a warm one dies before it is ready (:mod:`ms_recover.agent.ranks`).
 
 Run as ``python -m ms_recover.worker.standby SCRIPT ARGS...`` or ``... -m MODULE ARGS...``:
-it imports :data:`PRELOAD`, blocks reading the assignment pipe (the spare protocol,
-:func:`~ms_recover.worker.spare.read_assignment`), adopts the environment, sends its output to
+it imports :data:`PRELOAD` (or ``MS_RECOVER_STANDBY_PRELOAD``'s list: the agent asks only for
+ms_recover's bootstrap when its ranks do not load MindSpore), blocks reading the assignment
+pipe (the spare protocol, :func:`~ms_recover.worker.spare.read_assignment`), adopts the
+environment, sends its output to
 the rank's log (``MS_RECOVER_STANDBY_LOG``) and runs the command as ``python SCRIPT ARGS...``
 (or ``python -m MODULE ARGS...``) would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` set the
 same way. Released unused (the pipe closed empty), it exits 0.
@@ -67,7 +69,8 @@ def main(argv: list[str]) -> int:
         )
         return 2
     started = time.monotonic()
-    for name in PRELOAD:
+    preload = os.environ.pop(E.STANDBY_PRELOAD, "")
+    for name in preload.split(",") if preload else PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError as exc:

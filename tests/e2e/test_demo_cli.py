@@ -24,16 +24,18 @@ def _demo(*args: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:
 def test_demo_slow_moves_the_slow_rank_to_a_new_pod(tmp_path):
     """``--fault slow``: rank 2 (node 1) stopped a third of the time by its pod is flagged, a
     new pod for node 1 comes up while training goes on and is swapped in (hotSwitch):
-    recovered, 0 lost steps, weights bit-identical."""
+    recovered, 0 lost steps. Without --verify, for the suite's cost (its reference is 600
+    MindSpore steps on 4 ranks): a hot switch's bit-identity is
+    tests/integration/test_fault_matrix.py's."""
     out = tmp_path / "result.json"
     run = _demo(
-        *("--fault", "slow", "--verify", "--workdir", str(tmp_path / "work")),
+        *("--fault", "slow", "--workdir", str(tmp_path / "work")),
         *("--json", str(out)),
         timeout=880,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["recovered"] and result["lost_steps"] == 0 and result["weights_match"]
+    assert result["recovered"] and result["lost_steps"] == 0, result
     # The hot switch moves the rank (recover); a hang blamed on the stalling flagged rank waits
     # for it (on a loaded host, the adaptive hang bound was crossed before the new pod was up).
     assert result["strategy_used"] == "recover"

@@ -175,7 +175,10 @@ def test_dump_writes_mindspore_checkpoints_a_restart_can_load(tmp_path):
     with LocalJob(config, command + [ref_out], {}, log_dir=ref_out) as job:  # steps 0..9
         assert job.wait(240)
     faulty = config.replace(
-        job_id="e2e-dump", strategies=parse_strategies("dump,exit"), dump_dir=dump_dir
+        job_id="e2e-dump",
+        strategies=parse_strategies("dump,exit"),
+        dump_dir=dump_dir,
+        events_path=str(tmp_path / "events.jsonl"),
     )
     with LocalJob(
         faulty,
@@ -184,7 +187,7 @@ def test_dump_writes_mindspore_checkpoints_a_restart_can_load(tmp_path):
         log_dir=out,
     ) as job:
         assert job.wait(240)
-    assert job.exit_code == 88
+    assert job.exit_code == 88, job.find("fault") + job.find("job_end")
     assert job.find("dump")[0]["step"] == 9
     mindspore.set_context(mode=mindspore.PYNATIVE_MODE, device_target="CPU")
     net, _, optimizer = build()

@@ -15,12 +15,13 @@ import pytest
 from ms_recover import env as E
 from ms_recover.agent.agent import Agent
 from ms_recover.agent.main import standby_on
-from ms_recover.agent.ranks import RankSet, standby_command
+from ms_recover.agent.ranks import BOOTSTRAP, RankSet, loads_mindspore, standby_command
 from ms_recover.bench.jobdriver import _is_warm_spare
 from ms_recover.config import JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.localrun.wait import wait_for
 from ms_recover.protocol import messages as M
+from ms_recover.strategy import parse_strategies
 
 PROGRAM = """\
 import json, os, sys
@@ -325,3 +326,47 @@ def test_a_warm_standby_that_dies_before_it_is_ready_falls_back_to_the_bare_stan
         ranks.close()
         os.environ.pop("OUT", None)
         os.environ.pop("CRASH_AS_SPARE", None)
+
+
+@pytest.mark.parametrize(
+    ("strategies", "kept"),
+    [
+        ("recover-in-place,recover,exit", True),
+        ("recover,elastic-training,exit", True),
+        ("dump,exit", False),
+        ("retry,recover,exit", False),
+    ],
+)
+def test_a_node_keeps_a_standby_only_if_a_strategy_restarts_ranks_in_place(
+    strategies: str, kept: bool
+) -> None:
+    """StartRanks to a live node comes only from recover-in-place and elastic-training: with
+    neither, a standby would hold a MindSpore interpreter's memory for nothing."""
+    config = JobConfig(
+        node_nums=1, proc_per_node=2, manager_port=1, strategies=parse_strategies(strategies)
+    )
+    agent = Agent(config, [sys.executable, "t.py"], standby=True)
+    try:
+        assert isinstance(agent.ranks, RankSet) and agent.ranks.standby is kept
+    finally:
+        agent.close()
+
+
+def test_ranks_without_mindspore_get_a_standby_without_it(tmp_path: Path) -> None:
+    """The standby imports MindSpore only for ranks that loaded it: a rank program that never
+    does (this one) gets an interpreter with ms_recover's bootstrap alone."""
+    script = tmp_path / "train.py"
+    script.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    config = JobConfig(node_nums=1, proc_per_node=1, manager_port=1)
+    ranks = RankSet(config, [sys.executable, str(script)], str(tmp_path / "logs"), 0, None, True)
+    try:
+        pid = ranks.start(0)
+        assert not loads_mindspore(pid)
+        ranks.training()
+        assert ranks.spares.env[E.STANDBY_PRELOAD] == BOOTSTRAP
+        standby = ranks.spares.spares[0].proc.pid
+        wait_for(lambda: _is_warm_spare(standby, {os.getpid()}), 120, "a ready standby")
+        assert not loads_mindspore(standby)
+        assert loads_mindspore(-1)  # unreadable: assume MindSpore, as before
+    finally:
+        ranks.close()

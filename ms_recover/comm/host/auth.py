@@ -39,11 +39,15 @@ import threading
 
 import zmq
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
 
 from ms_recover.comm.host.wire import WireStats
 from ms_recover.protocol.codec import DropLog
-from ms_recover.protocol.transport import curve_client, curve_keys, curve_server
+from ms_recover.protocol.transport import (
+    curve_client,
+    curve_keys,
+    curve_server,
+    monitor_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +148,10 @@ class Gatekeeper:
                 if self._zap in ready:
                     self._answer(self._zap.recv_multipart())
                 if self._monitor in ready:
-                    event = recv_monitor_message(self._monitor)
+                    event = monitor_event(self._monitor)
                     self._refused(
                         "?",
-                        f"handshake failed ({_event_name(event['event'])}): "
+                        f"handshake failed ({_event_name(event)}): "
                         "the peer presented no data-plane credentials",
                     )
             except zmq.ZMQError as exc:  # the context is going away
