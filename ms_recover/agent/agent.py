@@ -83,6 +83,31 @@ log = logging.getLogger("ms_recover.agent")
 _COMMANDS = (M.KillRanks, M.StartRanks, M.AgentExit)
 
 
+#: An agent loop iteration longer than this is logged (with the CPU this process had in
+#: it): the manager declares a node lost after ``silence_s`` (2 s by default) without a beat.
+STALL_S = 1.0
+
+
+class StallWatch:
+    """Logs a loop iteration that took longer than ``limit_s``: wall time, and the CPU time
+    the process ran in it (little CPU: not scheduled, or blocked in a system call)."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self._at, self._cpu = time.monotonic(), time.process_time()
+
+    def lap(self) -> float:
+        """Start the next iteration; the last one's wall time."""
+        now, cpu = time.monotonic(), time.process_time()
+        took = now - self._at
+        if took > self.limit_s:
+            log.warning(
+                "agent loop stalled %.2fs (this process ran %.2fs of CPU)", took, cpu - self._cpu
+            )
+        self._at, self._cpu = now, cpu
+        return took
+
+
 class Agent:
     def __init__(
         self,
@@ -282,7 +307,9 @@ class Agent:
             elif start and self.exit_code is None:
                 self.ranks.start_all(cfg.ranks_of(cfg.node_rank))
                 log.info("agent node=%d started ranks %s", cfg.node_rank, self.ranks.pids())
+            stall = StallWatch(STALL_S)
             while self.exit_code is None and not self._stop.is_set():
+                stall.lap()
                 if self._demoted:
                     self._step_down()
                     continue

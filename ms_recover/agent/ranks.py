@@ -92,7 +92,10 @@ class RankSet:
         self._logs: dict[int, IO[bytes]] = {}
         self._agent_pid = os.getpid()
         # Each rank's last words (lastwords.install), read when it ends; removed in close().
-        self._words_dir = tempfile.mkdtemp(prefix="ms-recover-lastwords-")
+        # Under the log directory when there is one: an agent killed whole leaves it there.
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+        self._words_dir = tempfile.mkdtemp(prefix="ms-recover-lastwords-", dir=log_dir or None)
         # Pre-warmed spares if asked for; else one standby interpreter, if the command allows.
         pool_command = command if spares else standby_command(command) if standby else None
         self.standby = not spares and pool_command is not None
