@@ -39,18 +39,6 @@ SLACK = 64 << 10  # bytes over the body limit: the frame's magic, kind and tag, 
 
 
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
-
-
-def monitor_event(sock: zmq.Socket[bytes], flags: int = 0) -> int:
-    """The event id of the next message on a socket monitor's PAIR socket (16-bit id, 32-bit
-    value, then the endpoint). pyzmq's ``recv_monitor_message`` does the same but imports
-    asyncio with it: 40 ms of every agent's and rank's start."""
-    head = sock.recv_multipart(flags)[0]
-    if len(head) != 6:
-        raise ProtocolError(f"a socket monitor message of {len(head)} bytes (want 6)")
-    return int(struct.unpack("=Hi", head)[0])
-
-
 _LAST = int(zmq.NOBLOCK)
 # pyzmq's Python-level Socket.send/recv wrap the backend's with per-call options handling
 # (routing ids, groups, copy thresholds) that a plain bytes frame never needs: calling the
@@ -224,3 +212,13 @@ def manager_channel(
     key = control_server_keys(config.secret, config.job_id)[0] if config.control_curve else None
     where = endpoint or config.manager_endpoint
     return DealerChannel(ctx, where, codec, sender, identity, key, sockopts)
+
+
+def monitor_event(sock: zmq.Socket[bytes], flags: int = 0) -> int:
+    """The event id of the next message on a socket monitor's PAIR socket (16-bit id, 32-bit
+    value, then the endpoint). pyzmq's ``recv_monitor_message`` does the same but imports
+    asyncio with it: 40 ms of every agent's and rank's start."""
+    head = sock.recv_multipart(flags)[0]
+    if len(head) != 6:
+        raise ProtocolError(f"a socket monitor message of {len(head)} bytes (want 6)")
+    return int(struct.unpack("=Hi", head)[0])
