@@ -15,6 +15,10 @@ heartbeat past its arrival: a late report delays a declaration, it never causes 
 
 **The culprit.** When some members wait inside a collective, the hang names the ones that do
 not (stuck in their own compute, their heartbeat thread alive): the recovery replaces only them.
+A rank whose reports stopped altogether (a frozen process) is named by the others' fresh
+reports: when every other member has waited in a collective for the whole limit and the rank
+has been silent as long, it is the culprit (:func:`silent_culprits`), without waiting for
+``rank_silence_s``.
 
 **Fail-slow.** Each rank reports the median of its compute time per step
 (outside collectives) and its tenth percentile over its last steps. A rank whose percentile is
@@ -90,7 +94,7 @@ def detect_hang(m: JobModel, now: float, heard: float) -> list[Fault]:
         return []
     quiet = min(stalled(h, heard, m.config.heartbeat_s) for _, h in pairs)
     if quiet < limit.seconds:
-        return []
+        return silent_culprits(pairs, limit, now, heard, m.config.heartbeat_s)
     named = culprits(pairs)
     why = "not waiting in a collective while the others are"
     if not named:
@@ -107,6 +111,39 @@ def detect_hang(m: JobModel, now: float, heard: float) -> list[Fault]:
             quiet,
         )
         for i in named
+    ]
+
+
+def silent_culprits(
+    pairs: list[tuple[RankInfo, RankHealth]], limit: HangLimit, now: float, heard: float, cap: float
+) -> list[Fault]:
+    """The ranks that fell silent (a frozen process: SIGSTOP, a stuck driver call) while every
+    other member reports, fresh, that it waits in a collective and has not committed for the
+    whole limit. The others' own reports are the evidence; a silent rank's late report alone
+    never is."""
+    fresh = [h for _, h in pairs if heard - h.at <= cap]
+    silent = [(i, heard - h.at) for i, h in pairs if heard - h.at >= limit.seconds]
+    if not fresh or not silent or len(fresh) + len(silent) != len(pairs):
+        return []
+    if any(h.coll_s < 0 for h in fresh):
+        return []
+    waited = min(stalled(h, heard, cap) for h in fresh)
+    if waited < limit.seconds:
+        return []
+    why = (
+        f"the others wait in a collective, no commit for {waited:.1f}s "
+        f"(limit {limit.seconds:.1f}s: {limit.rule})"
+    )
+    return [
+        Fault(
+            FaultKind.HANG,
+            i.node_rank,
+            i.rank,
+            f"rank {i.rank} at step {i.committed_step} silent for {age:.1f}s while {why}",
+            now,
+            age,
+        )
+        for i, age in silent
     ]
 
 

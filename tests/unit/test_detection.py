@@ -116,6 +116,52 @@ def test_a_late_report_delays_a_hang_but_never_causes_one(job: Job) -> None:
     assert calm(job)
 
 
+def waiting_on(job: Job, culprit: int, waited: float) -> None:
+    """Every rank but ``culprit`` reports, fresh, waiting in a collective for ``waited``."""
+    for r in range(4):
+        if r != culprit:
+            report(job, r, waited, coll=waited - 0.01)
+
+
+def test_a_frozen_rank_is_named_by_the_others_waiting_on_it(job: Job) -> None:
+    """SIGSTOP: no report from rank 1 any more, the others wait in the allreduce. It was
+    found only by rank_silence_s (10 s); now at the hang limit."""
+    report(job, 1, 0.02)
+    for waited in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5):
+        job.advance(0.5)
+        waiting_on(job, 1, waited)
+        assert calm(job)  # under the 4 s floor
+    job.advance(0.5)
+    waiting_on(job, 1, 4.0)
+    job.tick()
+    (fault,) = job.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("hang", 1), fault
+    assert (
+        "silent for 4.0s while the others wait in a collective, no commit for 4.0s"
+        in (fault["detail"])
+    )
+    assert job.model.round is not None and job.model.round.replace_ranks == {1}
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["others stale", "one other not in a collective", "others waited less", "silent too briefly"],
+)
+def test_a_silent_rank_is_no_culprit_without_the_others_fresh_evidence(job: Job, case: str) -> None:
+    """No false alarm: each condition alone is not enough."""
+    report(job, 1, 0.02)
+    job.advance(5.0)
+    for r in (0, 2, 3):
+        coll = 4.99 if not (case == "one other not in a collective" and r == 3) else -1.0
+        waited = 3.0 if case == "others waited less" else 5.0
+        report(job, r, waited, coll=min(coll, waited - 0.01) if coll >= 0 else coll)
+    if case == "silent too briefly":
+        report(job, 1, 0.02)  # it spoke just now: a late beat, not a freeze
+    if case == "others stale":
+        job.advance(1.0)  # the others' reports are a heartbeat and more old
+    assert calm(job), job.events("fault")
+
+
 def test_progress_of_one_rank_prevents_a_hang(job: Job) -> None:
     job.advance(5.0)
     for r in range(4):
