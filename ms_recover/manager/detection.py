@@ -16,9 +16,9 @@ heartbeat past its arrival: a late report delays a declaration, it never causes 
 **The culprit.** When some members wait inside a collective, the hang names the ones that do
 not (stuck in their own compute, their heartbeat thread alive): the recovery replaces only them.
 A rank whose reports stopped altogether (a frozen process) is named by the others' fresh
-reports: when every other member has waited in a collective for the whole limit and the rank
-has been silent as long, it is the culprit (:func:`silent_culprits`), without waiting for
-``rank_silence_s``.
+reports: when every other member is in a collective and has not committed for the whole
+limit, and the rank has been silent as long, it is the culprit (:func:`silent_culprits`),
+without waiting for ``rank_silence_s``.
 
 **Fail-slow.** Each rank reports the median of its compute time per step
 (outside collectives) and its tenth percentile over its last steps. A rank whose percentile is
@@ -125,7 +125,7 @@ def silent_culprits(
     silent = [(i, heard - h.at) for i, h in pairs if heard - h.at >= limit.seconds]
     if not fresh or not silent or len(fresh) + len(silent) != len(pairs):
         return []
-    if any(h.coll_s < 0 for h in fresh):
+    if any(h.coll_s < 0 for h in fresh):  # one of the others is not waiting on anyone
         return []
     waited = min(stalled(h, heard, cap) for h in fresh)
     if waited < limit.seconds:
