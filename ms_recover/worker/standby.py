@@ -19,10 +19,10 @@ Run as ``python -m ms_recover.worker.standby SCRIPT ARGS...`` or ``... -m MODULE
 it imports :data:`PRELOAD` (or ``MS_RECOVER_STANDBY_PRELOAD``'s list: the agent asks only for
 ms_recover's bootstrap when its ranks do not load MindSpore), blocks reading the assignment
 pipe (the spare protocol, :func:`~ms_recover.worker.spare.read_assignment`), adopts the
-environment, sends its output to
-the rank's log (``MS_RECOVER_STANDBY_LOG``) and runs the command as ``python SCRIPT ARGS...``
-(or ``python -m MODULE ARGS...``) would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` set the
-same way. Released unused (the pipe closed empty), it exits 0.
+environment, sends its output to the rank's log (``MS_RECOVER_STANDBY_LOG``) and runs the
+command as ``python SCRIPT ARGS...`` (or ``python -m MODULE ARGS...``) would: ``__main__``,
+``sys.argv`` and ``sys.path[0]`` set the same way. Released unused (the pipe closed empty), it
+exits 0.
 """
 
 from __future__ import annotations

@@ -151,10 +151,10 @@ def test_a_silent_rank_is_no_culprit_without_the_others_fresh_evidence(job: Job,
     """No false alarm: each condition alone is not enough."""
     report(job, 1, 0.02)
     job.advance(5.0)
+    waited = 3.0 if case == "others waited less" else 5.0
     for r in (0, 2, 3):
-        coll = 4.99 if not (case == "one other not in a collective" and r == 3) else -1.0
-        waited = 3.0 if case == "others waited less" else 5.0
-        report(job, r, waited, coll=min(coll, waited - 0.01) if coll >= 0 else coll)
+        computing = case == "one other not in a collective" and r == 3
+        report(job, r, waited, coll=-1.0 if computing else waited - 0.01)
     if case == "silent too briefly":
         report(job, 1, 0.02)  # it spoke just now: a late beat, not a freeze
     if case == "others stale":
