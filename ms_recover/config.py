@@ -120,6 +120,13 @@ class JobConfig:
         return self.heartbeat_s * self.liveness
 
     @property
+    def frozen_s(self) -> float:
+        """How long a rank's agent must see it stopped by a signal (state ``T``) before it says
+        so: two missed heartbeats. A stopped process cannot be a starved heartbeat thread, so
+        ``rank_silence_s`` does not apply (:mod:`ms_recover.agent.frozen`)."""
+        return 2 * self.heartbeat_s
+
+    @property
     def agent_heartbeat_s(self) -> float:
         """How often a node agent heartbeats: three times per silence window (ZeroMQ's
         Paranoid Pirate liveness of 3), never more often than ``heartbeat_s``. The manager

@@ -30,6 +30,9 @@ Guarantees:
   manager's messages for them fanned out, so the manager's load grows with nodes, not ranks.
   Ranks launched by msrun (the TaskD shim, :mod:`ms_recover.integrations.taskd.agent`) keep
   their own connection to the manager;
+* a rank stopped by a signal (SIGSTOP: state ``T``) for ``frozen_s`` is reported once
+  (``RankFrozen``, :mod:`ms_recover.agent.frozen`): the manager declares its hang at once
+  instead of after ``rank_silence_s``;
 * it beats every ``agent_heartbeat_s``, except when it relayed a frame to the manager and heard
   from it within that interval (the relayed frame already says the node is alive); a beat that
   carries its ranks' steps is always sent;
@@ -59,6 +62,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import threading
 import time
 import typing
@@ -66,6 +70,7 @@ import typing
 import zmq
 
 from ms_recover import exitcodes
+from ms_recover.agent.frozen import FreezeWatch
 from ms_recover.agent.hands import Exited, LauncherError, RankHands
 from ms_recover.agent.leaving import LEFT_AT_DEADLINE, PlannedStop
 from ms_recover.agent.managers import ManagerLinkState
@@ -140,6 +145,7 @@ class Agent:
         #: A spare node (docs/design.md §1f): no node rank until the manager gives it one.
         self.spare = spare
         self._training = False  # every local rank committed a step (told to the hands once)
+        self._frozen = FreezeWatch(config.frozen_s)  # ranks stopped by a signal (SIGSTOP)
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._epoch = 0
@@ -314,6 +320,7 @@ class Agent:
                     self._step_down()
                     continue
                 self._report(self.ranks.poll())
+                self._report_frozen()
                 if self._leaving is not None and self._planned_stop(self._leaving):
                     break
                 if self._drain is not None:
@@ -523,6 +530,14 @@ class Agent:
             log.info("rank %d exited code=%d signal=%d", e.rank, e.exit_code, e.signal)
             self._exits[e.rank] = (e, requested)
             self._send_exit(e, requested)
+
+    def _report_frozen(self) -> None:
+        """Tell the manager of each rank stopped by a signal for ``frozen_s`` (once a stop)."""
+        for rank, pid, stopped_s in self._frozen.sample(self.ranks.pids(), time.monotonic()):
+            log.warning("rank %d (pid %d) stopped by a signal for %.2fs", rank, pid, stopped_s)
+            node = self.config.node_rank
+            frozen = M.RankFrozen(node, rank, pid, round(stopped_s, 3), socket.gethostname())
+            self.chan.send(frozen, self._epoch)
 
     def _send_exit(self, e: Exited, requested: bool) -> None:
         self.chan.send(

@@ -167,6 +167,7 @@ class ManagerServer:
             M.SpareHello: self._on_spare_hello,
             M.AgentHeartbeat: self._on_agent_heartbeat,
             M.RankExited: self._on_rank_exited,
+            M.RankFrozen: self._on_rank_frozen,
             M.NodeLeaving: self._on_node_leaving,
             M.RelayUp: self._on_relay_up,
             M.RelayAcks: self._on_relay_acks,
@@ -669,6 +670,24 @@ class ManagerServer:
                     origin=Origin(msg.host, msg.pid, msg.exit_code, msg.signal, msg.log_tail),
                 )
             )
+
+    def _on_rank_frozen(self, ident: bytes, env: Envelope, msg: M.RankFrozen) -> None:
+        """A rank's agent saw its process stopped by a signal for ``frozen_s``: a hang whose
+        culprit is known, declared now (docs/design.md §1e). Only for the registered process
+        of a live member: a stopped process the job no longer counts on is nobody's hang."""
+        m, now = self.model, self.clock()
+        if m.state is JobState.FINISHED or not self._agent_ok(ident, msg.node_rank):
+            return
+        m.agents[msg.node_rank].last_seen = now
+        info = m.ranks.get(msg.rank)
+        if info is None or not info.alive or info.done or info.pid != msg.pid:
+            return
+        where = f" on {msg.host}" if msg.host else ""
+        why = (
+            f"rank {msg.rank} (pid {msg.pid}{where}) stopped by a signal (process state T) "
+            f"for {msg.stopped_s:.1f}s, seen by its agent; it was at step {info.committed_step}"
+        )
+        m.pending.append(Fault(FaultKind.HANG, msg.node_rank, msg.rank, why, now, msg.stopped_s))
 
     def _on_node_leaving(self, ident: bytes, env: Envelope, msg: M.NodeLeaving) -> None:
         """A node's agent got SIGTERM (a planned stop): record it and write the

@@ -40,7 +40,10 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 
 #: The range of each float field by name that is narrower than int64's: a planned stop's
 #: deadline is a pod's termination grace (Kubernetes takes any int64 seconds; a day is plenty).
-FLOAT_RANGES: dict[str, tuple[float, float]] = {"deadline_s": (0.0, 86400.0)}
+FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "deadline_s": (0.0, 86400.0),
+    "stopped_s": (0.0, 86400.0),  # RankFrozen: how long a rank has been stopped
+}
 
 #: Narrower ranges of a field in one message kind: the values the manager takes a successor of.
 #: It resumes at the step after a committed step it learnt from a registration, a stop or a

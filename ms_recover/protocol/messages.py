@@ -85,6 +85,20 @@ class RankExited(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class RankFrozen(Message):
+    """agent -> manager: a local rank's process has been stopped by a signal (state ``T``:
+    SIGSTOP, SIGTSTP) for ``stopped_s`` seconds, ``JobConfig.frozen_s`` or more; sent once per
+    stop (:mod:`ms_recover.agent.frozen`). The manager declares a hang naming it."""
+
+    KIND: ClassVar[bytes] = b"rank_frozen"
+    node_rank: int
+    rank: int
+    pid: int
+    stopped_s: float
+    host: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeLeaving(Message):
     """agent -> manager: this node is about to go (its agent got SIGTERM: a pod deletion, a
     node drain, a preemption), a planned stop and not a crash (docs/design.md §1d).
@@ -504,6 +518,7 @@ KINDS: dict[bytes, type[Message]] = {
         SpareHello,
         AgentHeartbeat,
         RankExited,
+        RankFrozen,
         NodeLeaving,
         RelayUp,
         RelayAcks,

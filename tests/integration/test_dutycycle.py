@@ -5,8 +5,6 @@ finds a pod's rank only among the children of that pod's agent."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -20,16 +18,6 @@ pytestmark = pytest.mark.timeout(60)
 def state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()[0]
-
-
-@pytest.fixture
-def child():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_it_stops_the_target_part_of_the_time_and_leaves_it_running(child) -> None:

@@ -42,11 +42,13 @@ KILL = Faults().kill(rank=1, step=10)  # the first fault of the "during recovery
 MATRIX: dict[str, tuple[Faults, str, str, dict[str, Any]]] = {
     "kill": (KILL, RIP, "recover-in-place", {}),
     "node-loss": (Faults().node(rank=2, step=12), "recover,exit", "recover", {}),
+    # SIGSTOP: its agent sees the process stopped and says so after frozen_s (1 s); neither
+    # rank_silence_s nor the hang timeout is what finds it.
     "hang": (
         Faults().hang(rank=3, step=8),
         RIP,
         "recover-in-place",
-        {"hang_timeout_s": 3.0, "rank_silence_s": 60.0},
+        {"hang_timeout_s": 60.0, "rank_silence_s": 60.0},
     ),
     # Stuck in its own compute, heartbeat alive: named by the adaptive hang rule (its steps
     # are timed by then) and the only rank replaced (see test_fault).
@@ -148,6 +150,11 @@ def test_fault(name: str, tmp_path, reference: str, scenario) -> None:
         (fault,) = job.find("fault")
         assert (fault["kind"], fault["rank"], recoveries[0]["replaced"]) == ("hang", 2, [2])
         assert fault["detect_s"] < 10.0, fault  # the adaptive limit, not hang_timeout_s (30 s)
+    if name == "hang":  # stopped, seen by its agent (docs/design.md §1e)
+        (fault,) = job.find("fault")
+        assert (fault["kind"], fault["rank"], recoveries[0]["replaced"]) == ("hang", 3, [3])
+        assert "stopped by a signal" in fault["detail"], fault
+        assert fault["detect_s"] >= 1.0, fault  # frozen_s: two heartbeats
     kinds = {s.kind for s in faults.specs}
     if kinds & {"stopdie", "rebuilddie", "resumedie", "boot", "repairdie"} or len(kinds) > 1:
         victims = {s.rank for s in faults.specs}

@@ -298,6 +298,7 @@ _SAMPLES = {
     M.RelayAcks.KIND: M.RelayAcks(0, "stopped", 0, [b"L1"], ["rank:1"], [5], [1], [1], [5], ["d"]),
     M.RankExited.KIND: M.RankExited(0, 1, 201, 1, 9, 999.0),
     M.NodeLeaving.KIND: M.NodeLeaving(0, "SIGTERM", 25.0),
+    M.RankFrozen.KIND: M.RankFrozen(0, 1, 201, 1.0),
     M.WorkerHello.KIND: M.WorkerHello(1, 0, 201, 0, "tcp://127.0.0.1:5001", -1, 0),
     M.WorkerHeartbeat.KIND: M.WorkerHeartbeat(1, 5),
     M.GroupCreated.KIND: M.GroupCreated(1, "dp", [0, 1]),

@@ -64,6 +64,7 @@ SAMPLES: dict[bytes, M.Message] = {
         M.RankExited(
             node_rank=1, rank=3, pid=4321, exit_code=-9, signal=9, observed_at=1700000000.25
         ),
+        M.RankFrozen(node_rank=1, rank=3, pid=4321, stopped_s=1.05, host="node-1"),
         M.NodeLeaving(node_rank=1, reason="SIGTERM: pod deletion or node drain", deadline_s=25.0),
         M.AgentWelcome(ok=False, reason="node_rank 9 is outside 0..1"),
         M.SpareHello(pod_ip="10.0.0.9", pid=4400, warm=2),

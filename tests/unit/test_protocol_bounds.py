@@ -63,6 +63,9 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
     assert env.msg == M.StatusReply(status)
 
 
+_FROZEN = {"node_rank": 0, "rank": 1, "pid": 9, "stopped_s": 1.0, "host": ""}
+
+
 @pytest.mark.parametrize(
     ("kind", "body", "field"),
     [
@@ -101,6 +104,8 @@ def test_the_deepest_real_message_is_within_the_bound(codec: Codec) -> None:
         (M.NodeLeaving.KIND, {"node_rank": 0, "reason": "", "deadline_s": -1.0}, "deadline_s"),
         (M.NodeLeaving.KIND, {"node_rank": 0, "reason": "", "deadline_s": 1e6}, "deadline_s"),
         (M.NodeLeaving.KIND, {"node_rank": -2, "reason": "", "deadline_s": 1.0}, "node_rank"),
+        (M.RankFrozen.KIND, {**_FROZEN, "stopped_s": -1.0}, "stopped_s"),
+        (M.RankFrozen.KIND, {**_FROZEN, "stopped_s": 1e9}, "stopped_s"),
         (M.Stopped.KIND, {"rank": 0, "committed_step": 9, "digest": "a" * 65}, "digest"),
     ],
 )
