@@ -28,6 +28,7 @@ from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
+from ms_recover.manager.hearing import Hearing
 from ms_recover.manager.leaving import note_leaving
 from ms_recover.manager.model import Fault, JobModel, Origin, RankInfo, Restore, SpareNode
 from ms_recover.manager.relay import ManagerRelay
@@ -146,6 +147,9 @@ class ManagerServer:
         self._forced_exit: int | None = None
         self._coordinating: tuple[int, float] | None = None
         self.cadence = Cadence(self.model, tick_s)
+        # Silence is judged as of the last empty read, never across the manager's own stall.
+        beat = config.heartbeat_s
+        self.hearing = Hearing(self.model, clock, limit_s=beat / 4, hold_s=beat / 2)
         self._poller = zmq.Poller()  # one, not one per wake-up (``Socket.poll`` builds one)
         self._poller.register(self._sock, zmq.POLLIN)
         self._beat = SharedBeat(self.model, self.codec, lambda: self._seq, self._next_seq)
@@ -185,12 +189,17 @@ class ManagerServer:
     def serve(self, end_grace_s: float = 1.0) -> int:
         """Run until the job ends (plus a grace to flush) or stop(); returns the exit code."""
         ended_at: float | None = None
+        rest = 0.0
+        self.hearing.start()
         try:
             while not self._stop.is_set():
-                if self._poller.poll(self.cadence.poll_ms()):
+                wait_ms = self.cadence.poll_ms()
+                ready = self._poller.poll(wait_ms)
+                self.hearing.mark(wait_ms / 1000 + rest)
+                if ready:
                     self._drain()
                 else:
-                    self.model.heard_at = self.clock()  # nothing unread: silence is silence
+                    self.hearing.vouch()  # nothing unread: silence is silence
                 with self._lock:
                     if self._sigterm is not None or self.handing_over:
                         self._take_sigterm(self._sigterm)
@@ -366,12 +375,12 @@ class ManagerServer:
         """Handle every queued frame (up to :attr:`DRAIN_BUDGET`) before the next ``decide``: at
         scale, deciding once per large batch instead of per thousand frames halves stop-all
         time. Only a drain that emptied the queue moves ``model.heard_at`` (see
-        :func:`~ms_recover.manager.decide.detect_silence`)."""
+        :func:`~ms_recover.manager.decide.detect_silence` and :mod:`.hearing`)."""
         for _ in range(self.DRAIN_BUDGET):
             try:
                 frames = recv_frames(self._sock)
             except zmq.Again:
-                self.model.heard_at = self.clock()
+                self.hearing.vouch()
                 return
             self.dispatch(frames)
             # A phase's last answer, or a fault once a decision is due: decide before reading
