@@ -62,7 +62,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
 import typing
@@ -70,23 +69,20 @@ import typing
 import zmq
 
 from ms_recover import exitcodes
+from ms_recover.agent.endings import RankEnds
 from ms_recover.agent.frozen import FreezeWatch
 from ms_recover.agent.hands import Exited, LauncherError, RankHands
-from ms_recover.agent.leaving import LEFT_AT_DEADLINE, PlannedStop
-from ms_recover.agent.managers import ManagerLinkState
+from ms_recover.agent.leaving import PlannedStop
+from ms_recover.agent.managers import ManagerLinkState, ManagerSide
 from ms_recover.agent.ranks import RankSet
 from ms_recover.agent.relay import LocalRelay
-from ms_recover.agent.sparenode import SpareWait
+from ms_recover.agent.sparenode import SpareSide
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
-from ms_recover.protocol.codec import Envelope
-from ms_recover.protocol.transport import manager_channel, monitor_event
+from ms_recover.protocol.transport import manager_channel
 from ms_recover.strategy import restarts_in_place
 
 log = logging.getLogger("ms_recover.agent")
-
-_COMMANDS = (M.KillRanks, M.StartRanks, M.AgentExit)
-
 
 #: An agent loop iteration longer than this is logged (with the CPU this process had in
 #: it): the manager declares a node lost after ``silence_s`` (2 s by default) without a beat.
@@ -113,7 +109,7 @@ class StallWatch:
         return took
 
 
-class Agent:
+class Agent(ManagerSide, RankEnds, SpareSide):
     def __init__(
         self,
         config: JobConfig,
@@ -215,44 +211,6 @@ class Agent:
         self.hello()
         return self.serve(start=True)
 
-    def _as_spare(self) -> bool:
-        """Wait as a spare node until the manager gives this agent a lost node's place; then
-        register as that node's agent (True: start its ranks). False when it must end
-        instead (the job ended, SIGTERM, the manager gone): ``exit_code`` says how."""
-        assert self._own is not None
-        self._own.hold_warm()
-        log.info("spare node: %d rank processes warming, waiting for a node", self._own.warm)
-        self._link = ManagerLinkState(time.monotonic())  # a manager has 2 * silence_s to answer
-        self._welcomed = False
-        wait = SpareWait(
-            self.config,
-            self.chan,
-            self._own,
-            self._stop,
-            lambda: self.leaving,
-            self._fail_over,
-            self._spare_answered,
-        )
-        node = wait.run()
-        if node is None:
-            self.exit_code = wait.exit_code
-            return False
-        self.config = self.config.replace(node_rank=node)
-        self._own.adopt(self.config)
-        if self.relay is not None:
-            self.relay.adopt(self.config)
-        self.chan.sender = f"agent:{node}"
-        self.spare = False
-        self._welcomed = False
-        self.hello()
-        return True
-
-    def _spare_answered(self) -> None:
-        """A manager answered this spare node: it is the active one (a standby answers
-        nobody), so the link stays."""
-        self._welcomed = True
-        self._link.welcomed()
-
     def hello(self) -> None:
         """Announce this node to the manager (ZeroMQ queues it until the manager listens)."""
         cfg = self.config
@@ -351,18 +309,6 @@ class Agent:
             self.close()
         return self.exit_code if self.exit_code is not None else 128 + 15
 
-    def _step_down(self) -> None:
-        """The manager said this node was taken by a spare node (this pod came back late): end
-        the ranks started for it, and wait as a spare node instead."""
-        self._demoted = False
-        self.ranks.kill(list(self.ranks.pids()))  # never registered: nothing to report
-        self._exits.clear()
-        self._welcomed = False
-        self.chan.sender = f"spare:{os.getpid()}"
-        self.spare = True
-        if self._as_spare():
-            self.ranks.start_all(self.config.ranks_of(self.config.node_rank))
-
     def _exchanging(self, now: float) -> bool:
         """Whether a beat would tell the manager nothing new: this agent is registered, sent
         it another frame (which the manager counts as the node heard) and heard from it within
@@ -410,161 +356,6 @@ class Agent:
             if self.exit_code is not None:
                 return
             env = self.chan.recv_ready()
-
-    def _manager_alive(self) -> bool:
-        """False once the manager has been silent for the grace. Meanwhile the DEALER keeps
-        its socket: ZeroMQ reconnects to a restarted manager on the same address by itself,
-        which then answers with ``Rejoin``. Recreating the socket under the same identity
-        could be refused by a live but slow manager's ROUTER (the identity still in use), and
-        a healthy node would then be declared lost."""
-        quiet = time.monotonic() - self._last_heard
-        grace = self.config.lost_manager_grace_s
-        if quiet > grace:
-            log.error(
-                "manager at %s silent for %.0fs: stopping this node",
-                self.config.manager_endpoint,
-                grace,
-            )
-            return False
-        return True
-
-    def _watch_link(self) -> zmq.Socket[bytes] | None:
-        """A monitor of the manager connection's ups and downs (with standbys only)."""
-        if not self._failover:
-            return None
-        return self.chan.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-
-    def _fail_over(self) -> None:
-        """Move to the next manager of the list (see the module docstring)."""
-        if self._monitor is None:
-            return
-        now = time.monotonic()
-        while True:
-            try:
-                event = monitor_event(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            self._link.note(event == zmq.EVENT_CONNECTED, now)
-        why = self._link.why_leave(now, self._welcomed, self.config)
-        if not why:
-            return
-        old = self._endpoints[self._at]
-        self._at = (self._at + 1) % len(self._endpoints)
-        self._poller.unregister(self.chan.sock)
-        self.chan.sock.disable_monitor()
-        self._monitor.close(0)
-        self.chan.endpoint = self._endpoints[self._at]
-        self.chan.reconnect(self._ident + f".m{self._at}.{int(now * 1000)}".encode())
-        self._poller.register(self.chan.sock, zmq.POLLIN)
-        self._monitor = self._watch_link()
-        self._link = ManagerLinkState(now)
-        self._rejoin(f"manager at {old} {why}: moving to {self.chan.endpoint}")
-
-    def _rejoin(self, reason: str) -> None:
-        """A restarted manager does not know this node: register again, then report the last
-        exit of each local rank that is not running (it may have died while no one listened)."""
-        log.warning("%s: registering again", reason)
-        self._welcomed = False
-        if self.spare:  # its wait offers it to the new manager (SpareHello), no node hello
-            self._link.since = time.monotonic()
-            return
-        self.hello()
-        if self.relay is not None:
-            self.relay.rejoin_all(reason)
-        running = self.ranks.pids()
-        for rank, (exited, requested) in sorted(self._exits.items()):
-            if rank not in running:
-                self._send_exit(exited, requested)
-        if self._leaving is not None and self._leaving.deadline is not None:  # said again
-            msg = self._leaving.message(self.config.node_rank, time.monotonic())
-            self.chan.send(msg, self._epoch)
-
-    def _planned_stop(self, leaving: PlannedStop) -> bool:
-        """SIGTERM came: announce the node's leaving once; at the deadline kill the ranks and
-        end (True). Until then the ranks run on, and the manager decides."""
-        now = time.monotonic()
-        if leaving.deadline is None:
-            how = leaving.begin(self.config.termination_grace_s, self._welcomed, now)
-            node = self.config.node_rank
-            log.warning(
-                "%s: node %d is leaving (pod deletion or drain), %s", leaving.reason, node, how
-            )
-            self.chan.send(leaving.message(node, now), self._epoch)
-        if not leaving.due(now):
-            return False
-        log.warning(
-            "node %d: planned-stop deadline reached before the manager released it: killing "
-            "ranks %s",
-            self.config.node_rank,
-            self.ranks.pids(),
-        )
-        self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
-        self.exit_code = LEFT_AT_DEADLINE
-        return True
-
-    def _drained(self) -> None:
-        """At the job's end: exit once every rank left on its own, or kill the rest at the
-        deadline (their exits are reported as they are); a leaving node's deadline first."""
-        assert self._drain is not None
-        deadline, code = self._drain
-        if self._leaving is not None and self._leaving.deadline is not None:
-            deadline = min(deadline, self._leaving.deadline)
-        if self.ranks.pids() and time.monotonic() < deadline:
-            return
-        if self.ranks.pids():
-            log.warning("ranks %s still running at the end of the job: killing", self.ranks.pids())
-            self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
-        self.exit_code = code
-
-    def _all_done(self) -> bool:
-        """Every local rank's latest process exited cleanly and none is running."""
-        mine = self.config.ranks_of(self.config.node_rank)
-        return not self.ranks.pids() and all(
-            r in self._exits and self._exits[r][0].exit_code == 0 and not self._exits[r][0].signal
-            for r in mine
-        )
-
-    def _report(self, exited: list[Exited], requested: bool = False) -> None:
-        """Report exits; ``requested``: this agent ended them on the manager's command."""
-        for e in exited:
-            log.info("rank %d exited code=%d signal=%d", e.rank, e.exit_code, e.signal)
-            self._exits[e.rank] = (e, requested)
-            self._send_exit(e, requested)
-
-    def _report_frozen(self) -> None:
-        """Tell the manager of each rank stopped by a signal for ``frozen_s`` (once a stop)."""
-        for rank, pid, stopped_s in self._frozen.sample(self.ranks.pids(), time.monotonic()):
-            log.warning("rank %d (pid %d) stopped by a signal for %.2fs", rank, pid, stopped_s)
-            node = self.config.node_rank
-            frozen = M.RankFrozen(node, rank, pid, round(stopped_s, 3), socket.gethostname())
-            self.chan.send(frozen, self._epoch)
-
-    def _send_exit(self, e: Exited, requested: bool) -> None:
-        self.chan.send(
-            M.RankExited(
-                self.config.node_rank,
-                e.rank,
-                e.pid,
-                e.exit_code,
-                e.signal,
-                e.observed_at,
-                requested,
-                e.host,
-                e.log_tail,
-            ),
-            self._epoch,
-        )
-
-    def _stale(self, env: Envelope) -> bool:
-        """A command of an older epoch from the same manager incarnation is never carried out
-        (a restarted manager, with a new nonce, starts its own epoch count)."""
-        if env.nonce != self._manager_nonce:
-            self._manager_nonce, self._manager_epoch = env.nonce, env.epoch
-        elif env.epoch < self._manager_epoch and isinstance(env.msg, _COMMANDS):
-            self.chan.drops.drop(f"stale {env.msg.KIND.decode()} of epoch {env.epoch}", "manager")
-            return True
-        self._manager_epoch = max(self._manager_epoch, env.epoch)
-        return False
 
     def _handle(self, msg: M.Message) -> None:
         if isinstance(msg, M.AgentWelcome):

@@ -23,7 +23,11 @@ import time
 from collections.abc import Callable
 
 from ms_recover import exitcodes
+from ms_recover.agent.hands import Exited, RankHands
+from ms_recover.agent.leaving import PlannedStop
+from ms_recover.agent.managers import ManagerLinkState
 from ms_recover.agent.ranks import RankSet
+from ms_recover.agent.relay import LocalRelay
 from ms_recover.config import JobConfig
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.transport import DealerChannel
@@ -100,3 +104,74 @@ class SpareWait:
             log.info("spare node: the manager asks it to exit with %d: %s", msg.code, msg.reason)
             self.exit_code = msg.code
         return None
+
+
+class SpareSide:
+    """The part of :class:`~ms_recover.agent.agent.Agent` (which inherits it) that waits as a
+    spare node, and steps down to one when its node was given to a spare meanwhile."""
+
+    config: JobConfig
+    chan: DealerChannel
+    ranks: RankHands
+    relay: LocalRelay | None
+    spare: bool
+    exit_code: int | None
+    _own: RankSet | None
+    _link: ManagerLinkState
+    _welcomed: bool
+    _demoted: bool
+    _stop: threading.Event
+    _exits: dict[int, tuple[Exited, bool]]
+    _fail_over: Callable[[], None]
+    hello: Callable[[], None]
+    _leaving: PlannedStop | None  # a SIGTERM (Agent.leave)
+
+    def _as_spare(self) -> bool:
+        """Wait as a spare node until the manager gives this agent a lost node's place; then
+        register as that node's agent (True: start its ranks). False when it must end
+        instead (the job ended, SIGTERM, the manager gone): ``exit_code`` says how."""
+        assert self._own is not None
+        self._own.hold_warm()
+        log.info("spare node: %d rank processes warming, waiting for a node", self._own.warm)
+        self._link = ManagerLinkState(time.monotonic())  # a manager has 2 * silence_s to answer
+        self._welcomed = False
+        wait = SpareWait(
+            self.config,
+            self.chan,
+            self._own,
+            self._stop,
+            lambda: self._leaving is not None,
+            self._fail_over,
+            self._spare_answered,
+        )
+        node = wait.run()
+        if node is None:
+            self.exit_code = wait.exit_code
+            return False
+        self.config = self.config.replace(node_rank=node)
+        self._own.adopt(self.config)
+        if self.relay is not None:
+            self.relay.adopt(self.config)
+        self.chan.sender = f"agent:{node}"
+        self.spare = False
+        self._welcomed = False
+        self.hello()
+        return True
+
+    def _spare_answered(self) -> None:
+        """A manager answered this spare node: it is the active one (a standby answers
+        nobody), so the link stays."""
+        self._welcomed = True
+        self._link.welcomed()
+
+    def _step_down(self) -> None:
+        """The manager said this node was taken by a spare node (this pod came back late): end
+        the ranks started for it, and wait as a spare node instead."""
+        self._demoted = False
+        self.ranks.kill(list(self.ranks.pids()))  # never registered: nothing to report
+        self._exits.clear()
+        self._welcomed = False
+        self.chan.sender = f"spare:{os.getpid()}"
+        self.spare = True
+        if self._as_spare():
+            self.ranks.start_all(self.config.ranks_of(self.config.node_rank))

@@ -239,7 +239,7 @@ def test_the_reader_sees_the_writes_it_must() -> None:
     """The scan is not blind: writes of each form are found where they are."""
     assert "state" in WRITES[("executor.py", "Executor._transition")]  # m.transition(...)
     assert "round" in WRITES[("executor.py", "Executor._start_round")]  # m.round = ...
-    assert "agents" in WRITES[("server.py", "ManagerServer._agent_beat")]  # parameter alias
+    assert "agents" in WRITES[("agents.py", "AgentSide._agent_beat")]  # parameter alias
     assert "pending" in WRITES[("workers.py", "WorkerHandlers.on_fault")]  # m.pending.append
     assert "ranks" in WRITES[("workers.py", "WorkerHandlers.on_hello")]  # info = m.ranks[r]
     assert "ranks" in WRITES[("workers.py", "WorkerHandlers.on_stopped")]  # helper result
