@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 
 from ms_recover.agent.frozen import FreezeWatch
 from ms_recover.agent.hands import Exited, RankHands
@@ -33,12 +34,15 @@ class RankEnds:
     _drain: tuple[float, int] | None
     _leaving: PlannedStop | None
     _frozen: FreezeWatch
+    _wait: Callable[[float], None]
 
     def _planned_stop(self, leaving: PlannedStop) -> bool:
         """SIGTERM came: announce the node's leaving once; at the deadline kill the ranks and
         end (True). Until then the ranks run on, and the manager decides."""
         now = time.monotonic()
         if leaving.deadline is None:
+            if not self._welcomed:  # a welcome already here counts: read it before deciding
+                self._wait(0)
             how = leaving.begin(self.config.termination_grace_s, self._welcomed, now)
             node = self.config.node_rank
             log.warning(

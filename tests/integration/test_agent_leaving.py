@@ -88,7 +88,13 @@ def test_a_leaving_agent_tells_the_manager_and_leaves_when_told() -> None:
         agent = Agent(srv.config.replace(node_rank=1, manager_port=srv.port), [], hands=hands)
         thread, codes = _serve(agent)
         alive = srv.model.agents
-        wait_for(beating(lambda: alive[0].alive and alive[1].alive), 10, "agents registered")
+
+        # Registered, and welcomed as the agent sees it: the manager marks it alive before
+        # its welcome is on the wire (an agent no manager welcomed leaves at once).
+        def welcomed() -> bool:
+            return alive[0].alive and alive[1].alive and agent._welcomed
+
+        wait_for(beating(welcomed), 10, "agents registered and welcomed")
         asked = time.time()
         agent.leave("SIGTERM")
         found = wait_for(beating(lambda: srv.events.recent("planned_stop")), 5, "planned_stop")
