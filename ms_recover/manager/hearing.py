@@ -9,8 +9,9 @@ find ZeroMQ's queue empty before ZeroMQ's I/O thread has read them: every node l
 for as long as the stall, and a stall longer than a silence window (2 s) declared every node
 lost at once.
 
-:class:`Hearing` measures the manager thread's stalls: the wall time of each loop iteration
-less the thread's own CPU time in it and the waits it asked for (a read's timeout, a rest).
+:class:`Hearing` measures the manager thread's stalls when a read returns and when a read finds
+the queue empty: the wall time since the last measure less the thread's own CPU time in it and
+the waits it asked for (a read's timeout, a rest).
 After a stall of ``limit_s`` or more, an empty read no longer moves ``heard_at`` for ``hold_s``:
 silence stays judged as of before the stall until ZeroMQ has had ``hold_s`` to deliver what
 came meanwhile. A manager that keeps stalling (a host starved for minutes) keeps judging as of
@@ -78,6 +79,7 @@ class Hearing:
 
     def vouch(self) -> None:
         """A read found nothing waiting: everything sent until now was heard, unless the
-        manager stalled within ``hold_s``."""
+        manager stalled within ``hold_s`` (also since the last mark: a stop in mid-drain)."""
+        self.mark(0.0)
         if self._wall() >= self._hold_until:
             self.model.heard_at = self.clock()

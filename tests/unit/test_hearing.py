@@ -86,3 +86,17 @@ def test_a_wait_counts_only_if_it_was_asked_for() -> None:
     assert hearing.mark(1.0) == 0.0
     clocks.idle(1.0)  # the same second, not asked for
     assert hearing.mark(0.0) == pytest.approx(1.0)
+
+
+def test_a_stall_after_the_read_returned_is_caught_when_the_queue_is_found_empty() -> None:
+    """Stopped in mid-drain: the drain's last read finds nothing (ZeroMQ has not read the
+    sockets yet); that emptiness does not vouch for the time of the stop."""
+    hearing, clocks, model = _hearing()
+    clocks.idle(0.1)
+    hearing.mark(0.1)
+    hearing.vouch()
+    before = model.heard_at
+    clocks.run(0.01)  # handling frames
+    clocks.idle(2.5)  # stopped
+    hearing.vouch()
+    assert model.heard_at == before and hearing.stalls == 1
