@@ -28,6 +28,8 @@ from ms_recover.manager.model import JobModel
 
 log = logging.getLogger("ms_recover.manager")
 
+WARN_EVERY_S = 10.0  # a stall of a heartbeat or more is a warning, at most this often
+
 
 class Hearing:
     """Moves ``model.heard_at`` on empty reads, except within ``hold_s`` of a stall."""
@@ -49,6 +51,7 @@ class Hearing:
         self.start()
         self._hold_until = -1e18
         self.stalls = 0  # stalls of limit_s or more so far
+        self._warned_at = -1e18
         self.longest_s = 0.0
 
     def start(self) -> None:
@@ -67,13 +70,15 @@ class Hearing:
         self._hold_until = wall + self.hold_s
         self.stalls += 1
         self.longest_s = max(self.longest_s, stalled)
-        level = logging.WARNING if stalled >= self.model.config.heartbeat_s else logging.DEBUG
+        loud = stalled >= self.model.config.heartbeat_s and wall - self._warned_at >= WARN_EVERY_S
+        self._warned_at = wall if loud else self._warned_at
         log.log(
-            level,
+            logging.WARNING if loud else logging.DEBUG,
             "manager stalled %.2fs (not scheduled: a starved host, a stop); silence is judged "
-            "as of before it until %.2fs after",
+            "as of before it until %.2fs after (stall %d)",
             stalled,
             self.hold_s,
+            self.stalls,
         )
         return stalled
 
