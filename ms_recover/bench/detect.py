@@ -14,9 +14,10 @@ long job. The benchmark then, one at a time, and only once the job is back to ru
   (the supervisor's restart budget per pod).
 
 Then the faults that do not crash, each in a job of its own (:mod:`ms_recover.bench.detectrows`):
-a compute hang (<= 2 x p99 step + 5 s), a fail-slow rank, by a fault hook and by a duty-cycled
-SIGSTOP (<= 50 steps), a soak of fault-free runs in parallel (0 false flags), and a hot switch's
-pause against a recover-in-place MTTR (<= 1x).
+a compute hang and a rank stopped by SIGSTOP (<= 2 x p99 step + 5 s), a fail-slow rank, by a
+fault hook and by a duty-cycled SIGSTOP (<= 50 steps, and never a fault), a soak of fault-free
+runs in parallel (0 false flags), and a hot switch's pause against a recover-in-place MTTR
+(<= 1x).
 """
 
 from __future__ import annotations

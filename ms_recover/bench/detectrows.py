@@ -5,13 +5,18 @@ Each row runs its own 2 nodes x 2 ranks job of the numpy trainer to its end:
 * **compute hang**: rank 2 blocks in its own compute after step 60 (fault kind ``computehang``,
   its heartbeat alive) in a job of ~20 ms steps. The row is the ``fault`` event's ``detect_s``
   (from the last commit to the declaration) against 2 x the p99 step time the rule used + 5 s;
+* **frozen rank**: rank 2 stops itself (SIGSTOP) after step 60 (fault kind ``hang``) in the same
+  job shape; its agent sees the process stopped (``ms_recover.agent.frozen``). The row is the
+  ``fault`` event's ``detect_s`` (how long the rank had been stopped when its agent reported
+  it) against the compute hang's bound, 2 x p99 + 5 s;
 * **fail-slow**: rank 1's compute is stretched to 1.5x from step 60 (fault kind ``slow``, ~30 ms
   of compute a step). The row is the ``flagged`` event's step minus 60, against 50 steps;
 * **fail-slow by SIGSTOP**: rank 1 is stopped 4 ms of every 12 ms from outside (a duty-cycled
   SIGSTOP, :class:`~ms_recover.localrun.dutycycle.DutyCycle`) from its step 60 (it writes the
   step it runs to a file); its ~30 ms of device work are 30 sleeps of 1 ms, so it runs at 1.5x.
   The row is the ``flagged`` event's step minus the step the rank was in when the stops began,
-  against 50 steps;
+  against 50 steps; a ``fault`` in that job (the stopped rank taken for a frozen or hung one)
+  fails the row;
 * **soak**: ``--soak`` fault-free runs of the same job, ``parallel`` at a time (so loaded by one
   another and by whatever else runs). The row is the ``flagged`` events and ``fault`` events
   over all of them, against 0;
@@ -121,6 +126,27 @@ def hang_row(workdir: str, timeout_s: float) -> tuple[Measure, dict[str, Any]]:
     )
 
 
+def frozen_row(workdir: str, timeout_s: float, p99_s: float) -> tuple[Measure, dict[str, Any]]:
+    """A rank that stops itself (SIGSTOP) after step 60; ``p99_s`` the compute hang row's."""
+    faults = Faults().hang(rank=2, step=FAULT_STEP)
+    job = job_events(workdir, "frozen", 2 * FAULT_STEP, 0.02, faults, timeout_s)
+    hangs = job.find("fault", kind="hang", rank=2)
+    if not hangs:
+        return Measure("stopped rank declared", None, "s", failed="no hang declared"), {}
+    fault = hangs[0]
+    return (
+        Measure(
+            "stopped rank (SIGSTOP) declared (stop -> fault)",
+            float(fault["detect_s"]),
+            "s",
+            "<=",
+            round(2 * p99_s + HANG_SLACK_S, 3),
+            f"rank 2 stopped by a signal, seen by its agent ({fault.get('detail', '')[:80]})",
+        ),
+        {"detect_s": fault["detect_s"], "detail": fault.get("detail", "")},
+    )
+
+
 def slow_row(workdir: str, timeout_s: float) -> tuple[Measure, dict[str, Any]]:
     faults = Faults().add("slow", rank=1, step=FAULT_STEP)
     job = job_events(workdir, "slow", 3 * FAULT_STEP, 0.03, faults, timeout_s)
@@ -149,6 +175,9 @@ def sigstop_row(workdir: str, timeout_s: float) -> tuple[Measure, dict[str, Any]
         with DutyCycle(lambda: [pid], stop_s=0.004, period_s=0.012):
             finish(job, name, timeout_s)
     flags = job.find("flagged", rank=1)
+    faults = [str(f.get("detail", "")) for f in job.find("fault")]
+    if faults:  # stopped a third of the time is slow, not frozen and not hung
+        return Measure("fail-slow rank (SIGSTOP)", None, "steps", failed=faults[0][:120]), {}
     if not flags:
         return Measure("fail-slow rank (SIGSTOP)", None, "steps", failed="never flagged"), {}
     steps = int(flags[0]["step"]) - onset
@@ -223,9 +252,11 @@ def rows(
 ) -> tuple[list[Measure], dict[str, Any]]:
     """Every row above, and their samples."""
     hang, hang_s = hang_row(workdir, timeout_s)
+    frozen, frozen_s = frozen_row(workdir, timeout_s, hang_s.get("p99_s", 0.02))
     slow, slow_s = slow_row(workdir, timeout_s)
     stop, stop_s = sigstop_row(workdir, timeout_s)
     calm, calm_s = soak_row(workdir, soak, timeout_s, parallel)
     switch, switch_s = hot_switch_row(workdir, timeout_s)
-    samples = {"hang": hang_s, "slow": slow_s, "sigstop": stop_s, "soak": calm_s}
-    return [hang, slow, stop, calm, switch], {**samples, "hot_switch": switch_s}
+    samples = {"hang": hang_s, "frozen": frozen_s, "slow": slow_s, "sigstop": stop_s}
+    rows_ = [hang, frozen, slow, stop, calm, switch]
+    return rows_, {**samples, "soak": calm_s, "hot_switch": switch_s}

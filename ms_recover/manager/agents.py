@@ -163,6 +163,14 @@ class AgentSide:
         spare.last_seen, spare.warm = now, msg.warm
         self._send(ident, M.ManagerBeat(m.state.value))
 
+    def settle_claims(self) -> None:
+        """A held claim on a node whose agent is now gone (a hot switch's old pod told to leave)
+        is registered at once, its ranks' held hellos with it, instead of at the claimant's
+        next heartbeat (up to ``agent_heartbeat_s`` later: most of a swap's pause)."""
+        for node, (ident, env) in list(self.slots.claims.items()):
+            if not self.model.agents[node].alive:
+                self._on_agent_hello(ident, env, typing.cast(M.AgentHello, env.msg))
+
     def _refuse_claims(self, node_rank: int) -> None:
         """The registered agent of ``node_rank`` spoke: a pending claim on its slot is false."""
         refused = self.slots.refuse(node_rank)

@@ -231,6 +231,8 @@ class ManagerServer(AgentSide, RoleSide):
         manager stop (its members then stop too), rather than leave the job hanging."""
         try:
             self.executor.execute(decide(self.model, self.clock()))
+            if self.slots.claims:
+                self.settle_claims()
             for ident, env in self.slots.take_released():
                 self.workers.on_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
             self._failing_since = None
