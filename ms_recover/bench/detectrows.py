@@ -102,13 +102,19 @@ def step_in(workdir: str, name: str, rank: int) -> int:
         return -1
 
 
+def _first_hang(workdir: str, name: str, faults: Faults, timeout_s: float) -> dict[str, Any] | None:
+    """Run the ~20 ms-step job ``name`` with ``faults`` to its end; its first ``hang`` of rank
+    2, or None."""
+    job = job_events(workdir, name, 2 * FAULT_STEP, 0.02, faults, timeout_s)
+    hangs = job.find("fault", kind="hang", rank=2)
+    return dict(hangs[0]) if hangs else None
+
+
 def hang_row(workdir: str, timeout_s: float) -> tuple[Measure, dict[str, Any]]:
     faults = Faults().add("computehang", rank=2, step=FAULT_STEP)
-    job = job_events(workdir, "hang", 2 * FAULT_STEP, 0.02, faults, timeout_s)
-    hangs = job.find("fault", kind="hang")
-    if not hangs:
+    fault = _first_hang(workdir, "hang", faults, timeout_s)
+    if fault is None:
         return Measure("compute hang declared", None, "s", failed="no hang declared"), {}
-    fault = hangs[0]
     found = _P99.search(str(fault.get("detail", "")))
     p99 = int(found.group(1)) / 1000 if found else float("nan")
     sample = {"detect_s": fault["detect_s"], "p99_s": p99, "rank": fault["rank"]}
@@ -128,12 +134,9 @@ def hang_row(workdir: str, timeout_s: float) -> tuple[Measure, dict[str, Any]]:
 
 def frozen_row(workdir: str, timeout_s: float, p99_s: float) -> tuple[Measure, dict[str, Any]]:
     """A rank that stops itself (SIGSTOP) after step 60; ``p99_s`` the compute hang row's."""
-    faults = Faults().hang(rank=2, step=FAULT_STEP)
-    job = job_events(workdir, "frozen", 2 * FAULT_STEP, 0.02, faults, timeout_s)
-    hangs = job.find("fault", kind="hang", rank=2)
-    if not hangs:
+    fault = _first_hang(workdir, "frozen", Faults().hang(rank=2, step=FAULT_STEP), timeout_s)
+    if fault is None:
         return Measure("stopped rank declared", None, "s", failed="no hang declared"), {}
-    fault = hangs[0]
     return (
         Measure(
             "stopped rank (SIGSTOP) declared (stop -> fault)",

@@ -9,15 +9,11 @@ import time
 
 import pytest
 
+from ms_recover.agent.frozen import process_state
 from ms_recover.localrun.dutycycle import DutyCycle, children, pod_rank_pids
 from ms_recover.localrun.wait import wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_it_stops_the_target_part_of_the_time_and_leaves_it_running(child) -> None:
@@ -25,10 +21,10 @@ def test_it_stops_the_target_part_of_the_time_and_leaves_it_running(child) -> No
     with DutyCycle(lambda: [child.pid], stop_s=0.02, period_s=0.04) as cycle:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not {"T", "S"} <= seen:
-            seen.add(state(child.pid))
+            seen.add(process_state(child.pid))
             time.sleep(0.003)
     assert "T" in seen and cycle.cycles > 0, seen
-    assert state(child.pid) != "T"  # never left stopped
+    assert process_state(child.pid) != "T"  # never left stopped
 
 
 def test_a_failing_lookup_keeps_the_last_targets(child) -> None:
@@ -44,7 +40,7 @@ def test_a_failing_lookup_keeps_the_last_targets(child) -> None:
         wait_for(lambda: cycle.errors >= 3, 10, "three failed lookups")
         before = cycle.cycles
         wait_for(lambda: cycle.cycles > before + 5, 10, "the cycle going on")
-    assert state(child.pid) != "T"
+    assert process_state(child.pid) != "T"
 
 
 def test_a_pods_rank_is_found_only_among_its_agents_children(child) -> None:
