@@ -357,7 +357,10 @@ def job_reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, An
         # ranks 0 and 2 finish step 8 (they hold every contribution) and rank 3, which waited
         # for rank 1, gets it by repair (target 8); otherwise step 8 is committed nowhere and
         # is redone (target 7, the re-entry on an epoch boundary: step 8 begins epoch 1).
-        (Faults().in_allreduce(rank=1, step=8), (7, 8)),
+        # Rank 1's last frame of step 7 may also not have left it (ZeroMQ sends from its own
+        # thread): then rank 3 never completes step 7, and if ranks 0 and 2 are interrupted
+        # before they do, the target is 6 (the numpy twin in test_end_of_training saw it).
+        (Faults().in_allreduce(rank=1, step=8), (6, 7, 8)),
     ],
     ids=["kill-after-commit", "kill-in-allreduce"],
 )

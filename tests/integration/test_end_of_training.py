@@ -132,7 +132,12 @@ def test_rank_killed_inside_the_last_allreduce(tmp_path, reference, rank=3):
     assert [r["sha256"] for r in final] == [reference] * 4
     assert all(r["committed"] == LAST for r in final)
     (rec,) = job.find("recovery", ok=True)
-    assert rec["replaced"] == [rank] and rec["target_step"] in (LAST - 1, LAST)
+    # Rank 3 dies in step LAST, its last frame of step LAST - 1 perhaps not yet out of the
+    # process (ZeroMQ sends from its own thread): then its partner never completes LAST - 1,
+    # the others are interrupted in it, and the target is LAST - 2 (seen in CI and under load,
+    # 1 run in 12). Survivors whose partners both sent may also complete LAST (recursive
+    # doubling). Nothing a survivor committed is lost either way.
+    assert rec["replaced"] == [rank] and rec["target_step"] in (LAST - 2, LAST - 1, LAST)
     assert rec["lost_steps"] == 0
 
 
