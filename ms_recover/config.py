@@ -30,6 +30,8 @@ DEFAULT_PORT = 9601
 DEFAULT_STRATEGIES = (Strategy.RECOVER_IN_PLACE, Strategy.RECOVER, Strategy.EXIT)
 BACKENDS = ("host", "ascend")
 MAX_DIGEST_EVERY = 1_000_000_000
+#: From this many nodes on, agents beat through group leaders by default (docs/design.md §1c).
+GROUP_FROM_NODES = 256
 ROLES = ("", E.ROLE_WORKER, E.ROLE_SCHED)
 
 
@@ -95,6 +97,9 @@ class JobConfig:
     #: MS_RECOVER_MANAGERS: ``host:port`` of every manager (the active one and its standbys),
     #: in takeover order; empty: the one manager at ``manager_host:manager_port``.
     managers: tuple[str, ...] = ()
+    #: MS_RECOVER_GROUP_NODES: nodes per heartbeat group (docs/design.md §1c); 0: automatic
+    #: (groups of about sqrt(nodes) from GROUP_FROM_NODES nodes on, none below), 1: none.
+    group_nodes: int = 0
 
     def __post_init__(self) -> None:
         self._validate()
@@ -153,6 +158,20 @@ class JobConfig:
         """How long agents wait for a silent manager to come back (restarted) before they stop
         their node: ``manager_grace_s``, or ``phase_timeout_s`` when that is 0."""
         return self.manager_grace_s or self.phase_timeout_s
+
+    @property
+    def group_size(self) -> int:
+        """Nodes per heartbeat group: ``group_nodes``, or automatic (the module constant
+        GROUP_FROM_NODES); 1: no groups, every agent beats to the manager."""
+        if self.group_nodes:
+            return self.group_nodes
+        if self.node_nums < GROUP_FROM_NODES:
+            return 1
+        return math.isqrt(self.node_nums - 1) + 1
+
+    def group_leader(self, node_rank: int) -> int:
+        """The node whose agent leads ``node_rank``'s heartbeat group (the group's first)."""
+        return node_rank - node_rank % self.group_size
 
     def node_of(self, rank: int) -> int:
         return rank // self.proc_per_node
@@ -215,6 +234,8 @@ class JobConfig:
             env[E.DUMP_DIR] = self.dump_dir
         if self.managers:
             env[E.MANAGERS] = ",".join(self.managers)
+        if self.group_nodes:
+            env[E.GROUP_NODES] = str(self.group_nodes)
         if not self.curve:
             env[E.CURVE] = "0"
         if self.data_curve:
@@ -332,6 +353,12 @@ class JobConfig:
                 f"the maximum {inputs.MAX_WORLD} ranks"
             )
         inputs.check_int_range("liveness", self.liveness, 2, inputs.MAX_LIVENESS)
+        inputs.check_int_range(
+            f"group_nodes ({E.GROUP_NODES}; 0: automatic, 1: no groups)",
+            self.group_nodes,
+            0,
+            inputs.MAX_NODES,
+        )
         inputs.check_int_range("max_tries", self.max_tries, 1, inputs.MAX_TRIES)
         inputs.check_int_range(
             "rank_restarts_per_hour", self.rank_restarts_per_hour, 1, inputs.MAX_TRIES
@@ -538,6 +565,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "curve": _bool(environ, E.CURVE),
         "data_curve": _bool(environ, E.DATA_CURVE),
         "digest_every_steps": _int(environ, E.DIGEST_EVERY),
+        "group_nodes": _int(environ, E.GROUP_NODES),
         "relay_endpoint": environ.get(E.RELAY_ENDPOINT) or None,
         "termination_grace_s": _float(environ, E.TERMINATION_GRACE),
         "managers": tuple(environ[E.MANAGERS].split(",")) if environ.get(E.MANAGERS) else None,

@@ -75,6 +75,7 @@ STANDBY_PRELOAD = "MS_RECOVER_STANDBY_PRELOAD"
 WARM_UP_MARK = "MS_RECOVER_WARM_UP_MARK"  # a rank creates this file if its init() has a warm_up
 DIE_WITH = "MS_RECOVER_DIE_WITH_PID"  # LocalPods: the agent dies with this (parent) process
 DIGEST_EVERY = "MS_RECOVER_DIGEST_EVERY_STEPS"
+GROUP_NODES = "MS_RECOVER_GROUP_NODES"  # nodes per heartbeat group (0: automatic, 1: none)
 MANAGERS = "MS_RECOVER_MANAGERS"  # host:port of every manager of the job, in takeover order
 RELAY_ENDPOINT = "MS_RECOVER_RELAY_ENDPOINT"  # set by the agent: its local relay for this rank
 SUB_HEALTHY = "MS_RECOVER_SUB_HEALTHY_STRATEGY"  # the job's subHealthyStrategy label

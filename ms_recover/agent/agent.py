@@ -71,6 +71,7 @@ import zmq
 from ms_recover import exitcodes
 from ms_recover.agent.endings import RankEnds
 from ms_recover.agent.frozen import FreezeWatch
+from ms_recover.agent.group import GroupLeader, GroupLink
 from ms_recover.agent.hands import Exited, LauncherError, RankHands
 from ms_recover.agent.leaving import PlannedStop
 from ms_recover.agent.managers import ManagerLinkState, ManagerSide
@@ -177,6 +178,18 @@ class Agent(ManagerSide, RankEnds, SpareSide):
         self._poller.register(self.chan.sock, zmq.POLLIN)
         if self.relay is not None:
             self._poller.register(self.relay.sock, zmq.POLLIN)
+        # Heartbeat groups (docs/design.md §1c): this agent leads its group, or beats to the
+        # leader the manager names (GroupAt).
+        size = config.group_size
+        leads = not spare and size > 1 and config.node_rank % size == 0
+        self.group_leader = GroupLeader(self._ctx, config) if leads else None
+        if self.group_leader is not None and not self.group_leader.members:
+            self.group_leader.close()  # a group of one node: nobody to lead
+            self.group_leader = None
+        if self.group_leader is not None:
+            self._poller.register(self.group_leader.sock, zmq.POLLIN)
+        self.group: GroupLink | None = None
+        self._grouped = False  # the last heartbeat went through the group's leader only
 
     def stop(self) -> None:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
@@ -292,12 +305,13 @@ class Agent(ManagerSide, RankEnds, SpareSide):
                 else:
                     self._fail_over()
                 now = time.monotonic()
+                if self._grouped and self.group is not None and not self.group.usable(now):
+                    next_beat = now  # the group's leader did not answer: to the manager now
                 if now >= next_beat:
                     steps = self.relay.report(now) if self.relay is not None else {}
                     if steps or not self._exchanging(now):
                         health = self.relay.health if steps and self.relay is not None else {}
-                        beat = M.AgentHeartbeat(cfg.node_rank, steps, health)
-                        self.chan.send(beat, self._epoch)
+                        self._beat(M.AgentHeartbeat(cfg.node_rank, steps, health), now)
                     next_beat = now + cfg.agent_heartbeat_s
                 self._note_training()
                 self._wait(self.poll_s)
@@ -308,6 +322,13 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             self.ranks.close()
             self.close()
         return self.exit_code if self.exit_code is not None else 128 + 15
+
+    def _beat(self, beat: M.AgentHeartbeat, now: float) -> None:
+        """Send a heartbeat: through the heartbeat group's leader while it answers, else (and
+        while it does not) to the manager."""
+        self._grouped = self.group is not None and not self.group.send(beat, self._epoch, now)
+        if not self._grouped:
+            self.chan.send(beat, self._epoch)
 
     def _exchanging(self, now: float) -> bool:
         """Whether a beat would tell the manager nothing new: this agent is registered, sent
@@ -333,6 +354,10 @@ class Agent(ManagerSide, RankEnds, SpareSide):
         """Close the relay and the manager channel (:meth:`serve` does it on its way out)."""
         if self.relay is not None:
             self.relay.close()
+        if self.group_leader is not None:
+            self.group_leader.close()
+        if self.group is not None:
+            self.group.close()
         if self._monitor is not None:
             self.chan.sock.disable_monitor()
             self._monitor.close(0)
@@ -347,6 +372,16 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             for batch in self.relay.batches():
                 self.chan.send(batch, self._epoch)
             self._sent_at = time.monotonic()
+        if ready and self.group is not None and self.group.chan.sock in ready:
+            self._group_answers()
+        leader = self.group_leader
+        if leader is not None:
+            now = time.monotonic()
+            if leader.sock in ready:
+                leader.drain(self._epoch, now - self._last_heard)
+            if leader.due(now):
+                self.chan.send(leader.batch(now), self._epoch)
+                self._sent_at = now
         env = self.chan.recv_ready() if self.chan.sock in ready else None
         while env is not None:
             if not self._stale(env):
@@ -362,6 +397,9 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             self._welcomed = msg.ok
             if msg.ok:
                 self._link.welcomed()
+            if msg.ok and self.group_leader is not None:
+                opened = M.GroupOpen(self.config.node_rank, self.group_leader.endpoint)
+                self.chan.send(opened, self._epoch)
             if not msg.ok:
                 log.error("manager rejected this agent: %s", msg.reason)
                 self.exit_code = exitcodes.USAGE
@@ -375,6 +413,8 @@ class Agent(ManagerSide, RankEnds, SpareSide):
                 self.ranks.start(rank)
         elif isinstance(msg, M.RelayDown):
             self._deliver(msg)
+        elif isinstance(msg, M.GroupAt):
+            self._join_group(msg)
         elif isinstance(msg, M.BecomeSpare) and self._own is not None and not self.spare:
             log.warning("node %d: %s", self.config.node_rank, msg.reason)
             self._demoted = True
@@ -389,6 +429,29 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             log.info("manager asks this agent to exit with %d: %s", msg.code, msg.reason)
             self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
             self.exit_code = msg.code
+
+    def _join_group(self, msg: M.GroupAt) -> None:
+        """Beat to the heartbeat group's leader at ``msg.endpoint`` ("": to the manager)."""
+        if self.group is not None:
+            self._poller.unregister(self.group.chan.sock)
+            self.group.close()
+            self.group, self._grouped = None, False
+        if msg.endpoint:
+            self.group = GroupLink(self._ctx, self.config, self._ident, msg.leader, msg.endpoint)
+            self._poller.register(self.group.chan.sock, zmq.POLLIN)
+            log.info("node %d beats through node %d's agent", self.config.node_rank, msg.leader)
+
+    def _group_answers(self) -> None:
+        """The leader's answers: the leader, and through it the manager, heard this agent."""
+        assert self.group is not None
+        env = self.group.chan.recv_ready()
+        while env is not None:
+            if isinstance(env.msg, M.GroupAck) and env.msg.node_rank == self.group.leader:
+                heard = self.group.answered(env.msg, time.monotonic())
+                self._last_heard = max(self._last_heard, heard)
+            else:
+                self.group.chan.drops.drop(f"{env.msg.KIND.decode()} from a group leader", "")
+            env = self.group.chan.recv_ready()
 
     def _deliver(self, msg: M.RelayDown) -> None:
         if self.relay is None:  # msrun's ranks do not talk to this agent

@@ -40,17 +40,11 @@ from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope, message_of
 from ms_recover.protocol.relay import DOWN_KINDS, UP_KINDS, ack_run, rank_of, relay_acks
 from ms_recover.protocol.replay import ReplayGuard
-from ms_recover.protocol.transport import (
-    SLACK,
-    control_server_keys,
-    curve_server,
-    make_socket,
-    send_frames,
-)
+from ms_recover.protocol.transport import SLACK, relay_router, send_frames
 
 log = logging.getLogger("ms_recover.agent")
 
-_BUDGET = 4096  # frames read per drain: a bound, not a limit that real traffic reaches
+DRAIN_BUDGET = 4096  # frames read per drain: a bound, not a limit that real traffic reaches
 
 
 def _run(env: Envelope) -> tuple[str, int] | None:
@@ -69,12 +63,7 @@ class LocalRelay:
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: JobConfig) -> None:
         self.config = config
         self.node_rank = config.node_rank
-        self.sock = make_socket(ctx, zmq.ROUTER, config.max_frame_bytes)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        if config.control_curve:
-            curve_server(self.sock, control_server_keys(config.secret, config.job_id))
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.sock, self.endpoint = relay_router(ctx, config, "127.0.0.1")
         self.codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
         self.replay = ReplayGuard(max_senders=4 * config.proc_per_node + 64)
         self.drops = DropLog(log)
@@ -97,7 +86,7 @@ class LocalRelay:
     # ------------------------------------------------------------------ ranks -> manager
     def drain(self) -> bool:
         """Read every frame that is ready; True if anything is now waiting to be relayed."""
-        for _ in range(_BUDGET):
+        for _ in range(DRAIN_BUDGET):
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

@@ -60,7 +60,7 @@ from typing import Any
 
 from ms_recover.bench.fakecluster import FakeSpec, fake_main
 from ms_recover.bench.table import Measure, Report, summary
-from ms_recover.config import JobConfig
+from ms_recover.config import GROUP_FROM_NODES, JobConfig
 from ms_recover.localrun.wait import Timeout, wait_for
 from ms_recover.manager.server import ManagerServer
 from ms_recover.observability.events import EventLog
@@ -136,6 +136,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no job secret: frames signed with the job id's key and no CURVE, the setting "
         "before the 65,536-rank targets (rows end in '(no secret)'; not production's)",
+    )
+    p.add_argument(
+        "--group-nodes",
+        type=int,
+        default=0,
+        help="nodes per heartbeat group (JobConfig.group_nodes; docs/design.md §1c): 0, the "
+        "job default, groups of about sqrt(nodes) from 256 nodes on; 1: none (rows then end "
+        "in '(no groups)')",
     )
     p.add_argument("--ranks-per-agent", type=int, default=8, help="ranks per simulated node")
     p.add_argument("--repeats", type=int, default=3, help="faults per scale (default 3)")
@@ -229,7 +237,7 @@ class _Scale:
 
     def __init__(self, ranks: int, args: argparse.Namespace, fd_limit: int) -> None:
         self.ranks, self.per = ranks, args.ranks_per_agent
-        self.nodes = ranks // self.per
+        self.nodes: int = ranks // self.per
         self.timeout = args.timeout
         self.config = JobConfig(
             job_id=f"bench-cp-{os.getpid()}-{ranks}",
@@ -245,13 +253,14 @@ class _Scale:
             strategies=parse_strategies("recover-in-place,exit"),
             # As in production: a job secret, so the control plane is CURVE-encrypted.
             secret=b"" if args.no_secret else secrets.token_hex(16).encode(),
+            group_nodes=args.group_nodes,
         )
         self.events = EventLog()
         self.server = ManagerServer(self.config, events=self.events, bind="127.0.0.1")
         self.relay = not args.direct
         sockets = self.nodes if self.relay else ranks + self.nodes
         per_fake = max(1, (fd_limit - FD_SPARE) // FDS_PER_SOCKET)
-        self.n_fakes = max(args.fakes, 2, -(-sockets // per_fake))
+        self.n_fakes: int = max(args.fakes, 2, -(-sockets // per_fake))
         self.thread: threading.Thread | None = None
         self.procs: list[Any] = []
         self.conns: list[Any] = []
@@ -266,10 +275,13 @@ class _Scale:
         ctx = mp.get_context("spawn")
         cfg = self.config
         endpoint = f"tcp://127.0.0.1:{self.server.port}"
+        size = cfg.group_size if self.relay else 1
+
+        def edge(i: int) -> int:  # slices of whole heartbeat groups: a fake holds its leaders
+            return min(self.nodes, -(-(i * self.nodes // self.n_fakes) // size) * size)
+
         for i in range(self.n_fakes):
-            nodes = tuple(
-                range(i * self.nodes // self.n_fakes, (i + 1) * self.nodes // self.n_fakes)
-            )
+            nodes = tuple(range(edge(i), edge(i + 1)))
             self.owner.update({n: i for n in nodes})
             spec = FakeSpec(
                 endpoint,
@@ -283,6 +295,7 @@ class _Scale:
                 cfg.agent_heartbeat_s,
                 cfg.rank_report_s,
                 control_server_keys(cfg.secret, cfg.job_id)[0] if cfg.control_curve else b"",
+                size,
             )
             parent, child = ctx.Pipe()
             proc = ctx.Process(
@@ -441,6 +454,9 @@ def _run_scale(ranks: int, args: argparse.Namespace, fd_limit: int) -> dict[str,
         "fake_processes": scale.n_fakes,
         "relay": scale.relay,
         "secret": not args.no_secret,
+        # Nodes per heartbeat group (1: none), and whether --group-nodes 1 turned them off.
+        "group_size": scale.config.group_size if scale.relay else 1,
+        "groups_off": args.group_nodes == 1,
         "heartbeat_s": args.heartbeat,
         "failed": "",
         "formation_s": None,
@@ -562,6 +578,7 @@ def scale_rows(s: dict[str, Any]) -> list[Measure]:
     aim = targets_of(n) or Targets(None, None)
     label = f"{n} ranks / {s['agents']} agents" + ("" if s.get("relay", True) else " (direct)")
     label += "" if s.get("secret", True) else " (no secret)"
+    label += " (no groups)" if s.get("groups_off") else ""
     failed = s["failed"]
     formed = s["formation_s"] is not None
     idle = s["idle"] or {}
@@ -636,6 +653,12 @@ def not_run(
     return _summarise(result)
 
 
+def _groups(group_nodes: int) -> str:
+    if group_nodes:
+        return f"groups of {group_nodes} nodes"
+    return f"about sqrt(nodes) nodes per group from {GROUP_FROM_NODES} nodes on"
+
+
 def _report(
     args: argparse.Namespace,
     scales: list[dict[str, Any]],
@@ -701,6 +724,15 @@ def _report(
         "otherwise be the grace): the manager answers an agent's heartbeat once per quarter "
         f"of it, about every {DEFAULT_GRACE_S / 4:g} s.",
         SHAPE_NOTE[bool(args.direct)],
+        (
+            "--group-nodes 1: no heartbeat groups, every simulated agent beats to the manager."
+            if args.group_nodes == 1
+            else "Heartbeat groups (docs/design.md §1c) where the job has them "
+            f"({_groups(args.group_nodes)}; group size per scale in the samples): a member "
+            "agent's beat goes to its leader, "
+            "which sends the manager one batch per quarter beat. The member -> leader hop is "
+            "between nodes, not the manager's load: the fakes keep it in-process."
+        ),
         (
             "--no-secret: no job secret, so frames are signed with the job id's key and the "
             "control plane is not encrypted (not production's setting)."

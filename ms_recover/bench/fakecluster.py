@@ -68,6 +68,9 @@ class FakeSpec:
     #: The manager's CURVE public key (Z85) when the job has a secret, as a real member's
     #: channel (:func:`~ms_recover.protocol.transport.manager_channel`); empty: plain TCP.
     server_key: bytes = b""
+    #: ``JobConfig.group_size``: with the relay, agents beat through their heartbeat group's
+    #: leader (docs/design.md §1c); the parent gives each fake whole groups.
+    group_size: int = 1
 
     @property
     def agent_s(self) -> float:
@@ -271,6 +274,9 @@ class FakeCluster:
         self.send(self.agents[m.node], M.RankExited(m.node, rank, m.pid, -9, 9, t0))
         return t0
 
+    def tick(self) -> None:
+        """Work due on the clock rather than on a frame (none here)."""
+
     def close(self) -> None:
         self.epoll.close()
         for m in self.members:
@@ -310,6 +316,7 @@ def fake_main(spec: FakeSpec, conn: Any) -> None:
             elapsed = time.monotonic() - start
             for schedule in schedules:
                 schedule.beat(cluster, elapsed)
+            cluster.tick()
     finally:
         cluster.close()
         conn.close()

@@ -16,7 +16,13 @@ So the agent stands for its ranks and speaks exactly what a real agent's relay
   unless it carries steps (as a real agent: ``Agent._exchanging``);
 * the manager's :class:`~ms_recover.protocol.messages.RelayDown` batches answered per target
   rank at once: STOPPED, REBUILT, REPAIRED, and the RESUME step committed immediately (a
-  stop-all's lone STOP item: its RelayAcks built directly, the same frame).
+  stop-all's lone STOP item: its RelayAcks built directly, the same frame);
+* with heartbeat groups (``FakeSpec.group_size`` > 1, docs/design.md §1c), what a real group
+  leader (:mod:`ms_recover.agent.group`) sends the manager: its ``GroupOpen`` after its
+  welcome, and every quarter agent beat one ``GroupBeats`` of the heartbeats its members
+  sent it meanwhile; a member beats to its leader once the manager said where
+  (``GroupAt``). The member -> leader hop is between two nodes, not the manager's load, so
+  it is a list in this process (each fake holds whole groups), not a socket.
 
 Incoming bodies are read only where the answer needs them (REPAIR, RESUME), as in
 :mod:`ms_recover.bench.fakecluster`.
@@ -37,6 +43,12 @@ from ms_recover.protocol import messages as M
 from ms_recover.protocol.relay import ack_run, relay_acks
 
 _NEED = frozenset({"repair", "resume"})
+GROUP_ENDPOINT = "tcp://127.0.0.1:1"  # a simulated leader's: its members are in-process
+
+
+def _ident(m: _Member) -> bytes:
+    """A simulated agent's identity at the manager (FakeCluster.connect_some names it)."""
+    return f"a{m.node}.fake".encode()
 
 
 def _peek_relay(payload: bytes) -> tuple[int, Any]:
@@ -83,6 +95,15 @@ class RelayCluster(FakeCluster):
         self._report_at: dict[int, float] = {}  # node -> when its next beat carries steps
         self._sent_at: dict[int, float] = {}  # node -> when its agent last relayed a frame
         self._heard_at: dict[int, float] = {}  # node -> when its agent last heard the manager
+        size = spec.group_size
+        self._size = size
+        members = [n for n in spec.nodes if size > 1 and n % size]
+        self._leaders = {n - n % size for n in members}  # leaders of a group of 2 nodes or more
+        self._joined: set[int] = set()  # members told where their leader is (GroupAt)
+        # leader -> member node -> (its identity at the manager, steps) since the last batch
+        self._group: dict[int, dict[int, tuple[bytes, dict[int, int]]]] = {}
+        self._flush_s = spec.agent_s / 4
+        self._flushed = 0.0
 
     @staticmethod
     def _local(rank: _Member) -> bytes:
@@ -149,7 +170,27 @@ class RelayCluster(FakeCluster):
             and now - self._heard_at.get(m.node, -math.inf) < beat
         ):
             return  # exchanging with the manager anyway: no beat (as Agent._exchanging)
+        if m.node in self._joined:  # to the group's leader (a list here, see the docstring)
+            batch = self._group.setdefault(m.node - m.node % self._size, {})
+            held = batch.get(m.node)
+            batch[m.node] = (_ident(m), {**held[1], **steps} if held else steps)
+            return
         self.send(m, M.AgentHeartbeat(m.node, steps))
+
+    def tick(self) -> None:
+        """Every quarter agent beat, each leader's batch of its members' heartbeats."""
+        now = time.monotonic()
+        if now - self._flushed < self._flush_s:
+            return
+        self._flushed = now
+        batches, self._group = self._group, {}
+        for leader, items in batches.items():
+            nodes = sorted(items)
+            idents = [items[n][0] for n in nodes]
+            steps = [items[n][1] for n in nodes]
+            beats = M.GroupBeats(leader, nodes, idents, steps, [{}] * len(nodes))
+            self.send(self.agents[leader], beats)
+            self._sent_at[leader] = now  # as a real leader: its own beat may be skipped
 
     # ------------------------------------------------------------------ down
     def peek(self, kind: bytes, payload: bytes) -> tuple[int, Any]:
@@ -159,8 +200,13 @@ class RelayCluster(FakeCluster):
 
     def _on(self, m: _Member, kind: bytes, epoch: int, body: Any) -> None:
         self._heard_at[m.node] = time.monotonic()
-        if kind != M.RelayDown.KIND:
+        if kind == M.GroupAt.KIND:
+            self._joined.add(m.node)
+        elif kind != M.RelayDown.KIND:
+            opens = kind == M.AgentWelcome.KIND and not m.welcomed and m.node in self._leaders
             super()._on(m, kind, epoch, body)
+            if opens:
+                self.send(m, M.GroupOpen(m.node, GROUP_ENDPOINT))
         elif body[0] == ["stop"]:
             self._stop(m.node, body[1][0], body[2][0])
         else:

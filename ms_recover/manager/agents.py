@@ -71,6 +71,7 @@ class AgentSide:
     _lock: threading.Lock
     _send: Callable[[bytes, M.Message], None]
     _handle: Callable[[bytes, Envelope], None]
+    _group_welcome: Callable[[bytes, int], None]
     sigterm: Callable[[str], None]
 
     def _on_agent_hello(self, ident: bytes, env: Envelope, msg: M.AgentHello) -> None:
@@ -130,6 +131,7 @@ class AgentSide:
         if rejoin:
             self.workers.note_rejoin(env.epoch, None)
         self._send(ident, M.AgentWelcome(True, ""))
+        self._group_welcome(ident, msg.node_rank)
         member = MemberRecord("agent", msg.pid, rejoin, node_rank=msg.node_rank, pod_ip=msg.pod_ip)
         self.events.write(member, epoch=m.epoch)
 
@@ -243,7 +245,10 @@ class AgentSide:
         node_rank: int,
         steps: dict[int, int],
         health: dict[int, list[float]] | None = None,
+        via: int = -1,
     ) -> None:
+        """An agent's heartbeat: directly (answered when due), or through the leader of its
+        heartbeat group ``via`` (not answered: :mod:`~ms_recover.manager.groups`)."""
         claims = self.slots.claims  # almost always empty: no slot-claim checks then
         claim = self.slots.claimant(node_rank, ident) if claims else None
         if claim is not None:  # the claimant: is the old one gone now?
@@ -253,9 +258,12 @@ class AgentSide:
             return
         if claims and node_rank not in self.model.switching:  # a hot switch's new pod waits
             self._refuse_claims(node_rank)
-        now = self.model.agents[node_rank].last_seen = self.clock()
+        agent = self.model.agents[node_rank]
+        now = agent.last_seen = self.clock()
+        agent.via = via
         self.relay.fold(ident, steps, now, health)
-        self.frames_out += self._beat.send(self._sock, ident)
+        if via < 0:
+            self.frames_out += self._beat.send(self._sock, ident)
 
     def _on_relay_up(self, ident: bytes, env: Envelope, msg: M.RelayUp) -> None:
         self.relay.on_relay_up(

@@ -52,7 +52,7 @@ log = logging.getLogger("ms_recover.manager")
 
 #: Frames that only refresh liveness and progress.
 QUIET: frozenset[type[M.Message]] = frozenset(
-    {M.AgentHeartbeat, M.WorkerHeartbeat, M.StatusRequest}
+    {M.AgentHeartbeat, M.GroupBeats, M.WorkerHeartbeat, M.StatusRequest}
 )
 
 
@@ -166,10 +166,12 @@ class SharedBeat:
         self._frames: list[bytes] = []
         self._sent: set[bytes] = set()
 
-    def send(self, sock: zmq.Socket[bytes], ident: bytes) -> bool:
-        """Answer the agent ``ident``'s heartbeat if it is due; whether a frame was sent."""
+    def send(self, sock: zmq.Socket[bytes], ident: bytes, force: bool = False) -> bool:
+        """Answer the agent ``ident``'s heartbeat if it is due (``force``: now, a group
+        leader's batch, whose members learn from the answer that the manager is alive);
+        whether a frame was sent."""
         now = self._clock()
-        if now - self._answered.get(ident, -1e18) < self.every_s:
+        if not force and now - self._answered.get(ident, -1e18) < self.every_s:
             return False
         self._answered[ident] = now
         m = self.model

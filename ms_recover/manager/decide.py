@@ -12,7 +12,7 @@ from ms_recover.manager import detection, sparenodes, subhealth
 from ms_recover.manager.actions import Action, Emit, Judged
 from ms_recover.manager.ending import after_end
 from ms_recover.manager.leaving import asked_to_stop, settled
-from ms_recover.manager.model import Fault, JobModel, RankInfo
+from ms_recover.manager.model import AgentInfo, Fault, JobModel, RankInfo
 from ms_recover.manager.progress import PROGRESS
 from ms_recover.manager.rounds import Failure, escalate, on_faults
 from ms_recover.observability.schema import FaultKind, JobState
@@ -82,6 +82,18 @@ def detect_early_exits(m: JobModel, now: float) -> list[Fault]:
     return faults
 
 
+def _leader_went_quiet(m: JobModel, a: AgentInfo, heard: float) -> bool:
+    """Whether a silent agent was last heard through a heartbeat group leader that went quiet
+    too, less than ``2 x agent_heartbeat_s`` before the silence window began: its agent is
+    still moving its beats to the manager (docs/design.md §1c)."""
+    leader = m.agents.get(a.via) if a.via >= 0 else None
+    if leader is None:
+        return False
+    beat = m.config.agent_heartbeat_s
+    quiet = heard - leader.last_seen > 1.5 * beat
+    return quiet and leader.last_seen + 2 * beat >= heard - m.config.silence_s
+
+
 def detect_silence(m: JobModel, now: float) -> list[Fault]:
     """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock.
 
@@ -96,7 +108,10 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
     lost = sorted(
         node
         for node, a in m.agents.items()
-        if a.last_seen < agent_limit and a.alive and not _all_left(m, node)
+        if a.last_seen < agent_limit
+        and a.alive
+        and not _all_left(m, node)
+        and not _leader_went_quiet(m, a, heard)
     )
     faults = [
         Fault(

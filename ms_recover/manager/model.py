@@ -135,6 +135,7 @@ class AgentInfo:
     last_seen: float = 0.0
     pod_ip: str = ""
     released: bool = False  # told to exit for good (not to reschedule)
+    via: int = -1  # its last heartbeat came through this node's agent (a group leader), or -1
 
 
 @dataclasses.dataclass(slots=True)

@@ -27,6 +27,7 @@ from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.decide import decide
 from ms_recover.manager.ending import may_stop
 from ms_recover.manager.executor import Executor
+from ms_recover.manager.groups import GroupSide
 from ms_recover.manager.hearing import Hearing
 from ms_recover.manager.model import JobModel
 from ms_recover.manager.relay import ManagerRelay
@@ -70,7 +71,7 @@ INSECURE_WARNING = (
 )
 
 
-class ManagerServer(AgentSide, RoleSide):
+class ManagerServer(AgentSide, GroupSide, RoleSide):
     """Owns the job model. ``serve()`` runs until the job finishes or exits, or ``stop()``."""
 
     #: Frames handled per wake-up before the next decision is due.
@@ -117,6 +118,7 @@ class ManagerServer(AgentSide, RoleSide):
             self._sock.bind(f"tcp://{host}:{config.tft_port}")
         self._stop = threading.Event()
         self._agent_ids: dict[int, bytes] = {}
+        self._group_at: dict[int, str] = {}  # heartbeat group leader -> its endpoint
         self.executor = Executor(self.model, self.events, clock, self, self._agent_ids)
         self.slots = Slots(config.agent_heartbeat_s, config.proc_per_node)
         self._failing_since: float | None = None  # monotonic time decide/execute began failing
@@ -164,6 +166,8 @@ class ManagerServer(AgentSide, RoleSide):
             M.NodeLeaving: self._on_node_leaving,
             M.RelayUp: self._on_relay_up,
             M.RelayAcks: self._on_relay_acks,
+            M.GroupOpen: self._on_group_open,
+            M.GroupBeats: self._on_group_beats,
             **self.workers.handlers(),
         }
         described = config.replace(manager_port=self.port).describe()

@@ -56,6 +56,8 @@ def status_of(m: JobModel, now: float, events: EventLog | None = None) -> dict[s
                 "pod_ip": a.pod_ip,
                 "is_scheduler": a.is_scheduler,
                 "silent_s": round(now - a.last_seen, 3) if a.registered else None,
+                # Its heartbeats come through this node's agent (docs/design.md §1c), or None.
+                "beats_via": a.via if a.via >= 0 else None,
             }
             for _, a in sorted(m.agents.items())
         ],

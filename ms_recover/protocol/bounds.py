@@ -33,7 +33,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     **dict.fromkeys(("epochs", "seqs"), (0, STEP_MAX)),  # relayed envelopes (RelayUp/Down)
     **dict.fromkeys(("nonce", "nonces"), (0, INT64[1])),
     **dict.fromkeys(("rank", "node_rank", "recv_from", "failed_peer", "pid", "shard"), _ID),
-    **dict.fromkeys(("ranks", "send_to", "world"), _ID),
+    **dict.fromkeys(("ranks", "send_to", "world", "nodes", "leader"), _ID),
     **dict.fromkeys(("exit_code", "code", "signal"), (-(2**31), 2**31 - 1)),
     "world_size": (0, 2**31 - 1),
 }
@@ -43,6 +43,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "deadline_s": (0.0, 86400.0),
     "stopped_s": (0.0, 86400.0),  # RankFrozen: how long a rank has been stopped
+    "manager_age_s": (0.0, 86400.0),  # GroupAck: since the group leader heard the manager
 }
 
 #: Narrower ranges of a field in one message kind: the values the manager takes a successor of.

@@ -161,6 +161,44 @@ class RelayAcks(Message):
     digests: list[str]
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupOpen(Message):
+    """agent -> manager: this agent leads its heartbeat group (the nodes from ``node_rank`` on,
+    ``JobConfig.group_size`` of them; docs/design.md §1c) and takes their agents' heartbeats
+    at ``endpoint``. Sent after every welcome."""
+
+    KIND: ClassVar[bytes] = b"group_open"
+    node_rank: int
+    endpoint: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupBeats(Message):
+    """agent -> manager: a group leader's batch of the heartbeats its group's agents sent it
+    since its last batch, column by column (docs/design.md §1c). Item ``i``: the agent of node
+    ``nodes[i]``, whose identity at the manager is ``idents[i]``, beat; ``steps[i]`` and
+    ``health[i]`` are that heartbeat's ``AgentHeartbeat.steps`` and ``.health``. The leader
+    authenticated and replay-checked every heartbeat; the manager checks each item's agent
+    as if it had beaten directly."""
+
+    KIND: ClassVar[bytes] = b"group_beats"
+    node_rank: int
+    nodes: list[int]
+    idents: list[bytes]
+    steps: list[dict[int, int]]
+    health: list[dict[int, list[float]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupAck(Message):
+    """agent -> agent: a group leader took this agent's heartbeat, and last heard the
+    manager ``manager_age_s`` ago (docs/design.md §1c)."""
+
+    KIND: ClassVar[bytes] = b"group_ack"
+    node_rank: int
+    manager_age_s: float
+
+
 # ----------------------------------------------------------------------------- manager -> agent
 @dataclasses.dataclass(frozen=True)
 class AgentWelcome(Message):
@@ -177,6 +215,16 @@ class ManagerBeat(Message):
 
     KIND: ClassVar[bytes] = b"manager_hb"
     state: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupAt(Message):
+    """manager -> agent: send your heartbeats to your group's leader, the agent of node
+    ``leader``, at ``endpoint``; "" to the manager itself (docs/design.md §1c)."""
+
+    KIND: ClassVar[bytes] = b"group_at"
+    leader: int
+    endpoint: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,10 +570,14 @@ KINDS: dict[bytes, type[Message]] = {
         NodeLeaving,
         RelayUp,
         RelayAcks,
+        GroupOpen,
+        GroupBeats,
+        GroupAck,
         AgentWelcome,
         ManagerBeat,
         SpareAssign,
         BecomeSpare,
+        GroupAt,
         Rejoin,
         KillRanks,
         StartRanks,

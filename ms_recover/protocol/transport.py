@@ -111,6 +111,23 @@ def curve_client(
     sock.curve_publickey, sock.curve_secretkey = public, secret
 
 
+def relay_router(
+    ctx: zmq.Context[zmq.Socket[bytes]], config: JobConfig, host: str
+) -> tuple[zmq.Socket[bytes], str]:
+    """A ROUTER that members of ``config``'s job reach as they reach the manager (the frame
+    cap, CURVE with the manager's keys when the job has a secret), bound to an ephemeral port
+    of ``host``; the socket and its endpoint (an agent's relay, a heartbeat group's leader)."""
+    sock = make_socket(ctx, zmq.ROUTER, config.max_frame_bytes)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    where = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
+    if ":" in host:
+        sock.setsockopt(zmq.IPV6, 1)
+    if config.control_curve:
+        curve_server(sock, control_server_keys(config.secret, config.job_id))
+    port = sock.bind_to_random_port(where)
+    return sock, f"{where}:{port}"
+
+
 def control_server_keys(secret: bytes, job_id: str) -> tuple[bytes, bytes]:
     """The manager's CURVE key pair."""
     return curve_keys(secret, job_id, "control")

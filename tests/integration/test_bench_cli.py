@@ -223,3 +223,25 @@ def test_controlplane_direct_shape_still_runs(tmp_path: Path) -> None:
     assert scale["relay"] is False and scale["failed"] == "" and scale["final_round"]["ok"]
     assert 30 < scale["idle"]["in_per_s"] < 150  # 32 ranks + 4 agents, 2 heartbeats/s each
     assert "32 ranks / 4 agents (direct): formation (connect -> running)" in _measures(report)
+
+
+def test_controlplane_with_heartbeat_groups(tmp_path: Path) -> None:
+    """--group-nodes 4 at 8 nodes: two groups; the leaders (nodes 0 and 4) send the manager
+    their members' beats in batches, so it reads fewer frames than one per node beat, and the
+    job still forms, stops every survivor and recovers."""
+    path = tmp_path / "cp.json"
+    out, _ = _bench(
+        "controlplane",
+        *("--ranks", "64", "--repeats", "1", "--idle", "3", "--group-nodes", "4"),
+        *("--json", str(path)),
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(path.read_text())
+    (scale,) = report["samples"]["scales"]
+    assert scale["group_size"] == 4 and scale["failed"] == "" and scale["final_round"]["ok"]
+    # 8 agents beat every 2/3 s (12/s); 6 of them through a leader, whose batches go out at
+    # most every 1/6 s: about 3 direct beats/s and at most 12 batches/s, never all 12 beats.
+    idle = scale["idle"]
+    assert 0 < idle["in_per_s"] < 12 and idle["state"] == "running"
+    assert 8 < idle["relayed_per_s"] < 60  # the members' ranks' steps still arrive
+    assert "64 ranks / 8 agents: formation (connect -> running)" in _measures(report)

@@ -65,6 +65,16 @@ SAMPLES: dict[bytes, M.Message] = {
             node_rank=1, rank=3, pid=4321, exit_code=-9, signal=9, observed_at=1700000000.25
         ),
         M.RankFrozen(node_rank=1, rank=3, pid=4321, stopped_s=1.05, host="node-1"),
+        M.GroupOpen(node_rank=16, endpoint="tcp://10.0.0.16:40123"),
+        M.GroupBeats(
+            node_rank=16,
+            nodes=[17, 19],
+            idents=[b"a17.901", b"a19.902"],
+            steps=[{136: 40, 137: 40}, {}],
+            health=[{136: [0.01, 0.02, 0.0]}, {}],
+        ),
+        M.GroupAck(node_rank=16, manager_age_s=0.12),
+        M.GroupAt(leader=16, endpoint="tcp://10.0.0.16:40123"),
         M.NodeLeaving(node_rank=1, reason="SIGTERM: pod deletion or node drain", deadline_s=25.0),
         M.AgentWelcome(ok=False, reason="node_rank 9 is outside 0..1"),
         M.SpareHello(pod_ip="10.0.0.9", pid=4400, warm=2),

@@ -1,0 +1,75 @@
+"""Heartbeat groups on a real job (numpy trainer, 2 nodes x 2 ranks, groups of 2 nodes: node 0's
+agent leads, node 1's beats through it; docs/design.md §1c).
+
+Groups are automatic from 256 nodes on; ``group_nodes=2`` forces them here. The job runs to
+the end bit-identical with node 1 heard through node 0; losing the leader's node loses only
+that node (node 1 moves its beats to the manager and is never declared lost); losing the
+member's node is found as without groups.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ms_recover.localrun.faults import Faults
+from ms_recover.localrun.wait import wait_for
+
+from .jobs import results, run_to_end, shared_reference_sha, trainer_job
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="session")  # shared: the scenarios spread over xdist workers
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return shared_reference_sha(tmp_path_factory)
+
+
+def _via(job) -> dict[int, int | None]:
+    return {a["node_rank"]: a["beats_via"] for a in job.status()["agents"]}
+
+
+def test_a_job_runs_with_node_1_heard_through_node_0(tmp_path, reference):
+    out = str(tmp_path)
+    with trainer_job(out, group_nodes=2, extra=("--step-time", "0.1")) as job:
+        wait_for(lambda: _via(job) == {0: None, 1: 0}, 60, "node 1's beats through node 0")
+        run_to_end(job)
+    assert job.exit_code == 0
+    assert not job.find("fault")
+    assert [r["sha256"] for r in results(out)] == [reference] * 4
+
+
+def _faults(job) -> list[tuple[str, int]]:
+    return [(f["kind"], f["node_rank"]) for f in job.find("fault")]
+
+
+def test_the_leaders_node_lost_loses_only_that_node(tmp_path, reference):
+    """The leader's pod comes back after the silence window: node 0 is declared lost, and
+    node 1, whose beats went through it, is not (it beats to the manager in time)."""
+    out = str(tmp_path)
+    faults = Faults().node(rank=0, step=12)
+    with trainer_job(
+        out,
+        faults,
+        strategy="recover,exit",
+        reschedule_delay_s=3.0,
+        group_nodes=2,
+        sched_node_rank=1,  # node 0's pod may move: the scheduler is on node 1
+    ) as job:
+        run_to_end(job)
+    assert job.exit_code == 0, _faults(job)
+    assert _faults(job) == [("node_lost", 0)]
+    (rec,) = job.find("recovery", ok=True)
+    assert rec["replaced"] == [0, 1] and rec["lost_steps"] == 0
+    assert [r["sha256"] for r in results(out)] == [reference] * 4
+
+
+def test_a_members_node_lost_is_found(tmp_path, reference):
+    out = str(tmp_path)
+    faults = Faults().node(rank=2, step=12)
+    with trainer_job(
+        out, faults, strategy="recover,exit", reschedule_delay_s=3.0, group_nodes=2
+    ) as job:
+        run_to_end(job)
+    assert job.exit_code == 0
+    assert _faults(job) == [("node_lost", 1)]
+    assert [r["sha256"] for r in results(out)] == [reference] * 4
