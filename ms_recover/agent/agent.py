@@ -432,6 +432,8 @@ class Agent(ManagerSide, RankEnds, SpareSide):
 
     def _join_group(self, msg: M.GroupAt) -> None:
         """Beat to the heartbeat group's leader at ``msg.endpoint`` ("": to the manager)."""
+        if self.group is not None and self.group.endpoint == msg.endpoint:
+            return  # said again (the leader registered again at the same place)
         if self.group is not None:
             self._poller.unregister(self.group.chan.sock)
             self.group.close()

@@ -18,7 +18,9 @@ between each agent and the manager.
   outside the leader's group, is dropped and logged. The node is noted as heard through its
   leader (``AgentInfo.via``) until it beats directly again.
 * **A leader lost.** Its members notice that their beats go unanswered and beat to the manager
-  directly (:class:`~ms_recover.agent.group.GroupLink`); meanwhile a node heard through a
+  directly (:class:`~ms_recover.agent.group.GroupLink`); once the manager declares the
+  leader lost (or tells it to leave) it also tells them to stop trying it (``GroupAt`` with
+  no endpoint) until a new incarnation opens the group again. Meanwhile a node heard through a
   leader that went quiet is not judged silent until two agent beats after the leader's own last
   frame (:func:`~ms_recover.manager.decide.detect_silence`), so one lost leader never takes its
   whole group with it.
@@ -68,13 +70,7 @@ class GroupSide:
             self.drops.drop(f"node {msg.node_rank} leads no heartbeat group", env.sender)
             return
         self._group_at[msg.node_rank] = msg.endpoint
-        size, m = self.config.group_size, self.model
-        last = min(msg.node_rank + size, self.config.node_nums)
-        members = [
-            self._agent_ids[n]
-            for n in range(msg.node_rank + 1, last)
-            if m.agents[n].alive and n in self._agent_ids
-        ]
+        members = self._members(msg.node_rank)
         if members:
             self.send(members, M.GroupAt(msg.node_rank, msg.endpoint))
 
@@ -86,6 +82,24 @@ class GroupSide:
         at = self._group_at.get(leader)
         if at and self.model.agents[leader].alive:
             self.send([ident], M.GroupAt(leader, at))
+
+    def settle_groups(self) -> None:
+        """A leader declared lost or told to leave: its members beat to the manager from now
+        on (``GroupAt`` with no endpoint), until a new incarnation of it opens again."""
+        for leader in [n for n in self._group_at if not self.model.agents[n].alive]:
+            del self._group_at[leader]
+            members = self._members(leader)
+            if members:
+                self.send(members, M.GroupAt(leader, ""))
+
+    def _members(self, leader: int) -> list[bytes]:
+        """The identities of the live registered agents of ``leader``'s group but itself."""
+        m, last = self.model, min(leader + self.config.group_size, self.config.node_nums)
+        return [
+            self._agent_ids[n]
+            for n in range(leader + 1, last)
+            if m.agents[n].alive and n in self._agent_ids
+        ]
 
     def _on_group_beats(self, ident: bytes, env: Envelope, msg: M.GroupBeats) -> None:
         leader = msg.node_rank

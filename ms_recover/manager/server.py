@@ -237,6 +237,8 @@ class ManagerServer(AgentSide, GroupSide, RoleSide):
             self.executor.execute(decide(self.model, self.clock()))
             if self.slots.claims:
                 self.settle_claims()
+            if self._group_at:
+                self.settle_groups()
             for ident, env in self.slots.take_released():
                 self.workers.on_hello(ident, env, typing.cast(M.WorkerHello, env.msg))
             self._failing_since = None

@@ -99,6 +99,22 @@ def test_a_lost_leader_is_not_announced(grouped: Grouped) -> None:
     assert grouped.group_at() == []
 
 
+def test_a_leader_declared_lost_sends_its_members_to_the_manager(grouped: Grouped) -> None:
+    for node in range(4):
+        grouped.agent(node)
+    grouped.feed(b"a0", M.GroupOpen(0, "tcp://10.0.0.1:4001"))
+    grouped.feed(b"a2", M.GroupOpen(2, "tcp://10.0.0.3:4003"))
+    grouped.server.settle_groups()  # every leader alive: nothing to say
+    assert len(grouped.group_at()) == 2
+    grouped.model.agents[2].alive = False
+    grouped.server.settle_groups()
+    grouped.server.settle_groups()  # once
+    assert grouped.group_at()[2:] == [(b"a3", (2, ""))]
+    grouped.agent(2)  # a new incarnation opens the group again
+    grouped.feed(b"a2", M.GroupOpen(2, "tcp://10.0.0.4:4004"))
+    assert grouped.group_at()[3:] == [(b"a3", (2, "tcp://10.0.0.4:4004"))]
+
+
 def test_a_batch_is_each_members_own_heartbeat(grouped: Grouped) -> None:
     for node in range(4):
         grouped.agent(node)
