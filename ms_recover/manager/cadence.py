@@ -21,6 +21,12 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
   a few frames per wake-up, whose reads find the caches cold (a rank's death report waits at
   most that long; detection stays far inside its 0.2 s target).
 
+The rules that read every rank (its silence, its timing report: adaptive hangs, fail-slow
+ranks) run with a decision only once :data:`JUDGE_SHARE` times the last such decision's
+duration has passed since it began: on every decision of a small job, about once a second at
+65,536 ranks, whose reports take tens of ms to read. Lost nodes, reported faults and phases
+are decided on every tick as before.
+
 :class:`SharedBeat` answers an agent's heartbeat (``JobConfig.agent_heartbeat_s``) once per
 quarter of the agent's manager-silence grace (``lost_manager_grace_s``; 60 s by default, so
 about every 15 s), the first beat due after that: the longest gap an agent sees between two
@@ -71,6 +77,10 @@ GRACE_SHARE = 4
 #: Rest between reads while the job runs steadily and only heartbeats came (see above).
 REST_S = 0.025
 
+#: The rules that read every rank (its timing report, its silence) take at most 1/JUDGE_SHARE
+#: of the thread.
+JUDGE_SHARE = 40
+
 
 class Cadence:
     """When to decide and how long to wait for frames (see the module docstring)."""
@@ -83,6 +93,7 @@ class Cadence:
         self.quiet_s = model.config.heartbeat_s / 4
         self._clock = clock
         self._dirty, self._at, self._cost = True, -1e18, 0.0
+        self._judged_at, self._judge_cost = -1e18, 0.0  # the last decision that judged
         # Answers owed to this epoch's broadcasts (see :meth:`owed`): answer kind -> count.
         self._owed: dict[type[M.Message], int] = {}
         self._owed_epoch = -1
@@ -122,14 +133,20 @@ class Cadence:
         """Whether a decision is due now."""
         return self.answered or self._wait_s(self._clock()) <= 0
 
-    def run(self, decide: Callable[[], None]) -> bool:
-        """Call ``decide`` if a decision is due (timing it); whether it was called."""
+    def run(self, decide: Callable[[bool], None]) -> bool:
+        """Call ``decide`` if a decision is due (timing it); whether it was called. Its
+        argument: whether to judge the ranks' timing reports too, once JUDGE_SHARE times the
+        last such decision's duration has passed since it began (every decision of a small
+        job; at 65,536 ranks, whose reports take tens of ms to read, about every second)."""
         now = self._clock()
         if self._wait_s(now) > 0 and not self.answered:
             return False
         self._dirty, self._at, self.answered = False, now, False
-        decide()
+        judge = now - self._judged_at >= JUDGE_SHARE * self._judge_cost
+        decide(judge)
         self._cost = self._clock() - now
+        if judge:
+            self._judged_at, self._judge_cost = now, self._cost
         return True
 
     def poll_ms(self) -> int:

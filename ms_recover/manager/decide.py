@@ -18,14 +18,20 @@ from ms_recover.manager.rounds import Failure, escalate, on_faults
 from ms_recover.observability.schema import FaultKind, JobState
 
 
-def decide(m: JobModel, now: float) -> list[Action]:
-    """Everything the manager should do now, given the model. Pure."""
+def decide(m: JobModel, now: float, judge: bool = True) -> list[Action]:
+    """Everything the manager should do now, given the model. Pure. ``judge``: also apply the
+    rules that read every rank (silent ranks, adaptive hangs, fail-slow ranks, repeat
+    divergence); the server skips them on some ticks of a large job (``Cadence.run``)."""
     if m.state is JobState.EXITING:
         return []
     if m.state is JobState.FINISHED:  # members that appear late are told it is over
         return after_end(m)
     restoring = m.state is JobState.FORMING and m.restore is not None
-    faults = [] if restoring else [*m.pending, *detect_silence(m, now), *detect_early_exits(m, now)]
+    faults = (
+        []
+        if restoring
+        else [*m.pending, *detect_silence(m, now, judge), *detect_early_exits(m, now)]
+    )
     if (m.leaving and not restoring) or m.stop_asked:  # planned stops (docs/design.md §1d)
         ending = asked_to_stop(m, now)
         if ending is not None:
@@ -42,7 +48,7 @@ def decide(m: JobModel, now: float) -> list[Action]:
         swap = subhealth.switches(m, now)
         if swap:
             return swap
-    if m.state is JobState.RUNNING and m.health_rev != m.judged_rev:
+    if m.state is JobState.RUNNING and m.health_rev != m.judged_rev and judge:
         judged, ends = _judge(m, now)
         return judged if ends else judged + progress
     return progress
@@ -94,8 +100,9 @@ def _leader_went_quiet(m: JobModel, a: AgentInfo, heard: float) -> bool:
     return quiet and leader.last_seen + 2 * beat >= heard - m.config.silence_s
 
 
-def detect_silence(m: JobModel, now: float) -> list[Fault]:
-    """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock.
+def detect_silence(m: JobModel, now: float, judge: bool = True) -> list[Fault]:
+    """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock; silent
+    ranks and hangs by the timing reports only when ``judge`` (see ``decide``).
 
     Silence is judged as of ``m.heard_at`` when that is earlier than ``now``: a member whose
     frames wait unread in the manager's queue is not silent, however long the manager took
@@ -125,7 +132,10 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
         for node in lost
     ]
     rank_limit = heard - max(cfg.rank_silence_s, cfg.silence_s)
-    silent = [i for i in m.ranks.values() if i.last_seen < rank_limit and i.alive]
+    # Ranks are judged over a window of seconds: with the timing reports (``judge``), which a
+    # large job reads about once a second, not on every tick (65,536 ranks: ~4 ms a scan).
+    ranks = m.ranks.values() if judge else ()
+    silent = [i for i in ranks if i.last_seen < rank_limit and i.alive]
     lost_nodes = set(lost)
     for info in sorted(silent, key=lambda i: i.rank):
         if info.done or info.node_rank in lost_nodes:
@@ -142,7 +152,7 @@ def detect_silence(m: JobModel, now: float) -> list[Fault]:
             )
         )
     if m.state is JobState.RUNNING and not faults:
-        hangs = detection.detect_hang(m, now, heard) or _detect_hang(m, now, heard)
+        hangs = (judge and detection.detect_hang(m, now, heard)) or _detect_hang(m, now, heard)
         faults.extend(subhealth.hangs_not_held(m, hangs, now))
     return faults
 

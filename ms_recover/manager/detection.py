@@ -35,6 +35,7 @@ CPUs for CPU-bound work can look slow, and is not told apart (see the tests' not
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from ms_recover.config import JobConfig
 from ms_recover.manager.health import RankHealth
@@ -55,18 +56,17 @@ class HangLimit:
 
 def busy(m: JobModel) -> list[RankInfo]:
     """The live members still training."""
-    return [i for i in m.ranks.values() if i.alive and not i.done and i.rank in m.active]
+    active = m.active
+    return [i for i in m.ranks.values() if i.alive and not i.done and i.rank in active]
 
 
 def reports(m: JobModel, ranks: list[RankInfo]) -> list[tuple[RankInfo, RankHealth]] | None:
     """Each rank with its report of the current epoch, or None if one has none."""
-    out = []
-    for info in ranks:
-        h = m.health.get(info.rank)
-        if h is None or h.epoch != m.epoch:
-            return None
-        out.append((info, h))
-    return out
+    get, epoch = m.health.get, m.epoch
+    found = [(info, get(info.rank)) for info in ranks]
+    if any(h is None or h.epoch != epoch for _, h in found):
+        return None
+    return typing.cast(list[tuple[RankInfo, RankHealth]], found)
 
 
 def hang_limit(cfg: JobConfig, timed: list[RankHealth]) -> HangLimit | None:

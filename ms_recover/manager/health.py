@@ -19,9 +19,10 @@ if typing.TYPE_CHECKING:
 BASELINE_REPORTS = 3  # own-history reports whose median is a rank's baseline (jobs of < 3 ranks)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)  # not frozen: a third of the cost of making one
 class RankHealth:
-    """One rank's last timing report, heard at ``at`` (the manager's clock)."""
+    """One rank's last timing report, heard at ``at`` (the manager's clock). Replaced by the
+    rank's next report, never changed in place (at 65,536 ranks: 26,000 reports a second)."""
 
     at: float
     epoch: int

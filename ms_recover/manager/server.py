@@ -229,12 +229,13 @@ class ManagerServer(AgentSide, GroupSide, RoleSide):
             gc.collect(1)
             gc.freeze()
 
-    def _decide_and_execute(self) -> None:
-        """One decide + execute. An unexpected error is logged (rate limited) and the next tick
-        decides again from the model; only if every tick fails for ``phase_timeout_s`` does the
-        manager stop (its members then stop too), rather than leave the job hanging."""
+    def _decide_and_execute(self, judge: bool = True) -> None:
+        """One decide + execute (``judge``: see :meth:`Cadence.run`). An unexpected error is
+        logged (rate limited) and the next tick decides again from the model; only if every
+        tick fails for ``phase_timeout_s`` does the manager stop (its members then stop too),
+        rather than leave the job hanging."""
         try:
-            self.executor.execute(decide(self.model, self.clock()))
+            self.executor.execute(decide(self.model, self.clock(), judge))
             if self.slots.claims:
                 self.settle_claims()
             if self._group_at:

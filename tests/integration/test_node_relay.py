@@ -493,7 +493,7 @@ def test_the_drain_stops_at_a_stop_alls_last_answer(ctx, server, monkeypatch) ->
     server._drain()
     assert server.model.ranks[1].acked(Ack.STOP, 1) and server.cadence.answered
     assert len(queue) == 1  # the status request waits for the next read
-    assert server.cadence.run(lambda: None) and not server.cadence.answered
+    assert server.cadence.run(lambda judge: None) and not server.cadence.answered
 
 
 def _acks(kind: str, epoch: int, items: list[tuple[bytes, int, int]], **bad: Any) -> M.RelayAcks:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ms_recover.config import JobConfig
-from ms_recover.manager.cadence import REST_S, Cadence, SharedBeat
+from ms_recover.manager.cadence import JUDGE_SHARE, REST_S, Cadence, SharedBeat
 from ms_recover.manager.model import JobModel
 from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
@@ -31,7 +31,7 @@ def running() -> JobModel:
 
 
 def _decides(cadence: Cadence, took: float = 0.0, clock: Clock | None = None) -> bool:
-    def decide() -> None:
+    def decide(judge: bool) -> None:
         if clock is not None:
             clock.t += took
 
@@ -194,3 +194,29 @@ def test_answers_heard_in_one_batch_count_each(running: JobModel) -> None:
     assert _decides(cadence) and not cadence.answered
     cadence.heard(M.Stopped, 3, 2)  # past the count: no new trigger
     assert not cadence.answered
+
+
+def test_judging_every_reports_takes_a_bounded_share(running: JobModel) -> None:
+    """A decision that judges the ranks' timing reports comes again only JUDGE_SHARE times
+    its own duration later: every decision when it is cheap, rarer when it is not."""
+    clock = Clock()
+    cadence = Cadence(running, tick_s=0.02, clock=clock)
+    judged: list[bool] = []
+
+    def decide(judge: bool) -> None:
+        judged.append(judge)
+        clock.t += 0.05 if judge else 0.001  # judging reads 65,536 reports: 50 ms
+
+    for _ in range(40):
+        cadence.run(decide)
+        clock.t += cadence.quiet_s
+    assert judged[0] and judged.count(True) >= 2
+    first, second = [i for i, j in enumerate(judged) if j][:2]
+    # the second judging decision began at least 40 x 50 ms = 2 s after the first one began
+    assert (second - first) * (cadence.quiet_s + 0.001) >= JUDGE_SHARE * 0.05 - cadence.quiet_s
+    cheap = Cadence(running, tick_s=0.02, clock=clock)
+    flags: list[bool] = []
+    for _ in range(5):
+        cheap.run(lambda judge: flags.append(judge))
+        clock.t += cheap.quiet_s
+    assert flags == [True] * 5  # a small job judges on every decision
