@@ -40,7 +40,8 @@ sharing the host); at 131,072 ranks: forms in <= 10 s, stop-all <= 0.5 s. The jo
 set (signed frames, CURVE-encrypted control plane), as in production. A scale that does not
 form within ``--form-timeout`` is a MISS row with that reason, and the bench goes on with the
 next scale; a scale whose sockets exceed this process's open-file limit is MISS rows that say
-so (one manager socket per node agent; a second tier of relays is not built).
+so (one manager socket per node agent: heartbeat groups carry only the beats, every agent
+still holds its own connection).
 """
 
 from __future__ import annotations
@@ -644,8 +645,8 @@ def not_run(
         "relay": not direct,
         "secret": secret,
         "failed": f"not run: {sockets} sockets need {FDS_PER_SOCKET * sockets + FD_SPARE} open "
-        f"files, this process may open {fd_limit} (one manager socket per node agent: a "
-        "second tier of relays would cut that, and is not built)",
+        f"files, this process may open {fd_limit} (one manager socket per node agent: heartbeat "
+        "groups carry only the beats, every agent still holds its own connection)",
         "formation_s": None,
         "idle": None,
         "repeats": [],

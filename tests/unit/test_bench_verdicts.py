@@ -192,7 +192,7 @@ def test_a_scale_beyond_the_open_file_limit_is_a_miss_with_the_reason_not_left_o
         row = rows[f"{label}: {name}"]
         assert row.verdict == "MISS" and row.value is None
         assert "16384 sockets need 33280 open files" in row.failed
-        assert "second tier of relays" in row.failed
+        assert "every agent still holds its own connection" in row.failed
 
 
 def test_a_run_without_the_job_secret_has_its_own_row_names() -> None:
