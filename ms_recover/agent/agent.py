@@ -35,7 +35,9 @@ Guarantees:
   instead of after ``rank_silence_s``;
 * it beats every ``agent_heartbeat_s``, except when it relayed a frame to the manager and heard
   from it within that interval (the relayed frame already says the node is alive); a beat that
-  carries its ranks' steps is always sent;
+  carries its ranks' steps is always sent; in a large job its beats go through its heartbeat
+  group's leader while the leader answers, and the agent of a group's first node leads it
+  (:mod:`ms_recover.agent.group`);
 * it leaves only when the manager says so (``AgentExit``), even once every local rank
   exited 0: only the manager knows whether they finished (``session.finish()``) or left
   early, which is a fault it recovers by restarting them here;
@@ -180,14 +182,8 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             self._poller.register(self.relay.sock, zmq.POLLIN)
         # Heartbeat groups (docs/design.md §1c): this agent leads its group, or beats to the
         # leader the manager names (GroupAt).
-        size = config.group_size
-        leads = not spare and size > 1 and config.node_rank % size == 0
-        self.group_leader = GroupLeader(self._ctx, config) if leads else None
-        if self.group_leader is not None and not self.group_leader.members:
-            self.group_leader.close()  # a group of one node: nobody to lead
-            self.group_leader = None
-        if self.group_leader is not None:
-            self._poller.register(self.group_leader.sock, zmq.POLLIN)
+        self.group_leader: GroupLeader | None = None
+        self._lead()
         self.group: GroupLink | None = None
         self._grouped = False  # the last heartbeat went through the group's leader only
 
@@ -429,6 +425,15 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             log.info("manager asks this agent to exit with %d: %s", msg.code, msg.reason)
             self._report(self.ranks.kill(list(self.ranks.pids())), requested=True)
             self.exit_code = msg.code
+
+    def _lead(self) -> None:
+        """Lead this node's heartbeat group if the node is its first one and the group has
+        others (a spare node, once it took a node's place)."""
+        cfg, size = self.config, self.config.group_size
+        if self.spare or size <= 1 or cfg.node_rank % size or cfg.node_rank + 1 >= cfg.node_nums:
+            return
+        self.group_leader = GroupLeader(self._ctx, cfg)
+        self._poller.register(self.group_leader.sock, zmq.POLLIN)
 
     def _join_group(self, msg: M.GroupAt) -> None:
         """Beat to the heartbeat group's leader at ``msg.endpoint`` ("": to the manager)."""

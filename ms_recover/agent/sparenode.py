@@ -123,6 +123,7 @@ class SpareSide:
     _stop: threading.Event
     _exits: dict[int, tuple[Exited, bool]]
     _fail_over: Callable[[], None]
+    _lead: Callable[[], None]
     hello: Callable[[], None]
     _leaving: PlannedStop | None  # a SIGTERM (Agent.leave)
 
@@ -154,6 +155,7 @@ class SpareSide:
             self.relay.adopt(self.config)
         self.chan.sender = f"agent:{node}"
         self.spare = False
+        self._lead()  # a lost leader's place: this agent leads its group now
         self._welcomed = False
         self.hello()
         return True

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     scales, skipped = [], []
     for n in sorted(set(args.ranks)):
         sockets = n // args.ranks_per_agent + (n if args.direct else 0)
-        if FDS_PER_SOCKET * sockets + FD_SPARE > limit:
+        if sockets + FD_SPARE > limit:  # the manager's: one file per connection (fakes: per_fake)
             skipped.append(n)
             scales.append(not_run(n, args.ranks_per_agent, args.direct, limit, not args.no_secret))
         else:
@@ -644,9 +644,9 @@ def not_run(
         "agents": agents,
         "relay": not direct,
         "secret": secret,
-        "failed": f"not run: {sockets} sockets need {FDS_PER_SOCKET * sockets + FD_SPARE} open "
-        f"files, this process may open {fd_limit} (one manager socket per node agent: heartbeat "
-        "groups carry only the beats, every agent still holds its own connection)",
+        "failed": f"not run: {sockets} connections need {sockets + FD_SPARE} open files in the "
+        f"manager's process, which may open {fd_limit} (one connection per node agent: "
+        "heartbeat groups carry only the beats, every agent still holds its own connection)",
         "formation_s": None,
         "idle": None,
         "repeats": [],

@@ -73,3 +73,25 @@ def test_a_members_node_lost_is_found(tmp_path, reference):
     assert job.exit_code == 0
     assert _faults(job) == [("node_lost", 1)]
     assert [r["sha256"] for r in results(out)] == [reference] * 4
+
+
+def test_a_spare_node_in_the_leaders_place_leads_the_group(tmp_path, reference):
+    """Node 0's pod lost with a spare pod waiting: the spare takes node 0's place and leads
+    its group, and node 1 beats through it again."""
+    out = str(tmp_path)
+    with trainer_job(
+        out,
+        Faults().node(rank=0, step=6),
+        strategy="recover",
+        extra=("--step-time", "0.3"),
+        reschedule_delay_s=4.0,  # the spare takes the place first; the pod is the next spare
+        spare_pods=1,
+        group_nodes=2,
+        sched_node_rank=1,
+    ) as job:
+        wait_for(lambda: job.find("spare_promoted"), 60, "the spare taking node 0's place")
+        wait_for(lambda: _via(job) == {0: None, 1: 0}, 30, "node 1's beats through the spare")
+        run_to_end(job)
+    assert job.exit_code == 0, _faults(job)
+    assert _faults(job) == [("node_lost", 0)]
+    assert [r["sha256"] for r in results(out)] == [reference] * 4

@@ -184,14 +184,14 @@ def test_targets_hold_up_to_16384_ranks_and_at_65536_and_131072() -> None:
 
 
 def test_a_scale_beyond_the_open_file_limit_is_a_miss_with_the_reason_not_left_out() -> None:
-    """131,072 ranks on 16,384 node agents need more sockets than this host's 20,000 open
-    files: the rows with targets are there, MISS, and say why."""
-    rows = _by_name(controlplane.scale_rows(controlplane.not_run(131072, 8, False, 20000)))
+    """131,072 ranks on 16,384 node agents need more connections than a host with 16,000
+    open files allows the manager: the rows with targets are there, MISS, and say why."""
+    rows = _by_name(controlplane.scale_rows(controlplane.not_run(131072, 8, False, 16000)))
     label = "131072 ranks / 16384 agents"
     for name in ("formation (connect -> running)", "stop-all (median)"):
         row = rows[f"{label}: {name}"]
         assert row.verdict == "MISS" and row.value is None
-        assert "16384 sockets need 33280 open files" in row.failed
+        assert "16384 connections need 16896 open files" in row.failed
         assert "every agent still holds its own connection" in row.failed
 
 
