@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
     session.run(step_fn, args.steps)
     os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **model.arrays)
+    arrays: dict[str, Any] = model.arrays  # numpy 2's stubs type savez's keywords narrowly
+    np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **arrays)
     write_rank_record(args.out, session, model.arrays, losses, steps=args.steps)
     if args.after_finish:
         atexit.register(_touch, os.path.join(args.out, f"rank_{rank}.atexit"))

@@ -72,7 +72,8 @@ def device_sync(device_target: str = "") -> None:
 
 
 def _np_dtype(param: Parameter) -> np.dtype[Any]:
-    return np.dtype(_dtype_to_nptype(param.dtype))
+    dtype: np.dtype[Any] = np.dtype(_dtype_to_nptype(param.dtype))
+    return dtype
 
 
 def _describe(shape: tuple[int, ...], dtype: np.dtype[Any]) -> str:

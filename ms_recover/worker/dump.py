@@ -81,7 +81,7 @@ def _write_npz(fh: BinaryIO, arrays: dict[str, NDArray[Any]]) -> None:
         for name, array in arrays.items():
             with zf.open(name + ".npy", mode="w", force_zip64=True) as member:
                 # numpy 1.26 ships no annotations for np.lib.format.
-                np.lib.format.write_array(  # type: ignore[no-untyped-call]
+                np.lib.format.write_array(  # type: ignore[no-untyped-call, unused-ignore]
                     member, np.asarray(array), allow_pickle=False
                 )
 
@@ -130,7 +130,7 @@ def _check_npz(fh: BinaryIO, size: int) -> None:
             raise RepairError(f"its members claim more bytes than {_MAX_RATIO}x its {size}")
         for member in members:
             with zf.open(member) as npy:
-                version = np.lib.format.read_magic(npy)  # type: ignore[no-untyped-call]
+                version = np.lib.format.read_magic(npy)  # type: ignore[no-untyped-call, unused-ignore]
                 read = _NPY_HEADERS.get(version)
                 if read is None:
                     raise RepairError(f"{member.filename!r} is .npy version {version}")

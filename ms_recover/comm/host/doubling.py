@@ -143,4 +143,8 @@ def _receive(
     if mine_first is None:
         return theirs
     out = np.empty_like(mine)
-    return np.add(mine, theirs, out=out) if mine_first else np.add(theirs, mine, out=out)
+    if mine_first:
+        np.add(mine, theirs, out=out)
+    else:
+        np.add(theirs, mine, out=out)
+    return out
