@@ -173,17 +173,25 @@ def _detect_hang(m: JobModel, now: float, heard: float) -> list[Fault]:
     if not active:
         return []
     stalled = now - max(i.last_progress for i in active)
-    # A stopped process (SIGSTOP) is also silent; the others wait in a collective for it.
-    culprit = min(active, key=lambda i: (i.last_seen, i.committed_step, i.rank))
+    # The ranks' reports of this epoch, where every one has sent one, say who is not waiting
+    # in a collective while the others are (a rank stuck in its own compute, before its step
+    # times are known for the adaptive rule); else the least recently heard: a stopped process
+    # (SIGSTOP) is also silent, and the others wait in a collective for it.
+    pairs = detection.reports(m, active)
+    named = detection.culprits(pairs) if pairs else []
+    why = "not waiting in a collective while the others are" if named else ""
+    culprits = named or [min(active, key=lambda i: (i.last_seen, i.committed_step, i.rank))]
     return [
         Fault(
             FaultKind.HANG,
-            culprit.node_rank,
-            culprit.rank,
-            f"no step progress for {stalled:.1f}s (stuck at step {culprit.committed_step})",
+            c.node_rank,
+            c.rank,
+            f"no step progress for {stalled:.1f}s (stuck at step {c.committed_step})"
+            + (f"; rank {c.rank}: {why}" if why else ""),
             now,
             stalled,
         )
+        for c in culprits
     ]
 
 

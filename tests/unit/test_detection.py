@@ -196,6 +196,14 @@ def test_hang_timeout_from_the_environment_replaces_the_adaptive_rule() -> None:
     j.advance(10.0)
     stuck_in_compute(j, 2, 10.0)
     assert calm(j)
+    # ... and at the fixed bound the reports name the rank stuck in its own compute
+    j.advance(20.5)
+    stuck_in_compute(j, 2, 30.5)
+    j.tick()
+    (fault,) = j.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("hang", 2), fault
+    assert "rank 2: not waiting in a collective while the others are" in fault["detail"]
+    assert j.model.round is not None and j.model.round.replace_ranks == {2}
 
 
 # ----------------------------------------------------------------------------- fail-slow
@@ -332,3 +340,30 @@ def test_step_clock_times_nothing_inside_a_long_stretch_or_a_pause() -> None:
 def test_bad_detection_settings_are_named(field: str, value: float, said: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(said)):
         JobConfig(**{field: value})
+
+
+def test_at_the_fixed_bound_before_step_times_are_known_the_reports_name_the_culprit(
+    job: Job,
+) -> None:
+    """A rank stuck in its own compute before the adaptive rule has step times (p99 -1: the
+    first steps after the start or a recovery): the fixed ``hang_timeout_s`` finds the hang,
+    and the others' reports (waiting in a collective) name it, not the least recently heard
+    rank (the demo's compute hang at step 8 replaced rank 0, then waited 60 s for rank 1 to
+    stop)."""
+    job.commit(100, ranks=[0])  # the least recently heard would be rank 1..3, not 2 alone
+    job.advance(31.0)
+    stuck_in_compute(job, 2, 31.0, p99=-1.0)
+    job.tick()
+    (fault,) = job.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("hang", 2), fault
+    assert "no step progress for" in fault["detail"] and "rank 2: not waiting" in fault["detail"]
+    assert job.model.round is not None and job.model.round.replace_ranks == {2}
+
+
+def test_at_the_fixed_bound_without_reports_the_least_recently_heard_is_named(job: Job) -> None:
+    job.advance(31.0)
+    job.model.ranks[3].last_seen -= 1.0  # a stopped process: silent, the others wait for it
+    job.tick()
+    (fault,) = job.events("fault")
+    assert (fault["kind"], fault["rank"]) == ("hang", 3), fault
+    assert "not waiting" not in fault["detail"]
