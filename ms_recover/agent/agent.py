@@ -322,9 +322,17 @@ class Agent(ManagerSide, RankEnds, SpareSide):
     def _beat(self, beat: M.AgentHeartbeat, now: float) -> None:
         """Send a heartbeat: through the heartbeat group's leader while it answers, else (and
         while it does not) to the manager."""
+        was = self._grouped
         self._grouped = self.group is not None and not self.group.send(beat, self._epoch, now)
         if not self._grouped:
             self.chan.send(beat, self._epoch)
+        if self.group is not None and was != self._grouped:  # a leader silent, or back
+            node, leader = self.config.node_rank, self.group.leader
+            if self._grouped:
+                log.info("node %d beats through node %d's agent", node, leader)
+            else:
+                why = "does not answer or lost the manager"
+                log.warning("node %d beats to the manager: node %d's agent %s", node, leader, why)
 
     def _exchanging(self, now: float) -> bool:
         """Whether a beat would tell the manager nothing new: this agent is registered, sent
@@ -446,7 +454,6 @@ class Agent(ManagerSide, RankEnds, SpareSide):
         if msg.endpoint:
             self.group = GroupLink(self._ctx, self.config, self._ident, msg.leader, msg.endpoint)
             self._poller.register(self.group.chan.sock, zmq.POLLIN)
-            log.info("node %d beats through node %d's agent", self.config.node_rank, msg.leader)
 
     def _group_answers(self) -> None:
         """The leader's answers: the leader, and through it the manager, heard this agent."""
