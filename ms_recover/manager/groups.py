@@ -28,7 +28,6 @@ between each agent and the manager.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 
 import zmq
@@ -38,8 +37,6 @@ from ms_recover.manager.cadence import SharedBeat
 from ms_recover.manager.model import JobModel
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import DropLog, Envelope
-
-log = logging.getLogger("ms_recover.manager")
 
 
 class GroupSide:
