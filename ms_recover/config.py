@@ -173,6 +173,14 @@ class JobConfig:
         """The node whose agent leads ``node_rank``'s heartbeat group (the group's first)."""
         return node_rank - node_rank % self.group_size
 
+    def group_members(self, node_rank: int) -> range:
+        """The nodes that beat through ``node_rank``'s agent: empty unless it leads a group
+        of more than one node."""
+        size = self.group_size
+        if size <= 1 or node_rank % size:
+            return range(0)
+        return range(node_rank + 1, min(node_rank + size, self.node_nums))
+
     def node_of(self, rank: int) -> int:
         return rank // self.proc_per_node
 

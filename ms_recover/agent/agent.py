@@ -437,10 +437,9 @@ class Agent(ManagerSide, RankEnds, SpareSide):
     def _lead(self) -> None:
         """Lead this node's heartbeat group if the node is its first one and the group has
         others (a spare node, once it took a node's place)."""
-        cfg, size = self.config, self.config.group_size
-        if self.spare or size <= 1 or cfg.node_rank % size or cfg.node_rank + 1 >= cfg.node_nums:
+        if self.spare or not self.config.group_members(self.config.node_rank):
             return
-        self.group_leader = GroupLeader(self._ctx, cfg)
+        self.group_leader = GroupLeader(self._ctx, self.config)
         self._poller.register(self.group_leader.sock, zmq.POLLIN)
 
     def _join_group(self, msg: M.GroupAt) -> None:

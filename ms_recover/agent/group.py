@@ -56,11 +56,10 @@ class GroupLeader:
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: JobConfig) -> None:
         self.config = config
         self.node_rank = config.node_rank
-        size = config.group_size
-        self.members = range(self.node_rank + 1, min(self.node_rank + size, config.node_nums))
+        self.members = config.group_members(self.node_rank)
         self.sock, self.endpoint = relay_router(ctx, config, config.pod_ip)
         self.codec = Codec(config.job_id, config.effective_secret(), config.max_frame_bytes)
-        self.replay = ReplayGuard(max_senders=4 * size + 64)
+        self.replay = ReplayGuard(max_senders=4 * config.group_size + 64)
         self.drops = DropLog(log)
         self.flush_s = config.agent_heartbeat_s / 4
         self._sender = f"agent:{self.node_rank}"

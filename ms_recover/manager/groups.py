@@ -56,14 +56,10 @@ class GroupSide:
     _agent_beat: Callable[..., None]
     send: Callable[[Sequence[bytes], M.Message], None]
 
-    def _leads(self, node: int) -> bool:
-        size = self.config.group_size
-        return size > 1 and node % size == 0 and node < self.config.node_nums
-
     def _on_group_open(self, ident: bytes, env: Envelope, msg: M.GroupOpen) -> None:
         if not self._agent_ok(ident, msg.node_rank):
             return
-        if not self._leads(msg.node_rank):
+        if not self.config.group_members(msg.node_rank):
             self.drops.drop(f"node {msg.node_rank} leads no heartbeat group", env.sender)
             return
         self._group_at[msg.node_rank] = msg.endpoint
@@ -73,9 +69,9 @@ class GroupSide:
 
     def _group_welcome(self, ident: bytes, node: int) -> None:
         """A member agent was just welcomed: where its group's leader listens, if it is alive."""
-        if self.config.group_size <= 1 or self._leads(node):
-            return
         leader = self.config.group_leader(node)
+        if node not in self.config.group_members(leader):
+            return
         at = self._group_at.get(leader)
         if at and self.model.agents[leader].alive:
             self.send([ident], M.GroupAt(leader, at))
@@ -91,18 +87,19 @@ class GroupSide:
 
     def _members(self, leader: int) -> list[bytes]:
         """The identities of the live registered agents of ``leader``'s group but itself."""
-        m, last = self.model, min(leader + self.config.group_size, self.config.node_nums)
+        agents = self.model.agents
         return [
             self._agent_ids[n]
-            for n in range(leader + 1, last)
-            if m.agents[n].alive and n in self._agent_ids
+            for n in self.config.group_members(leader)
+            if agents[n].alive and n in self._agent_ids
         ]
 
     def _on_group_beats(self, ident: bytes, env: Envelope, msg: M.GroupBeats) -> None:
         leader = msg.node_rank
         if not self._agent_ok(ident, leader):
             return
-        if not self._leads(leader):
+        members = self.config.group_members(leader)
+        if not members:
             self.drops.drop(f"node {leader} leads no heartbeat group", env.sender)
             return
         n = len(msg.nodes)
@@ -111,11 +108,10 @@ class GroupSide:
             return
         agents, now = self.model.agents, self.clock()
         agents[leader].last_seen = now  # the batch says the leader is alive too
-        last = min(leader + self.config.group_size, self.config.node_nums)
         for node, member, steps, health in zip(
             msg.nodes, msg.idents, msg.steps, msg.health, strict=True
         ):
-            if not leader < node < last:
+            if node not in members:
                 self.drops.drop(f"node {node} is not in node {leader}'s group", env.sender)
                 continue
             self._agent_beat(member, node, steps, health, leader)

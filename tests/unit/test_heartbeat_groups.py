@@ -42,6 +42,12 @@ def test_group_size(nodes: int, group_nodes: int, size: int) -> None:
     assert cfg.group_leader(nodes - 1) == (nodes - 1) - (nodes - 1) % size
 
 
+def test_group_members() -> None:
+    cfg = JobConfig(node_nums=5, group_nodes=2)
+    assert [list(cfg.group_members(n)) for n in range(5)] == [[1], [], [3], [], []]
+    assert not JobConfig(node_nums=4, group_nodes=1).group_members(0)
+
+
 def test_group_nodes_from_the_environment_and_its_errors() -> None:
     cfg = JobConfig.from_env({"MS_RECOVER_NODE_NUMS": "4", "MS_RECOVER_GROUP_NODES": "2"})
     assert cfg.group_size == 2 and cfg.member_env()["MS_RECOVER_GROUP_NODES"] == "2"
