@@ -31,9 +31,8 @@ import math
 
 import zmq
 
-from ms_recover.agent.relay import DRAIN_BUDGET
+from ms_recover.agent.relay import opened, ready_frames
 from ms_recover.config import JobConfig
-from ms_recover.errors import ProtocolError
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog
 from ms_recover.protocol.replay import ReplayGuard
@@ -71,19 +70,13 @@ class GroupLeader:
 
     def drain(self, epoch: int, manager_age_s: float) -> None:
         """Take every heartbeat that is ready, answering each."""
-        for _ in range(DRAIN_BUDGET):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in ready_frames(self.sock):
             self._take(frames, epoch, manager_age_s)
 
     def _take(self, frames: list[bytes], epoch: int, manager_age_s: float) -> None:
         ident = frames[0]
-        try:
-            env = self.codec.decode(frames[1:])
-        except ProtocolError as exc:
-            self.drops.drop(str(exc), f"group {ident[:16]!r}")
+        env = opened(frames, self.codec, self.drops, "group")
+        if env is None:
             return
         msg = env.msg
         if not isinstance(msg, M.AgentHeartbeat):

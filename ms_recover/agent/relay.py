@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Iterator
 
 import zmq
 
@@ -45,6 +46,25 @@ from ms_recover.protocol.transport import SLACK, relay_router, send_frames
 log = logging.getLogger("ms_recover.agent")
 
 DRAIN_BUDGET = 4096  # frames read per drain: a bound, not a limit that real traffic reaches
+
+
+def ready_frames(sock: zmq.Socket[bytes]) -> Iterator[list[bytes]]:
+    """Each message waiting on a member-facing ROUTER now (at most DRAIN_BUDGET)."""
+    for _ in range(DRAIN_BUDGET):
+        try:
+            yield sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+
+
+def opened(frames: list[bytes], codec: Codec, drops: DropLog, where: str) -> Envelope | None:
+    """The envelope of a ROUTER message (identity, frame), or None: a bad frame is dropped
+    and logged with its reason and the sender's identity."""
+    try:
+        return codec.decode(frames[1:])
+    except ProtocolError as exc:
+        drops.drop(str(exc), f"{where} {frames[0][:16]!r}")
+        return None
 
 
 def _run(env: Envelope) -> tuple[str, int] | None:
@@ -86,20 +106,14 @@ class LocalRelay:
     # ------------------------------------------------------------------ ranks -> manager
     def drain(self) -> bool:
         """Read every frame that is ready; True if anything is now waiting to be relayed."""
-        for _ in range(DRAIN_BUDGET):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for frames in ready_frames(self.sock):
             self._accept(frames)
         return bool(self._items)
 
     def _accept(self, frames: list[bytes]) -> None:
         ident = frames[0]
-        try:
-            env = self.codec.decode(frames[1:])
-        except ProtocolError as exc:
-            self.drops.drop(str(exc), f"local {ident[:16]!r}")
+        env = opened(frames, self.codec, self.drops, "local")
+        if env is None:
             return
         if env.msg.KIND not in UP_KINDS:
             self.drops.drop(f"{env.msg.KIND.decode()} is not relayed to the manager", env.sender)
