@@ -16,10 +16,10 @@ from ms_recover.config import GROUP_FROM_NODES, JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.decide import detect_silence
-from ms_recover.manager.server import ManagerServer
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
 from ms_recover.protocol.transport import manager_channel
+from tests.unit.test_manager_restore import Restarted
 
 
 # ----------------------------------------------------------------------------- the config
@@ -56,22 +56,20 @@ def test_group_nodes_from_the_environment_and_its_errors() -> None:
 
 
 # ----------------------------------------------------------------------------- the manager
-class Grouped:
-    """A manager of 4 nodes x 2 ranks in groups of 2 (nodes 0-1, 2-3), fed decoded frames."""
+class Grouped(Restarted):
+    """A fresh manager of 4 nodes x 2 ranks in groups of 2 (nodes 0-1, 2-3), fed frames of
+    epoch 0."""
 
     def __init__(self) -> None:
-        self.t = 1000.0
-        cfg = JobConfig(job_id="unit", node_nums=4, proc_per_node=2, manager_port=0, group_nodes=2)
-        self.server = ManagerServer(cfg, clock=lambda: self.t)
-        self.model = self.server.model
-        self.sent: list[tuple[bytes, M.Message]] = []
-        self.server.send = lambda ids, msg: self.sent.extend((i, msg) for i in ids)  # type: ignore[method-assign]
+        super().__init__(
+            JobConfig(job_id="unit", node_nums=4, proc_per_node=2, manager_port=0, group_nodes=2)
+        )
 
-    def feed(self, ident: bytes, msg: M.Message) -> None:
-        self.server._handlers[type(msg)](ident, Envelope("unit", 0, ident.decode(), 0, msg), msg)
+    def feed(self, ident: bytes, msg: M.Message, epoch: int = 0) -> None:
+        super().feed(ident, msg, epoch)
 
-    def agent(self, node: int) -> None:
-        self.feed(f"a{node}".encode(), M.AgentHello(node, "10.0.0.1", [], 500 + node, node == 0))
+    def agent(self, node: int, epoch: int = 0) -> None:
+        super().agent(node, epoch)
 
     def group_at(self) -> list[tuple[bytes, Any]]:
         return [(i, (m.leader, m.endpoint)) for i, m in self.sent if isinstance(m, M.GroupAt)]

@@ -26,9 +26,9 @@ EPOCH = 3  # the job's epoch under the previous manager (after two recoveries)
 class Restarted:
     """A fresh manager (2 nodes x 2 ranks) that members of a running job talk to."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: JobConfig | None = None) -> None:
         self.t = 1000.0
-        cfg = JobConfig(
+        cfg = cfg or JobConfig(
             job_id="unit",
             node_nums=2,
             proc_per_node=2,
