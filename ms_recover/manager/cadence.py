@@ -23,8 +23,8 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
 
 The rules that read every rank (its silence, its timing report: adaptive hangs, fail-slow
 ranks) run with a decision only once :data:`JUDGE_SHARE` times the last such decision's
-duration has passed since it began: on every decision of a small job, about once a second at
-65,536 ranks, whose reports take tens of ms to read. Lost nodes, reported faults and phases
+duration has passed since it began: on every decision of a small job, every one to three
+seconds at 65,536 ranks, whose reports take 40-80 ms to read. Lost nodes, reported faults and phases
 are decided on every tick as before.
 
 :class:`SharedBeat` answers an agent's heartbeat (``JobConfig.agent_heartbeat_s``) once per
@@ -136,8 +136,7 @@ class Cadence:
     def run(self, decide: Callable[[bool], None]) -> bool:
         """Call ``decide`` if a decision is due (timing it); whether it was called. Its
         argument: whether to judge the ranks' timing reports too, once JUDGE_SHARE times the
-        last such decision's duration has passed since it began (every decision of a small
-        job; at 65,536 ranks, whose reports take tens of ms to read, about every second)."""
+        last such decision's duration has passed since it began (see the module docstring)."""
         now = self._clock()
         if self._wait_s(now) > 0 and not self.answered:
             return False

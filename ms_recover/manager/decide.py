@@ -133,7 +133,7 @@ def detect_silence(m: JobModel, now: float, judge: bool = True) -> list[Fault]:
     ]
     rank_limit = heard - max(cfg.rank_silence_s, cfg.silence_s)
     # Ranks are judged over a window of seconds: with the timing reports (``judge``), which a
-    # large job reads about once a second, not on every tick (65,536 ranks: ~4 ms a scan).
+    # large job reads every few seconds, not on every tick (65,536 ranks: ~4 ms a scan).
     ranks = m.ranks.values() if judge else ()
     silent = [i for i in ranks if i.last_seen < rank_limit and i.alive]
     lost_nodes = set(lost)
