@@ -186,6 +186,7 @@ class Agent(ManagerSide, RankEnds, SpareSide):
         self._lead()
         self.group: GroupLink | None = None
         self._grouped = False  # the last heartbeat went through the group's leader only
+        self._led_stop = -1  # the epoch of the last STOP that came through the group's leader
 
     def stop(self) -> None:
         """Ask run() to terminate the children and return (safe from a signal handler)."""
@@ -334,6 +335,21 @@ class Agent(ManagerSide, RankEnds, SpareSide):
                 why = "does not answer or lost the manager"
                 log.warning("node %d beats to the manager: node %d's agent %s", node, leader, why)
 
+    def _up(self, batch: M.RelayUp | M.RelayAcks) -> None:
+        """Send a relayed batch to the manager: the STOPPED answering a STOP that came
+        through the heartbeat group's leader go back through it while it answers."""
+        group = self.group
+        if (
+            isinstance(batch, M.RelayAcks)
+            and batch.kind == "stopped"
+            and batch.epoch == self._led_stop
+            and group is not None
+            and group.usable(time.monotonic())
+        ):
+            group.chan.send(batch, self._epoch)
+        else:
+            self.chan.send(batch, self._epoch)
+
     def _exchanging(self, now: float) -> bool:
         """Whether a beat would tell the manager nothing new: this agent is registered, sent
         it another frame (which the manager counts as the node heard) and heard from it within
@@ -374,7 +390,7 @@ class Agent(ManagerSide, RankEnds, SpareSide):
         ready = dict(self._poller.poll(int(timeout_s * 1000)))
         if self.relay is not None and self.relay.sock in ready and self.relay.drain():
             for batch in self.relay.batches():
-                self.chan.send(batch, self._epoch)
+                self._up(batch)
             self._sent_at = time.monotonic()
         if ready and self.group is not None and self.group.chan.sock in ready:
             self._group_answers()
@@ -383,6 +399,8 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             now = time.monotonic()
             if leader.sock in ready:
                 leader.drain(self._epoch, now - self._last_heard)
+                for stopped in leader.stopped():
+                    self.chan.send(stopped, self._epoch)
             if leader.due(now):
                 self.chan.send(leader.batch(now), self._epoch)
                 self._sent_at = now
@@ -419,6 +437,8 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             self._deliver(msg)
         elif isinstance(msg, M.GroupAt):
             self._join_group(msg)
+        elif isinstance(msg, M.GroupStop) and self.group_leader is not None:
+            self.group_leader.pass_stop(msg, self._epoch)
         elif isinstance(msg, M.BecomeSpare) and self._own is not None and not self.spare:
             log.warning("node %d: %s", self.config.node_rank, msg.reason)
             self._demoted = True
@@ -462,14 +482,31 @@ class Agent(ManagerSide, RankEnds, SpareSide):
             if isinstance(env.msg, M.GroupAck) and env.msg.node_rank == self.group.leader:
                 heard = self.group.answered(env.msg, time.monotonic())
                 self._last_heard = max(self._last_heard, heard)
+            elif (
+                isinstance(env.msg, M.RelayDown)
+                and env.sender == f"agent:{self.group.leader}"
+                and set(env.msg.kinds) == {"stop"}
+            ):
+                self._led(env.epoch, env.msg)
             else:
                 self.group.chan.drops.drop(f"{env.msg.KIND.decode()} from a group leader", "")
             env = self.group.chan.recv_ready()
+
+    def _led(self, epoch: int, msg: M.RelayDown) -> None:
+        """A STOP from the manager through the heartbeat group's leader (never one of an
+        epoch older than this agent knows): to the ranks that had none of its epoch yet."""
+        if epoch < self._epoch:
+            self.chan.drops.drop(f"stale stop of epoch {epoch} from the group leader", "")
+        elif self.relay is not None:
+            self._epoch, self._led_stop = epoch, epoch
+            self.relay.deliver(msg, led=True)
 
     def _deliver(self, msg: M.RelayDown) -> None:
         if self.relay is None:  # msrun's ranks do not talk to this agent
             self.chan.drops.drop("relay batch for an agent without a relay", "manager")
         else:
+            if "stop" in msg.kinds:  # a STOP sent directly: its STOPPED go directly too
+                self._led_stop = -1
             self.relay.deliver(msg)
 
     def _local(self, ranks: list[int]) -> list[int]:

@@ -15,6 +15,11 @@ Guarantees:
   heard the manager) and sent on within a quarter of an agent beat, as one
   ``GroupBeats`` batch of every node heard meanwhile (a node heard twice: its latest identity,
   the steps and health of both beats merged);
+* a stop-all's STOP for the group's nodes may come to the leader as one ``GroupStop``; it
+  passes it on at once to each member named, as one RelayDown signed by itself, and the
+  members send their ranks' STOPPED back to it (``RelayAcks``, which it checks as a
+  heartbeat: a member's own, of its own node), which it sends the manager at once, as one
+  ``GroupStopped`` per epoch of what it read in one wake-up;
 * a member beats to the manager directly while its last beat through the leader has gone
   unanswered for half an agent beat, or the leader's last answer said it had not heard the
   manager for two agent beats (a leader cut off from the manager, or one the manager let go);
@@ -66,6 +71,7 @@ class GroupLeader:
         # node -> (its identity at the manager, steps, health) heard since the last batch
         self._items: dict[int, tuple[bytes, dict[int, int], dict[int, list[float]]]] = {}
         self._flushed = -math.inf
+        self._stopped: list[tuple[int, bytes, M.RelayAcks]] = []  # (node, identity, answers)
         self.taken = 0  # heartbeats taken (for tests and the bench)
 
     def drain(self, epoch: int, manager_age_s: float) -> None:
@@ -79,15 +85,22 @@ class GroupLeader:
         if env is None:
             return
         msg = env.msg
-        if not isinstance(msg, M.AgentHeartbeat):
-            self.drops.drop(f"{msg.KIND.decode()} is not a heartbeat", env.sender)
+        if not (
+            isinstance(msg, M.AgentHeartbeat)
+            or (isinstance(msg, M.RelayAcks) and msg.kind == "stopped")
+        ):
+            self.drops.drop(f"{msg.KIND.decode()} is not a heartbeat or STOPPED", env.sender)
             return
-        if msg.node_rank not in self.members or env.sender != f"agent:{msg.node_rank}":
-            self.drops.drop(f"node {msg.node_rank} is not in this heartbeat group", env.sender)
+        node = msg.node_rank
+        if node not in self.members or env.sender != f"agent:{node}":
+            self.drops.drop(f"node {node} is not in this heartbeat group", env.sender)
             return
         replayed = self.replay.check(env.sender, env.nonce, env.seq)
         if replayed:
             self.drops.drop(replayed, env.sender)
+            return
+        if isinstance(msg, M.RelayAcks):
+            self._stopped.append((node, ident, msg))
             return
         self.taken += 1
         held = self._items.get(msg.node_rank)
@@ -100,6 +113,46 @@ class GroupLeader:
         send_frames(
             self.sock, [ident, *self.codec.encode(ack, epoch, self._sender, next(self._seq))]
         )
+
+    def stopped(self) -> list[M.GroupStopped]:
+        """The members' STOPPED taken since the last call, one batch per epoch."""
+        out: dict[int, M.GroupStopped] = {}
+        taken, self._stopped = self._stopped, []
+        for node, ident, acks in taken:
+            batch = out.get(acks.epoch)
+            if batch is None:
+                batch = out[acks.epoch] = M.GroupStopped(
+                    self.node_rank, acks.epoch, [], [], [], [], [], [], []
+                )
+            n = len(acks.ranks)
+            if not len(acks.idents) == len(acks.steps) == len(acks.digests) == n:
+                self.drops.drop("stopped columns of different lengths", f"agent:{node}")
+                continue
+            batch.nodes.append(node)
+            batch.idents.append(ident)
+            batch.counts.append(n)
+            batch.locals.extend(acks.idents)
+            batch.ranks.extend(acks.ranks)
+            batch.steps.extend(acks.steps)
+            batch.digests.extend(acks.digests)
+        return list(out.values())
+
+    def pass_stop(self, msg: M.GroupStop, epoch: int) -> int:
+        """Pass a STOP from the manager on to the members it names, one RelayDown each,
+        signed by this agent; how many members it went to."""
+        n = len(msg.nodes)
+        if not len(msg.idents) == len(msg.targets) == n or not set(msg.nodes) <= set(self.members):
+            self.drops.drop("a group stop for nodes outside this group", "manager")
+            return 0
+        body = M.Stop(msg.reason).to_wire()
+        for node, ident, targets in zip(msg.nodes, msg.idents, msg.targets, strict=True):
+            down = M.RelayDown(["stop"], [epoch], [targets], [body])
+            frames = self.codec.encode(down, epoch, self._sender, next(self._seq))
+            try:
+                send_frames(self.sock, [ident, *frames])
+            except zmq.ZMQError as exc:  # the manager sends the STOP again, directly
+                log.warning("stop to the agent of node %d failed: %s", node, exc)
+        return n
 
     def due(self, now: float) -> bool:
         """Whether a batch should go to the manager now."""

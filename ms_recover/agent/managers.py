@@ -26,7 +26,7 @@ from ms_recover.protocol.transport import DealerChannel, monitor_event
 log = logging.getLogger("ms_recover.agent")
 
 #: What a manager tells an agent to do: never carried out from an older epoch (``_stale``).
-_COMMANDS = (M.KillRanks, M.StartRanks, M.AgentExit)
+_COMMANDS = (M.KillRanks, M.StartRanks, M.AgentExit, M.GroupStop)
 
 
 @dataclasses.dataclass

@@ -97,6 +97,7 @@ class LocalRelay:
         self.stepped: set[int] = set()  # ranks whose heartbeat named a committed step
         self._urgent: dict[bytes, int] = {}  # identity -> the step its RESUME named
         self._report_at = -math.inf  # when the next heartbeat carries the steps (see report)
+        self._stops: dict[bytes, int] = {}  # identity -> the epoch of the last STOP it was sent
 
     def adopt(self, config: JobConfig) -> None:
         """A spare node took ``config.node_rank``: relay that node's ranks from now on."""
@@ -201,19 +202,22 @@ class LocalRelay:
         return steps
 
     # ------------------------------------------------------------------ manager -> ranks
-    def deliver(self, msg: M.RelayDown) -> int:
-        """Fan a RelayDown out to its targets, in order; how many frames were sent."""
+    def deliver(self, msg: M.RelayDown, led: bool = False) -> int:
+        """Fan a RelayDown out to its targets, in order; how many frames were sent. ``led``:
+        it came through the heartbeat group's leader, which passes STOPs only: a rank that
+        was sent a STOP of that epoch already (the manager sent it again directly, the
+        leader's came late) is not sent the leader's."""
         lists = (msg.kinds, msg.epochs, msg.targets, msg.bodies)
         if len({len(x) for x in lists}) != 1:
             self.drops.drop("relay batch with lists of unequal length", "manager")
             return 0
         sent = 0
         for kind, epoch, targets, body in zip(*lists, strict=True):
-            sent += self._deliver_one(kind.encode(), epoch, targets, body)
+            sent += self._deliver_one(kind.encode(), epoch, targets, body, led)
         return sent
 
     def _deliver_one(
-        self, kind: bytes, epoch: int, targets: list[bytes], body: dict[str, object]
+        self, kind: bytes, epoch: int, targets: list[bytes], body: dict[str, object], led: bool
     ) -> int:
         if kind not in DOWN_KINDS:
             self.drops.drop(f"{kind[:32]!r} may not be relayed to a rank", "manager")
@@ -225,6 +229,13 @@ class LocalRelay:
             return 0
         if isinstance(message, M.Resume):
             self._urgent.update(dict.fromkeys(targets, message.step))
+        elif isinstance(message, M.Stop):
+            stops = self._stops
+            if led:
+                targets = [t for t in targets if stops.get(t, -1) < epoch]
+            if len(stops) > 4 * len(self.mine) + 64:  # old incarnations' identities
+                stops.clear()
+            stops.update(dict.fromkeys(targets, epoch))
         return self._send(message, epoch, targets)
 
     def _send(self, message: M.Message, epoch: int, targets: list[bytes]) -> int:

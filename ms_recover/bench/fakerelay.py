@@ -21,7 +21,8 @@ So the agent stands for its ranks and speaks exactly what a real agent's relay
   leader (:mod:`ms_recover.agent.group`) sends the manager: its ``GroupOpen`` after its
   welcome, and every quarter agent beat one ``GroupBeats`` of the heartbeats its members
   sent it meanwhile; a member beats to its leader once the manager said where
-  (``GroupAt``). The member -> leader hop is between two nodes, not the manager's load, so
+  (``GroupAt``); a ``GroupStop`` to a leader answered with one ``GroupStopped`` of the STOPPED
+  of every rank it names. The member -> leader hop is between two nodes, not the manager's load, so
   it is a list in this process (each fake holds whole groups), not a socket.
 
 Incoming bodies are read only where the answer needs them (REPAIR, RESUME), as in
@@ -38,7 +39,7 @@ from typing import Any
 import msgpack
 
 from ms_recover.agent.relay import next_report_at
-from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member
+from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member, _peek
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.relay import ack_run, relay_acks
 
@@ -207,12 +208,16 @@ class RelayCluster(FakeCluster):
     def peek(self, kind: bytes, payload: bytes) -> tuple[int, Any]:
         if kind == M.RelayDown.KIND:
             return _peek_relay(payload)
+        if kind == M.GroupStop.KIND:
+            return _peek(payload, True)
         return super().peek(kind, payload)
 
     def _on(self, m: _Member, kind: bytes, epoch: int, body: Any) -> None:
         self._heard_at[m.node] = time.monotonic()
         if kind == M.GroupAt.KIND:
             self._joined.add(m.node)
+        elif kind == M.GroupStop.KIND:
+            self._group_stop(m.node, epoch, body)
         elif kind != M.RelayDown.KIND:
             opens = kind == M.AgentWelcome.KIND and not m.welcomed and m.node in self._leaders
             super()._on(m, kind, epoch, body)
@@ -223,17 +228,41 @@ class RelayCluster(FakeCluster):
         else:
             self._down(m.node, body)
 
+    def _group_stop(self, leader: int, epoch: int, body: dict[str, Any]) -> None:
+        """A leader's GroupStop: each member's ranks answer, and the leader sends their
+        STOPPED as one GroupStopped (the member -> leader hops are in this process)."""
+        out = M.GroupStopped(leader, epoch, [], [], [], [], [], [], [])
+        columns = body["nodes"], body["idents"], body["targets"]
+        for node, ident, targets in zip(*columns, strict=True):
+            ranks = self._stopping(epoch, targets)
+            if ranks:
+                out.nodes.append(node)
+                out.idents.append(ident)
+                out.counts.append(len(ranks))
+                out.locals.extend(self._local(r) for r in ranks)
+                out.ranks.extend(r.rank for r in ranks)
+                out.steps.extend(r.committed for r in ranks)
+                out.digests.extend([""] * len(ranks))
+                self._sent_at[node] = time.monotonic()
+        if out.nodes:
+            self.send(self.agents[leader], out)
+
+    def _stopping(self, epoch: int, targets: list[bytes]) -> list[_Member]:
+        """The live ranks among ``targets``, each now stopped in ``epoch``."""
+        ranks = [r for r in map(self.by_local.get, targets) if r is not None and r.alive]
+        for r in ranks:
+            r.epoch = max(r.epoch, epoch)
+            r.seq += 1
+        return ranks
+
     def _stop(self, node: int, epoch: int, targets: list[bytes]) -> None:
         """A stop-all's one STOP item for ``targets``: the RelayAcks of their STOPPED, the very
         frame :meth:`_down` sends for it (the same columns, seqs and epochs), built at once.
         The simulated nodes share this host's cores with the manager they stand beside, so
         what a real agent spends on its own machine is kept small here."""
-        ranks = [r for r in map(self.by_local.get, targets) if r is not None and r.alive]
+        ranks = self._stopping(epoch, targets)
         if not ranks:
             return
-        for r in ranks:
-            r.epoch = max(r.epoch, epoch)
-            r.seq += 1
         n = len(ranks)
         acks = M.RelayAcks(
             node,

@@ -187,6 +187,39 @@ class FastAcks:
         self.cadence.heard(cls, epoch, n - len(left))
         return left
 
+    def stopped(
+        self,
+        prefix: bytes,
+        mine: range,
+        epoch: int,
+        msg: M.GroupStopped,
+        start: int,
+        end: int,
+    ) -> int:
+        """Record items ``start:end`` of a group leader's GroupStopped batch, STOPPED answers
+        of epoch ``epoch`` (the current one) relayed by the agent whose virtual identities
+        start with ``prefix`` for the ranks ``mine``, as :meth:`columns` records a RelayAcks'
+        (the leader checked each member's frame, as an agent checks its ranks'); how many were
+        recorded. The others are dropped: a rank that is not the node's, not registered and
+        alive, or not known under that identity (the round's STOP goes again to a survivor
+        that has not answered, :func:`~ms_recover.manager.progress.stop_again`)."""
+        get, now, done = self.model.ranks.get, self.clock(), 0
+        locals_, ranks, steps, digests = msg.locals, msg.ranks, msg.steps, msg.digests
+        for i in range(start, end):
+            rank = ranks[i]
+            info = get(rank)
+            if (
+                info is None
+                or rank not in mine
+                or not (info.registered and info.alive)
+                or info.identity != prefix + locals_[i]
+            ):
+                continue
+            info.last_seen = now
+            _stop(info, epoch, steps[i], digests[i])
+            done += 1
+        return done
+
     def _member(self, rank: int, mine: Container[int], identity: bytes) -> RankInfo | None:
         """``rank``'s record if it is one of ``mine``, registered, alive and known under this
         very virtual ``identity``, else None."""

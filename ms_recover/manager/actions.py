@@ -61,6 +61,13 @@ class StopDone(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class StopAgain(Action):
+    """The round's STOP went again, at ``at``, to the survivors that had not answered it."""
+
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
 class ReplaceDone(Action):
     """Every replacement registered at ``at``."""
 

@@ -73,6 +73,7 @@ class Executor:
             A.MarkLost: self._mark_lost,
             A.StartRound: self._start_round,
             A.StopDone: self._stop_done,
+            A.StopAgain: self._stop_again,
             A.ReplaceDone: self._replace_done,
             A.NextPhase: self._next_phase,
             A.Distrust: self._distrust,
@@ -157,6 +158,9 @@ class Executor:
 
     def _stop_done(self, action: A.StopDone) -> None:
         self._update(stop_done=action.at)
+
+    def _stop_again(self, action: A.StopAgain) -> None:
+        self._update(stop_again=action.at)
 
     def _replace_done(self, action: A.ReplaceDone) -> None:
         self._update(replace_done=action.at)

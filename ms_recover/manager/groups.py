@@ -17,6 +17,17 @@ between each agent and the manager.
   manager (``GroupAck``). A batch from anyone but a registered leader, or an item for a node
   outside the leader's group, is dropped and logged. The node is noted as heard through its
   leader (``AgentInfo.via``) until it beats directly again.
+* **Stops.** A stop-all's STOP to a node heard through its leader (and the leader heard
+  within an agent beat) goes to the leader instead, one ``GroupStop`` per group
+  (:meth:`~ms_recover.manager.relay.ManagerRelay.flush`), which passes it on to each member
+  as a RelayDown of its own; the members' STOPPED come back the same way, one
+  ``GroupStopped`` per leader wake-up, recorded column by column
+  (:meth:`~ms_recover.manager.acks.FastAcks.stopped`) after the same checks as a member's
+  own RelayAcks. Only a node's first STOP of an epoch takes this path (a STOP is the first
+  command of an epoch, so nothing sent directly before it can be overtaken; everything after
+  it waits for its STOPPED); a survivor that has not answered after two agent beats is sent
+  the STOP again directly (:func:`~ms_recover.manager.progress.stop_again`), and its agent
+  passes a rank at most one STOP of an epoch from the leader.
 * **A leader lost.** Its members notice that their beats go unanswered and beat to the manager
   directly (:class:`~ms_recover.agent.group.GroupLink`); once the manager declares the
   leader lost (or tells it to leave) it also tells them to stop trying it (``GroupAt`` with
@@ -33,8 +44,10 @@ from collections.abc import Callable, Sequence
 import zmq
 
 from ms_recover.config import JobConfig
-from ms_recover.manager.cadence import SharedBeat
+from ms_recover.manager.acks import FastAcks
+from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.model import JobModel
+from ms_recover.manager.relay import ManagerRelay
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import DropLog, Envelope
 
@@ -54,6 +67,9 @@ class GroupSide:
     _group_at: dict[int, str]  # leader node -> where it takes its group's heartbeats
     _agent_ok: Callable[[bytes, int], bool]
     _agent_beat: Callable[..., None]
+    _acks: FastAcks
+    cadence: Cadence
+    relay: ManagerRelay
     send: Callable[[Sequence[bytes], M.Message], None]
 
     def _on_group_open(self, ident: bytes, env: Envelope, msg: M.GroupOpen) -> None:
@@ -94,13 +110,21 @@ class GroupSide:
             if agents[n].alive and n in self._agent_ids
         ]
 
-    def _on_group_beats(self, ident: bytes, env: Envelope, msg: M.GroupBeats) -> None:
-        leader = msg.node_rank
+    def _leading(self, ident: bytes, env: Envelope, leader: int) -> range | None:
+        """The members of ``leader``'s group if ``ident`` is its registered agent and it
+        leads one, else None (dropped and logged)."""
         if not self._agent_ok(ident, leader):
-            return
+            return None
         members = self.config.group_members(leader)
         if not members:
             self.drops.drop(f"node {leader} leads no heartbeat group", env.sender)
+            return None
+        return members
+
+    def _on_group_beats(self, ident: bytes, env: Envelope, msg: M.GroupBeats) -> None:
+        leader = msg.node_rank
+        members = self._leading(ident, env, leader)
+        if members is None:
             return
         n = len(msg.nodes)
         if not len(msg.idents) == len(msg.steps) == len(msg.health) == n:
@@ -116,3 +140,57 @@ class GroupSide:
                 continue
             self._agent_beat(member, node, steps, health, leader)
         self.frames_out += self._beat.send(self._sock, ident, force=True)
+
+    def _routes(self) -> dict[bytes, tuple[int, int, bytes]]:
+        """Agent identity -> (its node, its group's leader, the leader's identity), for each
+        live node whose last heartbeat came through a leader that is alive, has its group open
+        and was heard within an agent beat: where a STOP goes through the leader."""
+        agents, ids, now = self.model.agents, self._agent_ids, self.clock()
+        beat = self.config.agent_heartbeat_s
+        leaders = {
+            leader: ids[leader]
+            for leader in self._group_at
+            if leader in ids and agents[leader].alive and now - agents[leader].last_seen < beat
+        }
+        if not leaders:
+            return {}
+        return {
+            ident: (node, agent.via, leaders[agent.via])
+            for node, ident in ids.items()
+            if (agent := agents[node]).via in leaders and agent.alive
+        }
+
+    def _on_group_stopped(self, ident: bytes, env: Envelope, msg: M.GroupStopped) -> None:
+        leader = msg.node_rank
+        members = self._leading(ident, env, leader)
+        if members is None:
+            return
+        n, total = len(msg.nodes), len(msg.ranks)
+        if not (
+            len(msg.idents) == len(msg.counts) == n
+            and len(msg.locals) == len(msg.steps) == len(msg.digests) == total == sum(msg.counts)
+        ):
+            self.drops.drop("group_stopped columns of different lengths", env.sender)
+            return
+        model = self.model
+        agents, ids, now = model.agents, self._agent_ids, self.clock()
+        agents[leader].last_seen = now
+        if msg.epoch != model.epoch:
+            self.drops.drop(f"{total} STOPPED of epoch {msg.epoch} (now {model.epoch})", env.sender)
+            return
+        per, start, done = self.config.proc_per_node, 0, 0
+        for node, member, count in zip(msg.nodes, msg.idents, msg.counts, strict=True):
+            end = start + count
+            agent = agents.get(node)
+            if node in members and agent is not None and agent.alive and ids.get(node) == member:
+                agent.last_seen = now
+                mine = range(node * per, (node + 1) * per)
+                done += self._acks.stopped(
+                    self.relay.prefix(member), mine, msg.epoch, msg, start, end
+                )
+            start = end
+        if done < total:
+            self.drops.drop(f"{total - done} of {total} STOPPED not recorded", env.sender)
+        self.relay.items_in += done
+        self.relay.group_stopped += done
+        self.cadence.heard(M.Stopped, msg.epoch, done)

@@ -18,14 +18,15 @@ Who writes what: **handlers record facts, the executor applies decisions.** The 
 message handlers (and their helpers: acks, health, leaving, divergence, the relay) record what
 members reported as it arrives: ``ranks`` (liveness, identity, acks, committed steps,
 digests), ``agents``, ``pending`` faults, ``early_exits``, ``leaving``, ``health`` and
-``health_rev``, ``heard_at``, ``restore``, ``manager``, ``group_log`` and ``spares``. Only the
-:class:`~ms_recover.manager.executor.Executor` writes the decisions, as the actions of
-``decide`` say: ``state``, ``epoch``, ``round``, ``tries``, ``active``, ``recoveries``,
-``last_recovery``, ``exit_code``, ``restarts``, ``flagged``, ``judged_rev`` and ``promoted``
-(it may update facts too). One exception: a restarted manager, still forming and before any
-decision, adopts the epoch its members report (``WorkerHandlers.note_rejoin``). ``config`` is
-never written. ``tests/unit/test_model_ownership.py`` reads every write from the code and
-holds this table. Pure: no zmq, numpy or msgpack.
+``health_rev``, ``led_stops``, ``heard_at``, ``restore``, ``manager``, ``group_log`` and
+``spares``. Only the :class:`~ms_recover.manager.executor.Executor` writes the decisions, as
+the actions of ``decide`` say: ``state``, ``epoch``, ``round``, ``tries``, ``active``,
+``recoveries``, ``last_recovery``, ``exit_code``, ``restarts``, ``flagged``, ``judged_rev``
+and ``promoted`` (it may update facts too). One exception: a restarted manager, still
+forming and before any decision, adopts the epoch its members report
+(``WorkerHandlers.note_rejoin``). ``config`` is never written.
+``tests/unit/test_model_ownership.py`` reads every write from the code and holds this table.
+Pure: no zmq, numpy or msgpack.
 """
 
 from __future__ import annotations
@@ -218,6 +219,8 @@ class Round:
     phase_start: float = 0.0
     phases: dict[Phase, float] = dataclasses.field(default_factory=dict)
     stop_done: float = 0.0
+    stop_again: float = 0.0  # when the STOP went again to the survivors yet to answer it
+    stop_reason: str = ""  # the round's STOP's reason (MindIO reads the fault kind from it)
     replace_done: float = 0.0
 
 
@@ -273,6 +276,9 @@ class JobModel:
     #: This manager's role among the job's managers (docs/manager-takeover.md): ``role``
     #: (active or standby), ``term``, ``node``, ``seen_active``; in every status reply.
     manager: dict[str, object] = dataclasses.field(default_factory=dict)
+    #: node -> the epoch of the last STOP that went to it through its heartbeat group's leader
+    #: (:mod:`~ms_recover.manager.groups`): only such a STOP goes again when unanswered.
+    led_stops: dict[int, int] = dataclasses.field(default_factory=dict)
     #: Each rank's last step-timing report (:mod:`ms_recover.manager.health`).
     health: dict[int, RankHealth] = dataclasses.field(default_factory=dict)
     health_rev: int = 0  # reports recorded so far

@@ -23,6 +23,7 @@ from ms_recover.manager.actions import (
     SendRanks,
     SetTarget,
     StartRound,
+    StopAgain,
     StopDone,
     Transition,
 )
@@ -43,9 +44,13 @@ from ms_recover.observability.schema import (
     RepairRetryRecord,
     RestoredRecord,
 )
-from ms_recover.protocol.messages import Repair, Resume
+from ms_recover.protocol.messages import Repair, Resume, Stop
 
 Progress = list[Action] | Failure
+
+#: A survivor that has not answered a round's STOP within this many agent beats is sent it
+#: again, once (:func:`stop_again`).
+STOP_AGAIN_BEATS = 2
 
 
 def _forming(m: JobModel, now: float) -> Progress:
@@ -123,6 +128,9 @@ def _stopping(m: JobModel, now: float) -> Progress:
         late = _stop_late(m, rnd, now, [], missing)  # survivors still answering, none late
         if late is not None:
             return late
+        again = stop_again(m, rnd, now)
+        if again:
+            return again
         if missing or rnd.replace_done:
             return []
         return [ReplaceDone("replacements registered", now)]
@@ -148,6 +156,27 @@ def _stopping(m: JobModel, now: float) -> Progress:
         return actions + strategy_of(rnd).after_stop(m, now, survivors)
     late = _stop_late(m, rnd, now, unstopped, missing)
     return late if late is not None else actions
+
+
+def stop_again(m: JobModel, rnd: Round, now: float) -> list[Action]:
+    """The round's STOP once more, directly, to each live survivor it went to through its
+    heartbeat group's leader that has not answered it within :data:`STOP_AGAIN_BEATS` agent
+    beats: a STOP lost on that way (a leader that went quiet after taking it, docs/design.md
+    §1c) costs two beats, not the phase timeout. The relay sends a node's second STOP of an
+    epoch directly; a rank answers a repeated STOP as the first (STOPPED, again). A STOP sent
+    directly is not sent again: it is lost only with its connection."""
+    if rnd.stop_again or now - rnd.started < STOP_AGAIN_BEATS * m.config.agent_heartbeat_s:
+        return []
+    led, epoch, node_of = m.led_stops, m.epoch, m.config.node_of
+    if epoch not in led.values():
+        return []
+    _, unstopped, _ = _stop_state(m, rnd)
+    late = tuple(r for r in unstopped if m.ranks[r].alive and led.get(node_of(r)) == epoch)
+    if not late:
+        return []
+    some = ", ".join(map(str, late[:8])) + (", ..." if len(late) > 8 else "")
+    why = f"{len(late)} ranks ({some}) did not answer the stop of epoch {epoch}: sent again"
+    return [StopAgain(why, now), SendRanks("stop again", late, Stop(rnd.stop_reason))]
 
 
 def _stop_state(m: JobModel, rnd: Round) -> tuple[list[int], list[int], list[int]]:

@@ -21,7 +21,9 @@ and job model exactly as they are for a directly connected rank:
   :meth:`ManagerRelay.flush` (after each batch of frames and each decide) sends every node's
   queue as one :class:`~ms_recover.protocol.messages.RelayDown` frame, in order, a broadcast as
   one item with its targets, a per-rank payload as its own item. Each distinct message body is
-  packed once per flush, whatever the number of nodes it goes to.
+  packed once per flush, whatever the number of nodes it goes to. A node heard through its
+  heartbeat group's leader gets its first STOP of an epoch through that leader: one
+  ``GroupStop`` per group (``router``, :mod:`~ms_recover.manager.groups`).
 
 Processes with no relaying agent (msrun's ranks under the TaskD shim, a standalone worker, the
 status client) keep their direct DEALER connection; both kinds of member mix in one job.
@@ -36,6 +38,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from ms_recover.errors import ProtocolError
 from ms_recover.manager.health import note
 from ms_recover.manager.model import JobModel
 from ms_recover.manager.slots import Slots
@@ -59,6 +62,10 @@ log = logging.getLogger("ms_recover.manager")
 
 Handle = Callable[[bytes, Envelope], None]
 Fast = Callable[[bytes, Container[int], RawItem], bool]
+#: Agent identity -> (its node, its group's leader, the leader's identity), for the nodes whose
+#: STOP goes through their leader (:meth:`GroupSide._routes
+#: <ms_recover.manager.groups.GroupSide._routes>`).
+Router = Callable[[], dict[bytes, tuple[int, int, bytes]]]
 Columns = Callable[[bytes, Container[int], M.RelayAcks], list[int]]
 _Item = list[Any]  # [message, epoch, [local identities]]
 
@@ -87,9 +94,12 @@ class ManagerRelay:
         self._parts: dict[bytes, tuple[bytes, bytes] | None] = {}
         self._prefixes: dict[bytes, bytes] = {}  # agent identity -> its ranks' virtual prefix
         self._pack = msgpack.Packer(use_bin_type=True)
+        self.router: Router | None = None  # set by a job with heartbeat groups
         self.items_in = 0  # relayed rank messages handled (plus folded heartbeats)
         self.items_out = 0  # rank deliveries sent inside RelayDown frames
         self.frames_out = 0
+        self.group_stops = 0  # GroupStop frames sent to heartbeat groups' leaders
+        self.group_stopped = 0  # STOPPED recorded from the leaders' GroupStopped batches
 
     # ------------------------------------------------------------------ up
     def on_relay_up(
@@ -115,7 +125,7 @@ class ManagerRelay:
             self.drops.drop(UNEQUAL, f"agent of node {node}")
             return
         mine = self._mine(node)
-        prefix = self._prefix(ident)
+        prefix = self.prefix(ident)
         for one in raw:
             if fast is not None and not claimant and fast(prefix, mine, one):
                 self.items_in += 1
@@ -145,7 +155,7 @@ class ManagerRelay:
             self.drops.drop(bad, f"agent of node {node}")
             return
         mine = self._mine(node)
-        left = columns(self._prefix(ident), mine, msg)
+        left = columns(self.prefix(ident), mine, msg)
         self.items_in += len(msg.ranks) - len(left)
         for i in left:
             self._general(ident, node, mine, False, ack_item(msg, i), handle)
@@ -156,7 +166,7 @@ class ManagerRelay:
         self.model.agents[node].last_seen = self._clock()
         return True
 
-    def _prefix(self, ident: bytes) -> bytes:
+    def prefix(self, ident: bytes) -> bytes:
         """The first bytes of the virtual identities of agent ``ident``'s ranks."""
         prefix = self._prefixes.get(ident)
         if prefix is None:
@@ -207,7 +217,7 @@ class ManagerRelay:
             return
         now = self._clock() if now is None else now
         get, heard = self.model.ranks.get, 0
-        prefix = self._prefix(ident)
+        prefix = self.prefix(ident)
         for rank, step in steps.items():
             info = get(rank)
             if info is not None and info.alive and info.identity.startswith(prefix):
@@ -261,6 +271,8 @@ class ManagerRelay:
         if not self._out:
             return
         out, self._out = self._out, {}
+        for leader, epoch, group in self._by_leader(out):
+            self._send_group(leader, epoch, group)
         packed: dict[int, bytes] = {}  # id(message) -> its packed body, for this flush
         limit = self.codec.max_bytes - SLACK
         for agent, items in out.items():
@@ -276,6 +288,49 @@ class ManagerRelay:
                 batch.append((item, body))
                 size += len(body) + 16 * len(item[2])
             self._send(agent, batch)
+
+    def _by_leader(self, out: dict[bytes, list[_Item]]) -> list[tuple[bytes, int, M.GroupStop]]:
+        """Take out of ``out`` each node whose whole queue is its first STOP of an epoch and
+        whose STOP goes through its group's leader (``router``), noting it in
+        ``JobModel.led_stops``; those as (leader's identity, epoch, GroupStop), one per leader,
+        epoch and STOP."""
+        stop = M.Stop
+        stops = [
+            agent for agent, items in out.items() if len(items) == 1 and type(items[0][0]) is stop
+        ]
+        routes = self.router() if stops and self.router is not None else {}
+        led = self.model.led_stops
+        groups: dict[tuple[bytes, int, str], M.GroupStop] = {}
+        for agent in stops:
+            route = routes.get(agent)
+            epoch = out[agent][0][1]
+            if route is None or led.get(route[0], -1) >= epoch:  # the second: directly
+                continue
+            node, leader, leader_ident = route
+            [(msg, _, targets)] = out.pop(agent)
+            led[node] = epoch
+            key = (leader_ident, epoch, msg.reason)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = M.GroupStop(leader, msg.reason, [], [], [])
+            group.nodes.append(node)
+            group.idents.append(agent)
+            group.targets.append(targets)
+        return [(ident, epoch, group) for (ident, epoch, _), group in groups.items()]
+
+    def _send_group(self, leader: bytes, epoch: int, msg: M.GroupStop) -> None:
+        try:
+            frames = self.codec.encode(msg, epoch, "manager", self._next_seq())
+        except ProtocolError as exc:  # beyond the frame limit: not at any group size in use
+            log.warning("group stop to %r not sent: %s", leader, exc)
+            return
+        self.frames_out += 1
+        self.group_stops += 1
+        self.items_out += sum(map(len, msg.targets))
+        try:
+            send_frames(self._sock, [leader, *frames])
+        except zmq.ZMQError as exc:
+            log.warning("group stop to %r failed: %s", leader, exc)
 
     def _send(self, agent: bytes, batch: list[tuple[_Item, bytes]]) -> None:
         pack = self._pack  # autoreset: each call returns its own bytes

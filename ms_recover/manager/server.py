@@ -148,6 +148,8 @@ class ManagerServer(AgentSide, GroupSide, RoleSide):
         self.relay = ManagerRelay(
             self.model, self.slots, self.codec, self._sock, self._next_seq, clock
         )
+        if config.group_size > 1:  # a stop-all's STOP goes through the groups' leaders
+            self.relay.router = self._routes
         self._acks = FastAcks(self.model, self.replay, self.drops, self.cadence, clock)
         # Frames received (dispatched) and sent (one per identity): plain counters, read by
         # ``bench controlplane`` for the manager's message rate.
@@ -168,6 +170,7 @@ class ManagerServer(AgentSide, GroupSide, RoleSide):
             M.RelayAcks: self._on_relay_acks,
             M.GroupOpen: self._on_group_open,
             M.GroupBeats: self._on_group_beats,
+            M.GroupStopped: self._on_group_stopped,
             **self.workers.handlers(),
         }
         described = config.replace(manager_port=self.port).describe()

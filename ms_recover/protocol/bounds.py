@@ -36,6 +36,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     **dict.fromkeys(("ranks", "send_to", "world", "nodes", "leader"), _ID),
     **dict.fromkeys(("exit_code", "code", "signal"), (-(2**31), 2**31 - 1)),
     "world_size": (0, 2**31 - 1),
+    "counts": (0, MAX_ITEMS),  # GroupStopped: items per node
 }
 
 #: The range of each float field by name that is narrower than int64's: a planned stop's

@@ -199,6 +199,28 @@ class GroupAck(Message):
     manager_age_s: float
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupStopped(Message):
+    """agent -> manager: a group leader's batch of the STOPPED answers its group's agents sent
+    it (each one's :class:`RelayAcks` of kind ``stopped``), column by column (docs/design.md
+    §1c), every item of one ``epoch``. Node ``nodes[i]``, whose agent's identity at the
+    manager is ``idents[i]``, relayed the next ``counts[i]`` items of the flat columns: each a
+    rank's identity at that agent (``locals``), its rank, committed step and digest. The
+    leader authenticated and replay-checked every member's frame; the manager checks each
+    node's agent and each rank as if the member had relayed them directly."""
+
+    KIND: ClassVar[bytes] = b"group_stopped"
+    node_rank: int
+    epoch: int
+    nodes: list[int]
+    idents: list[bytes]
+    counts: list[int]
+    locals: list[bytes]
+    ranks: list[int]
+    steps: list[int]
+    digests: list[str]
+
+
 # ----------------------------------------------------------------------------- manager -> agent
 @dataclasses.dataclass(frozen=True)
 class AgentWelcome(Message):
@@ -225,6 +247,21 @@ class GroupAt(Message):
     KIND: ClassVar[bytes] = b"group_at"
     leader: int
     endpoint: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupStop(Message):
+    """manager -> agent: as a group leader, pass a STOP with ``reason`` on to the agents of
+    ``nodes`` (``idents[i]``: node ``nodes[i]``'s agent's identity, ``targets[i]``: its ranks'
+    identities at that agent), one signed RelayDown each (docs/design.md §1c). The frame's
+    epoch is the STOP's."""
+
+    KIND: ClassVar[bytes] = b"group_stop"
+    node_rank: int
+    reason: str
+    nodes: list[int]
+    idents: list[bytes]
+    targets: list[list[bytes]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -573,11 +610,13 @@ KINDS: dict[bytes, type[Message]] = {
         GroupOpen,
         GroupBeats,
         GroupAck,
+        GroupStopped,
         AgentWelcome,
         ManagerBeat,
         SpareAssign,
         BecomeSpare,
         GroupAt,
+        GroupStop,
         Rejoin,
         KillRanks,
         StartRanks,

@@ -9,6 +9,9 @@ member's node is found as without groups.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from ms_recover.localrun.faults import Faults
@@ -94,4 +97,48 @@ def test_a_spare_node_in_the_leaders_place_leads_the_group(tmp_path, reference):
         run_to_end(job)
     assert job.exit_code == 0, _faults(job)
     assert _faults(job) == [("node_lost", 0)]
+    assert [r["sha256"] for r in results(out)] == [reference] * 4
+
+
+def _kill_rank_1_through_the_leader(job) -> None:
+    """Once node 1 beats through node 0 and the job trains, SIGKILL rank 1 (node 0, a process
+    this test started): the round's STOP to node 1 goes through node 0's agent."""
+    m = job.server.model
+    wait_for(lambda: _via(job) == {0: None, 1: 0}, 60, "node 1's beats through node 0")
+    wait_for(lambda: m.ranks[1].committed_step >= 3, 60, "training")
+    os.kill(m.ranks[1].pid, signal.SIGKILL)
+
+
+def test_a_stop_goes_through_the_leader_and_back(tmp_path, reference):
+    """Rank 1 (node 0) killed with node 1 heard through node 0: node 1's ranks are stopped
+    through node 0's agent and answer through it; the recovery loses nothing. (A slower
+    heartbeat than the tests' 0.5 s: a member falls back to the manager when its leader's
+    answer takes half an agent beat, which a loaded 2-core host can take.)"""
+    out = str(tmp_path)
+    with trainer_job(out, group_nodes=2, heartbeat_s=1.0, extra=("--step-time", "0.3")) as job:
+        _kill_rank_1_through_the_leader(job)
+        run_to_end(job)
+        relay = job.server.relay
+    assert job.exit_code == 0, _faults(job)
+    assert _faults(job) == [("rank_exit", 0)]
+    assert relay.group_stops == 1 and relay.group_stopped == 2
+    (rec,) = job.find("recovery", ok=True)
+    assert rec["lost_steps"] == 0
+    assert [r["sha256"] for r in results(out)] == [reference] * 4
+
+
+def test_a_stop_lost_on_the_way_through_the_leader_goes_again(tmp_path, reference):
+    """The leader never gets the group's STOP (dropped at the manager): node 1's ranks get it
+    again directly two agent beats later, and the recovery still loses nothing."""
+    out = str(tmp_path)
+    lost: list[int] = []
+    with trainer_job(out, group_nodes=2, heartbeat_s=1.0, extra=("--step-time", "0.3")) as job:
+        job.server.relay._send_group = lambda ident, epoch, msg: lost.append(epoch)
+        _kill_rank_1_through_the_leader(job)
+        run_to_end(job)
+    assert job.exit_code == 0, _faults(job)
+    assert len(lost) == 1 and _faults(job) == [("rank_exit", 0)]
+    (rec,) = job.find("recovery", ok=True)
+    assert rec["lost_steps"] == 0
+    assert rec["phases"]["stop"] >= 2 * job.config.agent_heartbeat_s
     assert [r["sha256"] for r in results(out)] == [reference] * 4

@@ -301,6 +301,7 @@ _SAMPLES = {
     M.RankFrozen.KIND: M.RankFrozen(0, 1, 201, 1.0),
     M.GroupOpen.KIND: M.GroupOpen(0, "tcp://127.0.0.1:5002"),
     M.GroupBeats.KIND: M.GroupBeats(0, [1], [b"a1.7"], [{2: 5}], [{}]),
+    M.GroupStopped.KIND: M.GroupStopped(0, 0, [1], [b"a1.7"], [1], [b"L2"], [2], [5], [""]),
     M.WorkerHello.KIND: M.WorkerHello(1, 0, 201, 0, "tcp://127.0.0.1:5001", -1, 0),
     M.WorkerHeartbeat.KIND: M.WorkerHeartbeat(1, 5),
     M.GroupCreated.KIND: M.GroupCreated(1, "dp", [0, 1]),

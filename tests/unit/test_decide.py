@@ -1078,3 +1078,32 @@ def test_orphaned_shard_makes_recovery_infeasible(make_job: Callable[..., Job]) 
     job.tick()
     assert job.model.state is JobState.EXITING
     assert "no healthy replica left for shard 1 (ranks [1, 3])" in job.decision()["reason"]
+
+
+def test_a_stop_unanswered_for_two_agent_beats_goes_again_once(
+    make_job: Callable[..., Job],
+) -> None:
+    """A STOP lost on its way through a heartbeat group's leader costs two agent beats, not
+    the phase timeout: the live survivors it went to that way that have not answered get it
+    again (with the round's own reason: MindIO reads the fault kind from it), once; one sent
+    directly is not sent again. The round then goes on as ever."""
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    stop = msgs(job.take(), M.Stop)[0][1]
+    job.model.led_stops = {0: job.model.epoch}  # node 0's STOP went through its leader
+    job.stopped([0], 10)  # ranks 1 (node 0, led) and 2 (node 1, directly) do not answer
+    beats = 2 * job.config.agent_heartbeat_s
+    job.advance(beats - 0.01)
+    assert job.tick() == []
+    job.advance(0.02)
+    job.tick()
+    assert msgs(job.take(), M.Stop) == [("r1", stop)]
+    (again,) = [a for a in job.actions if isinstance(a, A.StopAgain)]
+    assert "1 ranks (1) did not answer the stop of epoch" in again.reason
+    assert job.model.round is not None and job.model.round.stop_again == job.now
+    job.advance(beats)
+    job.tick()
+    assert msgs(job.take(), M.Stop) == []  # once per round
+    assert job.model.state is JobState.STOPPING

@@ -16,8 +16,10 @@ from ms_recover.config import GROUP_FROM_NODES, JobConfig
 from ms_recover.errors import ConfigError
 from ms_recover.localrun.wait import wait_for
 from ms_recover.manager.decide import detect_silence
+from ms_recover.manager.model import Ack
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Envelope
+from ms_recover.protocol.relay import virtual_identity
 from ms_recover.protocol.transport import manager_channel
 from tests.unit.test_manager_restore import Restarted
 
@@ -159,6 +161,89 @@ def test_a_batch_folds_the_ranks_steps_and_answers_the_leader(grouped: Grouped) 
     assert answered == [b"a0", b"a1"]  # the leader once per batch; its member not for it
 
 
+def _relayed_ranks(grouped: Grouped, epoch: int = 3) -> None:
+    """Every node's agent and ranks registered, the ranks through their agent (rank r is
+    ``L{r}`` at agent ``a{node}``), at ``epoch``; node 1 heard through node 0's leader."""
+    for node in range(4):
+        grouped.agent(node)
+    m = grouped.model
+    m.epoch = epoch
+    for rank, info in m.ranks.items():
+        info.registered = info.alive = True
+        info.identity = virtual_identity(f"a{rank // 2}".encode(), f"L{rank}".encode())
+    grouped.feed(b"a0", M.GroupOpen(0, "tcp://10.0.0.1:4001"))
+    grouped.feed(b"a0", M.GroupBeats(0, [1], [b"a1"], [{}], [{}]))
+
+
+def _stopped(leader: int, epoch: int, *nodes: tuple[int, bytes, list[int]]) -> M.GroupStopped:
+    ranks = [r for _, _, rs in nodes for r in rs]
+    return M.GroupStopped(
+        leader,
+        epoch,
+        [n for n, _, _ in nodes],
+        [i for _, i, _ in nodes],
+        [len(rs) for _, _, rs in nodes],
+        [f"L{r}".encode() for r in ranks],
+        ranks,
+        [40] * len(ranks),
+        ["d"] * len(ranks),
+    )
+
+
+def test_a_stop_goes_through_the_leader_once_per_epoch(grouped: Grouped) -> None:
+    _relayed_ranks(grouped)
+    server, relay = grouped.server, grouped.server.relay
+    assert relay.router is not None and server._routes() == {b"a1": (1, 0, b"a0")}
+    groups: list[tuple[bytes, int, M.GroupStop]] = []
+    direct: list[tuple[bytes, list[str]]] = []
+    relay._send_group = lambda ident, epoch, msg: groups.append((ident, epoch, msg))  # type: ignore[method-assign]
+    relay._send = lambda agent, batch: direct.append((agent, [i[0].KIND for i, _ in batch]))  # type: ignore[method-assign]
+    m = grouped.model
+    everyone = [m.ranks[r].identity for r in range(8)]
+    stop = M.Stop("rank 9 died")
+    assert relay.take(everyone, stop, 3) == []
+    relay.flush()
+    assert groups == [(b"a0", 3, M.GroupStop(0, "rank 9 died", [1], [b"a1"], [[b"L2", b"L3"]]))]
+    assert sorted(direct) == [(b"a0", [b"stop"]), (b"a2", [b"stop"]), (b"a3", [b"stop"])]
+    # the STOP again in the same epoch goes directly, and so does anything else
+    groups.clear(), direct.clear()
+    relay.take(everyone[2:4], stop, 3)
+    relay.take(everyone[2:4], M.Resume(41), 3)
+    relay.flush()
+    assert groups == [] and direct == [(b"a1", [b"stop", b"resume"])]
+    # a leader not heard within an agent beat takes no STOP
+    grouped.t += grouped.model.config.agent_heartbeat_s + 0.01
+    assert server._routes() == {}
+
+
+def test_a_leaders_batch_of_stopped_is_recorded_as_the_members_own(grouped: Grouped) -> None:
+    _relayed_ranks(grouped)
+    m = grouped.model
+    grouped.t += 0.5
+    grouped.feed(b"a0", _stopped(0, 3, (1, b"a1", [2, 3])))
+    assert [m.ranks[r].acked(Ack.STOP, 3) for r in range(8)] == [False] * 2 + [True] * 2 + [
+        False
+    ] * 4
+    assert m.ranks[2].committed_step == 40 and m.ranks[2].stop_digest == "d"
+    assert m.agents[1].last_seen == grouped.t
+    # refused: another epoch, a node outside the group, a rank not the node's or under another
+    # identity, a batch not from the leader's agent, columns of different lengths
+    m.ranks[3].acks.clear()
+    drops = grouped.server.drops.total
+    grouped.feed(b"a0", _stopped(0, 2, (1, b"a1", [3])))
+    grouped.feed(b"a0", _stopped(0, 3, (2, b"a2", [4])))
+    grouped.feed(b"a0", _stopped(0, 3, (1, b"a1", [4])))
+    grouped.feed(b"a0", _stopped(0, 3, (1, b"a7", [3])))
+    grouped.feed(b"a1", _stopped(0, 3, (1, b"a1", [3])))
+    bad = _stopped(0, 3, (1, b"a1", [3]))
+    grouped.feed(b"a0", M.GroupStopped(0, 3, [1], [b"a1"], [2], bad.locals, [3], [40], ["d"]))
+    grouped.feed(b"a0", M.GroupStopped(0, 3, [1], [b"a1"], [1], [b"L9"], [3], [40], ["d"]))
+    assert not any(m.ranks[r].acked(Ack.STOP, 3) for r in (3, 4))
+    assert grouped.server.drops.total - drops == 7
+    grouped.feed(b"a2", _stopped(2, 3, (3, b"a3", [6, 7])))  # node 2 leads nodes 2-3
+    assert m.ranks[6].acked(Ack.STOP, 3) and m.ranks[7].acked(Ack.STOP, 3)
+
+
 def _silent(cfg: JobConfig, **last_seen: float) -> list[int]:
     from ms_recover.manager.model import JobModel
 
@@ -281,3 +366,78 @@ def test_a_member_retries_an_unanswering_leader_every_few_beats(ctx: Any) -> Non
         assert sent == [0.0, link.retry_s]
     finally:
         link.close()
+
+
+def _next(chan: Any) -> Envelope:
+    got: list[Envelope] = []
+
+    def one() -> bool:
+        env = chan.recv_ready() if chan.sock.poll(10) else None
+        got.extend([env] if env is not None else [])
+        return bool(got)
+
+    wait_for(one, 10, "a frame from the leader")
+    return got[0]
+
+
+def test_a_leader_passes_a_stop_on_and_sends_back_its_members_stopped(ctx: Any) -> None:
+    leader = GroupLeader(ctx, _cfg(0, secret=b"s3cret"))
+    link = GroupLink(ctx, _cfg(1, secret=b"s3cret"), b"a1.77", 0, leader.endpoint)
+    try:
+        link.send(M.AgentHeartbeat(1), 4, time.monotonic())  # connected: the leader knows it
+        _take(leader, 1)
+        assert isinstance(_next(link.chan).msg, M.GroupAck)
+        stop = M.GroupStop(0, "rank 0 died", [1], [b"a1.77"], [[b"L1"]])
+        assert leader.pass_stop(stop, 5) == 1
+        env = _next(link.chan)
+        assert (env.sender, env.epoch) == ("agent:0", 5)
+        assert env.msg == M.RelayDown(["stop"], [5], [[b"L1"]], [{"reason": "rank 0 died"}])
+        # the member's answers, of two epochs: one batch per epoch, in the columns
+        for epoch, step in ((5, 40), (6, 41)):
+            acks = M.RelayAcks(
+                1, "stopped", epoch, [b"L1"], ["rank:1"], [9], [1], [1], [step], [""]
+            )
+            link.chan.send(acks, epoch)
+        wait_for(lambda: leader.drain(5, 0.0) or len(leader._stopped) >= 2, 10, "two answers")
+        assert leader.stopped() == [
+            M.GroupStopped(0, 5, [1], [b"a1.77"], [1], [b"L1"], [1], [40], [""]),
+            M.GroupStopped(0, 6, [1], [b"a1.77"], [1], [b"L1"], [1], [41], [""]),
+        ]
+        assert leader.stopped() == [] and leader.taken == 1  # answers are not heartbeats
+        # refused: a stop for a node outside the group; answers of another kind
+        assert leader.pass_stop(M.GroupStop(0, "x", [2], [b"a2"], [[b"L2"]]), 5) == 0
+        link.chan.send(M.RelayAcks(1, "rebuilt", 5, [b"L1"], ["rank:1"], [9], [2], [1], [], []), 5)
+        wait_for(lambda: leader.drain(5, 0.0) or leader.drops.total >= 2, 10, "two drops")
+        assert leader.stopped() == []
+    finally:
+        link.close()
+        leader.close()
+
+
+def test_a_rank_gets_one_stop_of_an_epoch_from_the_leader(ctx: Any) -> None:
+    """The manager sent the STOP again directly while the leader's was late: the leader's is
+    not passed on; a direct one always is (a rank answers a repeated STOP again)."""
+    from ms_recover.agent.relay import LocalRelay
+
+    relay = LocalRelay(ctx, _cfg(1))
+    sent: list[tuple[str, int, list[bytes]]] = []
+    relay._send = lambda msg, epoch, targets: (
+        sent.append((msg.KIND.decode(), epoch, targets)) or len(targets)
+    )  # type: ignore[method-assign]
+    try:
+
+        def stop(epoch: int, *targets: bytes) -> M.RelayDown:
+            return M.RelayDown(["stop"], [epoch], [list(targets)], [{"reason": "r"}])
+
+        relay.deliver(stop(5, b"L1"))
+        relay.deliver(stop(5, b"L1", b"L2"), led=True)
+        relay.deliver(stop(5, b"L1"))
+        relay.deliver(stop(6, b"L1"), led=True)
+        assert sent == [
+            ("stop", 5, [b"L1"]),
+            ("stop", 5, [b"L2"]),
+            ("stop", 5, [b"L1"]),
+            ("stop", 6, [b"L1"]),
+        ]
+    finally:
+        relay.close()

@@ -56,6 +56,7 @@ FACTS = frozenset(
         "stop_asked",  # the manager's own SIGTERM with no standby to hand over to
         "health",
         "health_rev",
+        "led_stops",  # nodes whose STOP went through their heartbeat group's leader
         "heard_at",
         "restore",  # a restarted manager's members re-registering
         "manager",  # this manager's role among the job's managers

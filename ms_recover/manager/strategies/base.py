@@ -156,6 +156,7 @@ def open_round(
         untrusted=launch.untrusted,
         left_out=launch.left_out,
         world=m.active - launch.left_out,
+        stop_reason=reason,
     )
     out = launch.replace | launch.left_out
     survivors = tuple(r for r in sorted(m.ranks) if r not in out and m.ranks[r].alive)

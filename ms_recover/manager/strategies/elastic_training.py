@@ -98,6 +98,7 @@ def grow(m: JobModel, now: float, joiners: frozenset[int]) -> list[Action]:
         phase_start=now,
         left_out=frozenset(dead_ranks(m)),
         world=world,
+        stop_reason=reason,
     )
     return [
         Emit(reason, DecisionRecord(Strategy.ELASTIC_TRAINING.value, reason, [], [])),
