@@ -42,6 +42,7 @@ from ms_recover.errors import ProtocolError
 from ms_recover.manager.health import note
 from ms_recover.manager.model import JobModel
 from ms_recover.manager.slots import Slots
+from ms_recover.observability.schema import JobState
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog, Envelope
 from ms_recover.protocol.relay import (
@@ -212,9 +213,13 @@ class ManagerRelay:
         """The heartbeats of ranks registered through agent ``ident``, folded into its own:
         the rank was heard, and its committed step only grows. Entries for other ranks (a
         rank not, or no longer, registered through this agent) are ignored: it registers
-        again when asked (the agent passes a ``Rejoin`` on to its ranks)."""
+        again when asked (the agent passes a ``Rejoin`` on to its ranks). Their step timing
+        (``health``) is recorded while the job runs only: no rule reads it during a recovery,
+        when its cost would delay the recovery (a stop-all hears every node's beats)."""
         if not steps:
             return
+        if health and self.model.state is not JobState.RUNNING:
+            health = None  # only a running job's timing is judged: not read during a recovery
         now = self._clock() if now is None else now
         get, heard = self.model.ranks.get, 0
         prefix = self.prefix(ident)

@@ -441,3 +441,19 @@ def test_a_rank_gets_one_stop_of_an_epoch_from_the_leader(ctx: Any) -> None:
         ]
     finally:
         relay.close()
+
+
+def test_step_timing_is_recorded_while_the_job_runs_only(grouped: Grouped) -> None:
+    from ms_recover.observability.schema import JobState
+
+    _relayed_ranks(grouped)
+    m = grouped.model
+    timing = [3.0, 0.01, -1.0, 0.05, 0.04, 0.035, 0.0]
+    m.state = JobState.STOPPING
+    grouped.feed(b"a0", M.GroupBeats(0, [1], [b"a1"], [{2: 41}], [{2: timing}]))
+    grouped.feed(b"a2", M.AgentHeartbeat(2, {4: 41}, {4: timing}))
+    assert m.health == {} and m.ranks[2].committed_step == m.ranks[4].committed_step == 41
+    m.state = JobState.RUNNING
+    grouped.feed(b"a0", M.GroupBeats(0, [1], [b"a1"], [{2: 42}], [{2: timing}]))
+    grouped.feed(b"a2", M.AgentHeartbeat(2, {4: 42}, {4: timing}))
+    assert sorted(m.health) == [2, 4] and m.health[2].step == 42
