@@ -38,6 +38,7 @@ import zmq
 
 from ms_recover.agent.relay import opened, ready_frames
 from ms_recover.config import JobConfig
+from ms_recover.errors import ProtocolError
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import Codec, DropLog
 from ms_recover.protocol.replay import ReplayGuard
@@ -147,10 +148,10 @@ class GroupLeader:
         body = M.Stop(msg.reason).to_wire()
         for node, ident, targets in zip(msg.nodes, msg.idents, msg.targets, strict=True):
             down = M.RelayDown(["stop"], [epoch], [targets], [body])
-            frames = self.codec.encode(down, epoch, self._sender, next(self._seq))
-            try:
+            try:  # on failure the manager sends the STOP again, directly
+                frames = self.codec.encode(down, epoch, self._sender, next(self._seq))
                 send_frames(self.sock, [ident, *frames])
-            except zmq.ZMQError as exc:  # the manager sends the STOP again, directly
+            except (ProtocolError, zmq.ZMQError) as exc:
                 log.warning("stop to the agent of node %d failed: %s", node, exc)
         return n
 

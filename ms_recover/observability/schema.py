@@ -111,8 +111,14 @@ class Record:
     EVENT: ClassVar[str] = ""
 
     def fields(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in out.items() if v is not None}
+        names = _NAMES.get(type(self))
+        if names is None:  # read once per class, not per event (a member event per rank)
+            names = _NAMES[type(self)] = tuple(f.name for f in dataclasses.fields(self))
+        get = self.__getattribute__
+        return {k: v for k in names if (v := get(k)) is not None}
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}  # Record class -> its field names, in order
 
 
 # ---------------------------------------------------------------- emitted by decide
