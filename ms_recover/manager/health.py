@@ -1,9 +1,9 @@
 """What the manager keeps of each rank's step timing (``WorkerHeartbeat.health``).
 
-One :class:`RankHealth` per rank, replaced by each report (folded into its agent's heartbeat, or
-relayed at once when urgent). :func:`note` is the one way in; a report of the wrong length is
-ignored. The pure detection over these records is :mod:`ms_recover.manager.detection`. Pure: no
-zmq, numpy or msgpack.
+One :class:`RankHealth` per rank, updated by each report (folded into its agent's heartbeat,
+or relayed at once when urgent) and replaced by its first report of a new epoch. :func:`note`
+is the one way in; a report of the wrong length is ignored. The pure detection over these
+records is :mod:`ms_recover.manager.detection`. Pure: no zmq, numpy or msgpack.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ BASELINE_REPORTS = 3  # own-history reports whose median is a rank's baseline (j
 
 @dataclasses.dataclass(slots=True)  # not frozen: a third of the cost of making one
 class RankHealth:
-    """One rank's last timing report, heard at ``at`` (the manager's clock). Replaced by the
-    rank's next report, never changed in place (at 65,536 ranks: 26,000 reports a second)."""
+    """One rank's last timing report, heard at ``at`` (the manager's clock). The rank's next
+    report of the same epoch updates it in place (at 65,536 ranks: 26,000 reports a second);
+    its first report of an epoch replaces it. Read within one decision, never kept."""
 
     at: float
     epoch: int
@@ -48,16 +49,22 @@ class RankHealth:
 
 def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> None:
     """Record ``rank``'s report ``values`` (laid out as HEALTH_FIELDS), heard at ``now``."""
-    if len(values) != len(HEALTH_FIELDS):
+    if len(values) != _FIELDS:
         return
-    health = m.health
     m.health_rev += 1
     epoch, idle, coll, p99, med, lo, long = values
-    prev = health.get(rank)
-    early = prev.early if prev is not None and prev.epoch == int(epoch) else ()
-    if lo > 0 and len(early) < BASELINE_REPORTS:
-        early = (*early, lo)
-    prev_lo = prev.compute_lo_s if prev is not None and prev.epoch == int(epoch) else -1.0
-    health[rank] = RankHealth(
-        now, int(epoch), step, idle, coll, p99, med, lo, bool(long), prev_lo, early
-    )
+    h = m.health.get(rank)
+    if h is None or h.epoch != int(epoch):  # the rank's first report of its epoch
+        early = (lo,) if lo > 0 else ()
+        m.health[rank] = RankHealth(
+            now, int(epoch), step, idle, coll, p99, med, lo, bool(long), -1.0, early
+        )
+        return
+    if lo > 0 and len(h.early) < BASELINE_REPORTS:
+        h.early = (*h.early, lo)
+    h.prev_lo_s = h.compute_lo_s
+    h.at, h.step, h.idle_s, h.coll_s, h.p99_s = now, step, idle, coll, p99
+    h.compute_s, h.compute_lo_s, h.long = med, lo, bool(long)
+
+
+_FIELDS = len(HEALTH_FIELDS)
