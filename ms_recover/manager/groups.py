@@ -25,9 +25,10 @@ between each agent and the manager.
   (:meth:`~ms_recover.manager.acks.FastAcks.stopped`) after the same checks as a member's
   own RelayAcks. Only a node's first STOP of an epoch takes this path (a STOP is the first
   command of an epoch, so nothing sent directly before it can be overtaken; everything after
-  it waits for its STOPPED); a survivor that has not answered after two agent beats is sent
-  the STOP again directly (:func:`~ms_recover.manager.progress.stop_again`), and its agent
-  passes a rank at most one STOP of an epoch from the leader.
+  it waits for its STOPPED); a survivor reached that way that has not answered after two
+  agent beats is sent the STOP again directly
+  (:func:`~ms_recover.manager.progress.stop_again`), and its agent passes a rank at most one
+  STOP of an epoch from the leader.
 * **A leader lost.** Its members notice that their beats go unanswered and beat to the manager
   directly (:class:`~ms_recover.agent.group.GroupLink`); once the manager declares the
   leader lost (or tells it to leave) it also tells them to stop trying it (``GroupAt`` with
