@@ -165,6 +165,27 @@ def test_fault(name: str, tmp_path, reference: str, scenario) -> None:
         assert_one_incident(job, faults, recoveries)
 
 
+#: Scenarios run again with node 1 heard through node 0's agent (heartbeat groups of 2 nodes,
+#: docs/design.md §1c), so node 1's STOP goes through node 0's agent and its STOPPED come back
+#: that way; a slower step, so the group is in place before the fault, and a slower heartbeat
+#: (as in test_heartbeat_groups: a member falls back to the manager when its leader's answer
+#: takes half an agent beat, which a loaded host can take).
+GROUPED = ("kill", "during-stop", "two-nodes-at-once")
+
+
+@pytest.mark.parametrize("name", GROUPED)
+def test_fault_in_heartbeat_groups(name: str, tmp_path, reference: str, scenario) -> None:
+    faults, strategy, last, changes = MATRIX[name]
+    out = str(tmp_path)
+    slower = {"group_nodes": 2, "heartbeat_s": 1.0, "extra": ("--step-time", "0.25")}
+    with trainer_job(out, faults, strategy, **slower, **changes) as job:
+        run_to_end(job)
+        relay = job.server.relay
+    recoveries = assert_survived(job, out, reference, scenario)
+    assert recoveries[-1]["strategy"] == last
+    assert relay.group_stops >= 1 and relay.group_stopped >= 1, "no STOP through the leader"
+
+
 def test_five_distinct_faults_in_one_incident_of_3x2(
     tmp_path, reference_3x2: str, scenario
 ) -> None:
