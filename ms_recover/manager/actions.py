@@ -62,7 +62,8 @@ class StopDone(Action):
 
 @dataclasses.dataclass(frozen=True)
 class StopAgain(Action):
-    """The round's STOP went again, at ``at``, to the survivors that had not answered it."""
+    """The round's STOP went again, at ``at``, to the survivors that had not answered it (or
+    none had to: checked once)."""
 
     at: float
 

@@ -172,8 +172,8 @@ def stop_again(m: JobModel, rnd: Round, now: float) -> list[Action]:
         return []
     _, unstopped, _ = _stop_state(m, rnd)
     late = tuple(r for r in unstopped if m.ranks[r].alive and led.get(node_of(r)) == epoch)
-    if not late:
-        return []
+    if not late:  # checked once: the survivors reached through a leader all answered
+        return [StopAgain(f"every survivor reached through a leader answered epoch {epoch}", now)]
     some = ", ".join(map(str, late[:8])) + (", ..." if len(late) > 8 else "")
     why = f"{len(late)} ranks ({some}) did not answer the stop of epoch {epoch}: sent again"
     return [StopAgain(why, now), SendRanks("stop again", late, Stop(rnd.stop_reason))]

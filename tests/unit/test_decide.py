@@ -1107,3 +1107,22 @@ def test_a_stop_unanswered_for_two_agent_beats_goes_again_once(
     job.tick()
     assert msgs(job.take(), M.Stop) == []  # once per round
     assert job.model.state is JobState.STOPPING
+
+
+def test_the_stop_again_rule_looks_once(make_job: Callable[..., Job]) -> None:
+    """Two agent beats on, the survivors reached through a leader all answered but one reached
+    directly has not: nothing goes again, and the rule does not look again (a scan of every
+    rank per tick at scale)."""
+    job = make_job()
+    job.running()
+    job.fault("rank_exit", 3)
+    job.tick()
+    job.take()
+    job.model.led_stops = {0: job.model.epoch}
+    job.stopped([0, 1], 10)  # node 0's (led) answered; rank 2 (node 1, direct) has not
+    job.advance(2 * job.config.agent_heartbeat_s + 0.01)
+    job.tick()
+    assert msgs(job.take(), M.Stop) == []
+    assert job.model.round is not None and job.model.round.stop_again == job.now
+    job.advance(0.5)
+    assert job.tick() == []
