@@ -463,15 +463,18 @@ class Agent(ManagerSide, RankEnds, SpareSide):
         self._poller.register(self.group_leader.sock, zmq.POLLIN)
 
     def _join_group(self, msg: M.GroupAt) -> None:
-        """Beat to the heartbeat group's leader at ``msg.endpoint`` ("": to the manager)."""
-        if self.group is not None and self.group.endpoint == msg.endpoint:
+        """Beat to the heartbeat group's leader at ``msg.endpoint`` ("": to the manager), under
+        this agent's identity at the manager (the leader names it so in its batches, and the
+        manager addresses its STOPs so): a new one after a move to another manager."""
+        ident, group = self.chan.identity, self.group
+        if group is not None and group.endpoint == msg.endpoint and group.chan.identity == ident:
             return  # said again (the leader registered again at the same place)
-        if self.group is not None:
-            self._poller.unregister(self.group.chan.sock)
-            self.group.close()
+        if group is not None:
+            self._poller.unregister(group.chan.sock)
+            group.close()
             self.group, self._grouped = None, False
         if msg.endpoint:
-            self.group = GroupLink(self._ctx, self.config, self._ident, msg.leader, msg.endpoint)
+            self.group = GroupLink(self._ctx, self.config, ident, msg.leader, msg.endpoint)
             self._poller.register(self.group.chan.sock, zmq.POLLIN)
 
     def _group_answers(self) -> None:

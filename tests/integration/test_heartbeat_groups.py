@@ -142,3 +142,30 @@ def test_a_stop_lost_on_the_way_through_the_leader_goes_again(tmp_path, referenc
     assert rec["lost_steps"] == 0
     assert rec["phases"]["stop"] >= 2 * job.config.agent_heartbeat_s
     assert [r["sha256"] for r in results(out)] == [reference] * 4
+
+
+def test_a_member_that_moved_to_another_manager_links_to_its_leader_under_its_new_name():
+    """The leader names a member by the identity it beats under, and the manager knows the
+    member by its identity at the manager, which changes when the agent moves to another
+    manager (a takeover): GroupAt from the new manager links again under the new one, or every
+    member's beats would be refused there and the members declared lost."""
+    import sys
+
+    from ms_recover.agent.agent import Agent
+    from ms_recover.config import JobConfig
+    from ms_recover.protocol import messages as M
+
+    cfg = JobConfig(node_nums=4, node_rank=1, proc_per_node=1, manager_port=1, group_nodes=2)
+    agent = Agent(cfg, [sys.executable, "t.py"])
+    try:
+        at = M.GroupAt(0, "tcp://127.0.0.1:9")
+        agent._handle(at)
+        first = agent.group
+        assert first is not None and first.chan.identity == agent.chan.identity
+        agent._handle(at)  # said again: the same link
+        assert agent.group is first
+        agent.chan.reconnect(agent.chan.identity + b".m1.7")  # as a move to a standby does
+        agent._handle(at)
+        assert agent.group is not first and agent.group.chan.identity == agent.chan.identity
+    finally:
+        agent.close()
