@@ -216,3 +216,28 @@ def test_a_planned_stop_of_node_0_without_a_standby_ends_the_job_with_a_final_du
     for rank in range(4):
         path, _ = locate(dump_dir, rank)
         assert sha256_of(load_npz(path)) == expected
+
+
+def test_node_0_lost_whole_with_heartbeat_groups(tmp_path):
+    """4 nodes x 1 rank in heartbeat groups of 2 (node 1 beats through node 0, node 3 through
+    node 2). Node 0 lost whole with the manager: the standby (node 1's pod) takes over; node 3
+    beats through node 2 again, under the identity it has at the new manager (the leader names
+    it so; the old one would be refused there), and no node but node 0 is declared lost."""
+    changes: dict[str, Any] = {"node_nums": 4, "proc_per_node": 1, "group_nodes": 2}
+    reference = reference_sha(str(tmp_path / "reference"), **changes)
+    out = str(tmp_path / "run")
+    with pod_job(out, None, "--step-time", "0.2", **changes) as job:
+        second = job.config.managers[1]
+
+        def via() -> dict[int, Any]:
+            got = manager_status(job.config, second)
+            return {a["node_rank"]: a["beats_via"] for a in got["agents"]} if got else {}
+
+        wait_for(lambda: job.find("job_start"), 120, "training under way")
+        job.pods.kill_node(0)  # node 0 lost whole: its manager, agent and ranks
+        wait_for(lambda: job.find("manager_takeover"), 30, "the standby's takeover")
+        wait_for(lambda: via().get(3) == 2, 30, "node 3's beats through node 2 at the new manager")
+        assert job.wait(180)
+    assert job.exit_code == 0
+    assert [(f["kind"], f["node_rank"]) for f in job.find("fault")] == [("node_lost", 0)]
+    assert [r["sha256"] for r in results(out)] == [reference] * 4
