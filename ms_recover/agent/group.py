@@ -55,6 +55,26 @@ log = logging.getLogger("ms_recover.agent")
 RETRY_BEATS = 5
 
 
+def add_stopped(
+    batch: M.GroupStopped,
+    node: int,
+    ident: bytes,
+    locals_: list[bytes],
+    ranks: list[int],
+    steps: list[int],
+    digests: list[str],
+) -> None:
+    """Add the STOPPED of node ``node``'s ranks (their identities at its agent, ranks,
+    committed steps, digests), relayed by its agent ``ident``, to a leader's batch."""
+    batch.nodes.append(node)
+    batch.idents.append(ident)
+    batch.counts.append(len(ranks))
+    batch.locals.extend(locals_)
+    batch.ranks.extend(ranks)
+    batch.steps.extend(steps)
+    batch.digests.extend(digests)
+
+
 class GroupLeader:
     """The ROUTER of a heartbeat group's leader, and the batch it owes the manager."""
 
@@ -129,13 +149,7 @@ class GroupLeader:
             if not len(acks.idents) == len(acks.steps) == len(acks.digests) == n:
                 self.drops.drop("stopped columns of different lengths", f"agent:{node}")
                 continue
-            batch.nodes.append(node)
-            batch.idents.append(ident)
-            batch.counts.append(n)
-            batch.locals.extend(acks.idents)
-            batch.ranks.extend(acks.ranks)
-            batch.steps.extend(acks.steps)
-            batch.digests.extend(acks.digests)
+            add_stopped(batch, node, ident, acks.idents, acks.ranks, acks.steps, acks.digests)
         return list(out.values())
 
     def pass_stop(self, msg: M.GroupStop, epoch: int) -> int:

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgpack
 
+from ms_recover.agent.group import add_stopped
 from ms_recover.agent.relay import next_report_at
 from ms_recover.bench.fakecluster import ENDPOINT, FakeCluster, FakeSpec, _Member, _peek
 from ms_recover.protocol import messages as M
@@ -236,13 +237,9 @@ class RelayCluster(FakeCluster):
         for node, ident, targets in zip(*columns, strict=True):
             ranks = self._stopping(epoch, targets)
             if ranks:
-                out.nodes.append(node)
-                out.idents.append(ident)
-                out.counts.append(len(ranks))
-                out.locals.extend(self._local(r) for r in ranks)
-                out.ranks.extend(r.rank for r in ranks)
-                out.steps.extend(r.committed for r in ranks)
-                out.digests.extend([""] * len(ranks))
+                who = [self._local(r) for r in ranks], [r.rank for r in ranks]
+                steps = [r.committed for r in ranks]
+                add_stopped(out, node, ident, *who, steps, [""] * len(ranks))
                 self._sent_at[node] = time.monotonic()
         if out.nodes:
             self.send(self.agents[leader], out)

@@ -169,9 +169,41 @@ class FastAcks:
         cls, record = COLUMNS[msg.kind]
         steps = msg.steps or [-1] * n
         digests = msg.digests or [""] * n
+        left = self._record(prefix, mine, epoch, record, msg.idents, msg.ranks, steps, digests)
+        self.cadence.heard(cls, epoch, n - len(left))
+        return left
+
+    def stopped(
+        self, prefix: bytes, mine: range, epoch: int, msg: M.GroupStopped, start: int, end: int
+    ) -> int:
+        """Record items ``start:end`` of a group leader's GroupStopped batch, STOPPED answers
+        of epoch ``epoch`` (the current one) relayed by the agent whose virtual identities
+        start with ``prefix`` for the ranks ``mine``, as :meth:`columns` records a RelayAcks'
+        (the leader checked each member's frame, as an agent checks its ranks'); how many were
+        recorded. The others are dropped: a rank that is not the node's, not registered and
+        alive, or not known under that identity (the round's STOP goes again to a survivor
+        that has not answered, :func:`~ms_recover.manager.progress.stop_again`)."""
+        cut = slice(start, end)
+        columns = msg.locals[cut], msg.ranks[cut], msg.steps[cut], msg.digests[cut]
+        return end - start - len(self._record(prefix, mine, epoch, _stop, *columns))
+
+    def _record(
+        self,
+        prefix: bytes,
+        mine: Container[int],
+        epoch: int,
+        record: Callable[[RankInfo, int, int, str], None],
+        idents: list[bytes],
+        ranks: list[int],
+        steps: list[int],
+        digests: list[str],
+    ) -> list[int]:
+        """``record`` each item of the columns whose rank is one of ``mine``, registered,
+        alive and known under the virtual identity ``prefix`` + its local identity; the
+        indices of the others (nothing was done for those)."""
         get, now, left = self.model.ranks.get, self.clock(), []
         for i, (local, rank, step, digest) in enumerate(
-            zip(msg.idents, msg.ranks, steps, digests, strict=True)
+            zip(idents, ranks, steps, digests, strict=True)
         ):
             info = get(rank)  # self._member, inlined: every rank of a stop-all passes here
             if (
@@ -184,41 +216,7 @@ class FastAcks:
                 continue
             info.last_seen = now
             record(info, epoch, step, digest)
-        self.cadence.heard(cls, epoch, n - len(left))
         return left
-
-    def stopped(
-        self,
-        prefix: bytes,
-        mine: range,
-        epoch: int,
-        msg: M.GroupStopped,
-        start: int,
-        end: int,
-    ) -> int:
-        """Record items ``start:end`` of a group leader's GroupStopped batch, STOPPED answers
-        of epoch ``epoch`` (the current one) relayed by the agent whose virtual identities
-        start with ``prefix`` for the ranks ``mine``, as :meth:`columns` records a RelayAcks'
-        (the leader checked each member's frame, as an agent checks its ranks'); how many were
-        recorded. The others are dropped: a rank that is not the node's, not registered and
-        alive, or not known under that identity (the round's STOP goes again to a survivor
-        that has not answered, :func:`~ms_recover.manager.progress.stop_again`)."""
-        get, now, done = self.model.ranks.get, self.clock(), 0
-        locals_, ranks, steps, digests = msg.locals, msg.ranks, msg.steps, msg.digests
-        for i in range(start, end):
-            rank = ranks[i]
-            info = get(rank)
-            if (
-                info is None
-                or rank not in mine
-                or not (info.registered and info.alive)
-                or info.identity != prefix + locals_[i]
-            ):
-                continue
-            info.last_seen = now
-            _stop(info, epoch, steps[i], digests[i])
-            done += 1
-        return done
 
     def _member(self, rank: int, mine: Container[int], identity: bytes) -> RankInfo | None:
         """``rank``'s record if it is one of ``mine``, registered, alive and known under this
