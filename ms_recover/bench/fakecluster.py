@@ -173,7 +173,8 @@ class FakeCluster:
 
     def hello(self, m: _Member) -> None:
         if m.is_agent:
-            ranks = [r for r, x in self.ranks.items() if x.node == m.node]
+            per = self.spec.proc_per_node  # a node's ranks are consecutive
+            ranks = list(range(m.node * per, (m.node + 1) * per))
             self.send(m, M.AgentHello(m.node, "127.0.0.1", ranks, m.pid, m.node == 0), 0)
         else:
             self.send(
