@@ -147,6 +147,29 @@ def test_a_batch_is_each_members_own_heartbeat(grouped: Grouped) -> None:
     assert agents[1].via == -1
 
 
+def test_a_batch_item_refuses_a_claim_and_skips_a_dead_agent_as_a_direct_beat(
+    grouped: Grouped,
+) -> None:
+    """The common case is handled inline; a node with a slot claim or an agent that is not
+    alive takes the direct heartbeat's path (:meth:`AgentSide._agent_beat`)."""
+    for node in range(4):
+        grouped.agent(node)
+    # a new incarnation of node 1's agent says hello while the registered one is alive: held
+    hello = M.AgentHello(1, "127.0.0.1", [], 999, False)  # another nonce: another incarnation
+    grouped.server._handlers[M.AgentHello](b"new1", Envelope("unit", 0, "a1", 0, hello, 77), hello)
+    assert grouped.server.slots.claimant(1, b"new1") is not None
+    grouped.t += 0.1
+    grouped.feed(b"a0", M.GroupBeats(0, [1], [b"a1"], [{}], [{}]))  # the old one speaks
+    refused = [(i, m.ok) for i, m in grouped.sent if isinstance(m, M.AgentWelcome) and not m.ok]
+    assert refused == [(b"new1", False)] and grouped.server.slots.claims == {}
+    assert grouped.model.agents[1].last_seen == grouped.t
+    grouped.model.agents[1].alive = False  # declared lost: its beats no longer count
+    before = grouped.model.agents[1].last_seen
+    grouped.t += 0.1
+    grouped.feed(b"a0", M.GroupBeats(0, [1], [b"a1"], [{2: 50}], [{}]))
+    assert grouped.model.agents[1].last_seen == before
+
+
 def test_a_batch_folds_the_ranks_steps_and_answers_the_leader(grouped: Grouped) -> None:
     for node in range(4):
         grouped.agent(node)
