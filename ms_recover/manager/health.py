@@ -22,23 +22,50 @@ BASELINE_REPORTS = 3  # own-history reports whose median is a rank's baseline (j
 @dataclasses.dataclass(slots=True)  # not frozen: a third of the cost of making one
 class RankHealth:
     """One rank's last timing report, heard at ``at`` (the manager's clock). The rank's next
-    report of the same epoch updates it in place (at 65,536 ranks: 26,000 reports a second);
-    its first report of an epoch replaces it. Read within one decision, never kept."""
+    report of the same epoch updates it in place (at 65,536 ranks: 26,000 reports a second):
+    the report's list is kept as it came (``values``, laid out as HEALTH_FIELDS) and read
+    through the properties below when a rule judges it, every few seconds; its first report
+    of an epoch replaces it. Read within one decision, never kept."""
 
     at: float
     epoch: int
     step: int  # the committed step of the report
-    idle_s: float  # since its last commit, when it reported
-    coll_s: float  # inside its current collective (-1: in none)
-    p99_s: float  # -1: too few steps timed
-    compute_s: float  # median compute time per step over its window (-1: too few)
-    compute_lo_s: float  # its tenth percentile (scheduling noise only adds time)
-    long: bool  # in a declared long stretch, paused or done
+    values: list[float]  # the report, laid out as HEALTH_FIELDS
     #: The percentile of the rank's previous report of this epoch (-1: none): a rank is
     #: judged slow only on two reports in a row.
     prev_lo_s: float = -1.0
     #: The rank's first compute percentiles of this epoch, for a baseline of its own.
     early: tuple[float, ...] = ()
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since its last commit, when it reported."""
+        return self.values[1]
+
+    @property
+    def coll_s(self) -> float:
+        """Seconds inside its current collective (-1: in none)."""
+        return self.values[2]
+
+    @property
+    def p99_s(self) -> float:
+        """Its step time's 99th percentile (-1: too few steps timed)."""
+        return self.values[3]
+
+    @property
+    def compute_s(self) -> float:
+        """Median compute time per step over its window (-1: too few)."""
+        return self.values[4]
+
+    @property
+    def compute_lo_s(self) -> float:
+        """The compute time's tenth percentile (scheduling noise only adds time)."""
+        return self.values[5]
+
+    @property
+    def long(self) -> bool:
+        """In a declared long stretch, paused or done."""
+        return bool(self.values[6])
 
     def baseline(self) -> float:
         """The median of the rank's first BASELINE_REPORTS percentiles of this epoch, or -1."""
@@ -52,19 +79,16 @@ def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> 
     if len(values) != _FIELDS:
         return
     m.health_rev += 1
-    epoch, idle, coll, p99, med, lo, long = values
     h = m.health.get(rank)
-    if h is None or h.epoch != int(epoch):  # the rank's first report of its epoch
+    lo = values[5]
+    if h is None or h.epoch != values[0]:  # the rank's first report of its epoch
         early = (lo,) if lo > 0 else ()
-        m.health[rank] = RankHealth(
-            now, int(epoch), step, idle, coll, p99, med, lo, bool(long), -1.0, early
-        )
+        m.health[rank] = RankHealth(now, int(values[0]), step, values, -1.0, early)
         return
     if lo > 0 and len(h.early) < BASELINE_REPORTS:
         h.early = (*h.early, lo)
-    h.prev_lo_s = h.compute_lo_s
-    h.at, h.step, h.idle_s, h.coll_s, h.p99_s = now, step, idle, coll, p99
-    h.compute_s, h.compute_lo_s, h.long = med, lo, bool(long)
+    h.prev_lo_s = h.values[5]
+    h.at, h.step, h.values = now, step, values
 
 
 _FIELDS = len(HEALTH_FIELDS)
