@@ -25,7 +25,8 @@ The rules that read every rank (its silence, its timing report: adaptive hangs, 
 ranks) run with a decision only once :data:`JUDGE_SHARE` times the last such decision's
 duration has passed since it began: on every decision of a small job, every one to three
 seconds at 65,536 ranks, whose reports take 40-80 ms to read. Lost nodes, reported faults and phases
-are decided on every tick as before.
+are decided on every tick as before, and the SHARE wait after a judging decision is that of an
+ordinary one (a fault reported right after one is not held back by its cost).
 
 :class:`SharedBeat` answers an agent's heartbeat (``JobConfig.agent_heartbeat_s``) once per
 quarter of the agent's manager-silence grace (``lost_manager_grace_s``; 60 s by default, so
@@ -94,11 +95,13 @@ class Cadence:
         self._clock = clock
         self._dirty, self._at, self._cost = True, -1e18, 0.0
         self._judged_at, self._judge_cost = -1e18, 0.0  # the last decision that judged
+        self._plain_cost: float | None = None  # the last decision that did not judge
         # Answers owed to this epoch's broadcasts (see :meth:`owed`): answer kind -> count.
         self._owed: dict[type[M.Message], int] = {}
         self._owed_epoch = -1
         #: The last answer owed came: decide now (see :meth:`run`), and stop reading first.
         self.answered = False
+        self.judged = 0  # decisions that judged every rank so far (see :meth:`run`)
 
     def owed(self, asked: type[M.Message], n: int) -> None:
         """``n`` members were sent ``asked`` in this epoch: their answers end a phase."""
@@ -143,9 +146,17 @@ class Cadence:
         self._dirty, self._at, self.answered = False, now, False
         judge = now - self._judged_at >= JUDGE_SHARE * self._judge_cost
         decide(judge)
-        self._cost = self._clock() - now
+        cost = self._clock() - now
         if judge:
-            self._judged_at, self._judge_cost = now, self._cost
+            self._judged_at, self._judge_cost = now, cost
+            self.judged += 1
+            # JUDGE_SHARE bounds the judging: the next decision waits on an ordinary one's
+            # cost (at 65,536 ranks a judging decision takes 200 ms; a fault reported right
+            # after it waited SHARE times that, 0.8 s, for its decision). A job that judges on
+            # every decision has no other cost to go by.
+            self._cost = cost if self._plain_cost is None else self._plain_cost
+        else:
+            self._cost = self._plain_cost = cost
         return True
 
     def poll_ms(self) -> int:

@@ -220,3 +220,25 @@ def test_judging_every_reports_takes_a_bounded_share(running: JobModel) -> None:
         cheap.run(lambda judge: flags.append(judge))
         clock.t += cheap.quiet_s
     assert flags == [True] * 5  # a small job judges on every decision
+
+
+def test_a_fault_right_after_a_judging_decision_waits_on_an_ordinary_ones_cost(
+    running: JobModel,
+) -> None:
+    """JUDGE_SHARE bounds the judging decisions; the SHARE wait after one of them is that of
+    the ordinary decisions, so a fault reported right after 65,536 ranks were judged (200 ms)
+    is decided within milliseconds, not 4 x 200 ms later."""
+    clock = Clock()
+    cadence = Cadence(running, tick_s=0.02, clock=clock)
+
+    def decide(judge: bool) -> None:
+        clock.t += 0.1875 if judge else 0.0009765625  # judging: ~200 ms, else ~1 ms
+
+    assert cadence.run(decide) and cadence.judged == 1  # the first decision judges
+    clock.t += cadence.quiet_s
+    assert cadence.run(decide) and cadence.judged == 1  # an ordinary one: ~1 ms
+    clock.t += 8.0  # ... and 40 x 187 ms later the next judging decision
+    assert cadence.run(decide) and cadence.judged == 2
+    cadence.heard(M.RankExited)  # a fault reported as it ends
+    clock.t += 4 * 0.0009765625
+    assert cadence.due()  # SHARE x the ordinary decision's cost has passed, not 4 x 187 ms
