@@ -11,6 +11,7 @@ from __future__ import annotations
 from ms_recover.manager import detection, sparenodes, subhealth
 from ms_recover.manager.actions import Action, Emit, Judged
 from ms_recover.manager.ending import after_end
+from ms_recover.manager.health import RankHealth
 from ms_recover.manager.leaving import asked_to_stop, settled
 from ms_recover.manager.model import AgentInfo, Fault, JobModel, RankInfo
 from ms_recover.manager.progress import PROGRESS
@@ -27,10 +28,12 @@ def decide(m: JobModel, now: float, judge: bool = True) -> list[Action]:
     if m.state is JobState.FINISHED:  # members that appear late are told it is over
         return after_end(m)
     restoring = m.state is JobState.FORMING and m.restore is not None
+    # the busy ranks' reports, read once for the hang and fail-slow rules
+    pairs = (detection.busy_reports(m) or []) if judge and m.state is JobState.RUNNING else None
     faults = (
         []
         if restoring
-        else [*m.pending, *detect_silence(m, now, judge), *detect_early_exits(m, now)]
+        else [*m.pending, *detect_silence(m, now, judge, pairs), *detect_early_exits(m, now)]
     )
     if (m.leaving and not restoring) or m.stop_asked:  # planned stops (docs/design.md §1d)
         ending = asked_to_stop(m, now)
@@ -49,16 +52,18 @@ def decide(m: JobModel, now: float, judge: bool = True) -> list[Action]:
         if swap:
             return swap
     if m.state is JobState.RUNNING and m.health_rev != m.judged_rev and judge:
-        judged, ends = _judge(m, now)
+        judged, ends = _judge(m, now, pairs)
         return judged if ends else judged + progress
     return progress
 
 
-def _judge(m: JobModel, now: float) -> tuple[list[Action], bool]:
+def _judge(
+    m: JobModel, now: float, pairs: list[tuple[RankInfo, RankHealth]] | None = None
+) -> tuple[list[Action], bool]:
     """The fail-slow and repeat-divergence rules over the reports that arrived since they
     last ran, and the sub-health policy's actions on what they flag (with whether those end
     the running state)."""
-    found = detection.slow_flags(m) + subhealth.divergence_flags(m, now)
+    found = detection.slow_flags(m, pairs) + subhealth.divergence_flags(m, now)
     flags: list[Action] = [Emit(f"rank {f.rank} flagged {f.reason}: {f.detail}", f) for f in found]
     policy, ends = subhealth.act(m, found, now)
     return [Judged("", m.health_rev), *flags, *policy], ends
@@ -100,9 +105,15 @@ def _leader_went_quiet(m: JobModel, a: AgentInfo, heard: float) -> bool:
     return quiet and leader.last_seen + 2 * beat >= heard - m.config.silence_s
 
 
-def detect_silence(m: JobModel, now: float, judge: bool = True) -> list[Fault]:
+def detect_silence(
+    m: JobModel,
+    now: float,
+    judge: bool = True,
+    pairs: list[tuple[RankInfo, RankHealth]] | None = None,
+) -> list[Fault]:
     """Lost nodes (silent agents), silent ranks and a job-wide hang, from the clock; silent
-    ranks and hangs by the timing reports only when ``judge`` (see ``decide``).
+    ranks and hangs by the timing reports only when ``judge`` (see ``decide``; ``pairs``:
+    the busy ranks' reports if it read them).
 
     Silence is judged as of ``m.heard_at`` when that is earlier than ``now``: a member whose
     frames wait unread in the manager's queue is not silent, however long the manager took
@@ -152,7 +163,9 @@ def detect_silence(m: JobModel, now: float, judge: bool = True) -> list[Fault]:
             )
         )
     if m.state is JobState.RUNNING and not faults:
-        hangs = (judge and detection.detect_hang(m, now, heard)) or _detect_hang(m, now, heard)
+        hangs = (judge and detection.detect_hang(m, now, heard, pairs)) or _detect_hang(
+            m, now, heard
+        )
         faults.extend(subhealth.hangs_not_held(m, hangs, now))
     return faults
 

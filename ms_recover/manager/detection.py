@@ -35,7 +35,7 @@ CPUs for CPU-bound work can look slow, and is not told apart (see the tests' not
 from __future__ import annotations
 
 import dataclasses
-import typing
+import math
 
 from ms_recover.config import JobConfig
 from ms_recover.manager.health import RankHealth
@@ -63,17 +63,40 @@ def busy(m: JobModel) -> list[RankInfo]:
 def reports(m: JobModel, ranks: list[RankInfo]) -> list[tuple[RankInfo, RankHealth]] | None:
     """Each rank with its report of the current epoch, or None if one has none."""
     get, epoch = m.health.get, m.epoch
-    found = [(info, get(info.rank)) for info in ranks]
-    if any(h is None or h.epoch != epoch for _, h in found):
-        return None
-    return typing.cast(list[tuple[RankInfo, RankHealth]], found)
+    found = []
+    for info in ranks:  # one pass, stopping at the first rank without one
+        h = get(info.rank)
+        if h is None or h.epoch != epoch:
+            return None
+        found.append((info, h))
+    return found
+
+
+def busy_reports(m: JobModel) -> list[tuple[RankInfo, RankHealth]] | None:
+    """:func:`reports` of :func:`busy`, in one pass (a judging decision of a 65,536-rank job
+    reads them once for the hang and fail-slow rules together)."""
+    get, epoch, active = m.health.get, m.epoch, m.active
+    found = []
+    for info in m.ranks.values():
+        if info.alive and not info.done and info.rank in active:
+            h = get(info.rank)
+            if h is None or h.epoch != epoch:
+                return None
+            found.append((info, h))
+    return found
 
 
 def hang_limit(cfg: JobConfig, timed: list[RankHealth]) -> HangLimit | None:
     """The adaptive hang limit for these reports, or None when the fixed bound applies."""
-    if not cfg.hang_adaptive or not timed or any(h.long or h.p99_s < 0 for h in timed):
+    if not cfg.hang_adaptive or not timed:
         return None
-    p99 = max(h.p99_s for h in timed)
+    p99 = -1.0
+    for h in timed:  # one pass, each report's list read once (HEALTH_FIELDS: p99_s, long)
+        v = h.values
+        if v[6] or v[3] < 0:
+            return None
+        if v[3] > p99:
+            p99 = v[3]
     seconds = min(cfg.hang_timeout_s, max(cfg.hang_k * p99, cfg.hang_floor_s))
     rule = f"max({cfg.hang_k:g} x p99 {p99 * 1000:.0f}ms, floor {cfg.hang_floor_s:g}s)"
     return HangLimit(seconds, rule)
@@ -84,15 +107,23 @@ def stalled(h: RankHealth, heard: float, cap: float) -> float:
     return h.idle_s + min(max(heard - h.at, 0.0), cap)
 
 
-def detect_hang(m: JobModel, now: float, heard: float) -> list[Fault]:
-    """A hang by the adaptive rule: one fault per culprit, or none."""
-    pairs = reports(m, busy(m))
+def detect_hang(
+    m: JobModel, now: float, heard: float, pairs: list[tuple[RankInfo, RankHealth]] | None = None
+) -> list[Fault]:
+    """A hang by the adaptive rule: one fault per culprit, or none. ``pairs``: the busy
+    ranks' reports (:func:`busy_reports`) if the caller read them already."""
+    pairs = busy_reports(m) if pairs is None else pairs
     if not pairs:
         return []
     limit = hang_limit(m.config, [h for _, h in pairs])
     if limit is None:
         return []
-    quiet = min(stalled(h, heard, m.config.heartbeat_s) for _, h in pairs)
+    cap, quiet = m.config.heartbeat_s, math.inf
+    for _, h in pairs:  # min(stalled(h, heard, cap)), without two calls per rank
+        late = heard - h.at
+        late = cap if late > cap else 0.0 if late < 0.0 else late
+        if h.values[1] + late < quiet:
+            quiet = h.values[1] + late
     if quiet < limit.seconds:
         return silent_culprits(pairs, limit, now, heard, m.config.heartbeat_s)
     named = culprits(pairs)
@@ -121,9 +152,11 @@ def silent_culprits(
     other member reports, fresh, that it waits in a collective and has not committed for the
     whole limit. The others' own reports are the evidence; a silent rank's late report alone
     never is."""
-    fresh = [h for _, h in pairs if heard - h.at <= cap]
     silent = [(i, heard - h.at) for i, h in pairs if heard - h.at >= limit.seconds]
-    if not fresh or not silent or len(fresh) + len(silent) != len(pairs):
+    if not silent:  # the common case, on every judging decision of a running job
+        return []
+    fresh = [h for _, h in pairs if heard - h.at <= cap]
+    if not fresh or len(fresh) + len(silent) != len(pairs):
         return []
     if any(h.coll_s < 0 for h in fresh):  # one of the others is not waiting on anyone
         return []
@@ -159,18 +192,28 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def slow_flags(m: JobModel) -> list[FlaggedRecord]:
-    """The members whose compute time is persistently slow, not flagged before."""
-    pairs = reports(m, busy(m)) or []
-    timed = [(i, h) for i, h in pairs if not h.long and h.compute_s > 0 and h.compute_lo_s > 0]
-    peers = median([h.compute_lo_s for _, h in timed]) if len(timed) >= PEERS else -1.0
+def slow_flags(
+    m: JobModel, pairs: list[tuple[RankInfo, RankHealth]] | None = None
+) -> list[FlaggedRecord]:
+    """The members whose compute time is persistently slow, not flagged before. ``pairs``:
+    the busy ranks' reports (:func:`busy_reports`) if the caller read them already."""
+    pairs = (busy_reports(m) if pairs is None else pairs) or []
+    # HEALTH_FIELDS' long, compute_s and compute_lo_s, straight from each report's list
+    timed = [(i, h) for i, h in pairs if not h.values[6] and h.values[4] > 0 and h.values[5] > 0]
+    peers = median([h.values[5] for _, h in timed]) if len(timed) >= PEERS else -1.0
+    ratio = m.config.slow_ratio
+    if peers > 0:  # the rule below against the members' median, as one filter first
+        if peers < MIN_COMPUTE_S:
+            return []
+        bar = ratio * peers  # slow on this report and the one before
+        timed = [(i, h) for i, h in timed if h.values[5] >= bar and h.prev_lo_s >= bar]
     out = []
     for info, h in timed:
         if info.rank in m.flagged:
             continue
         ref, basis = (peers, "the members' median") if peers > 0 else (h.baseline(), "its own")
         slow = min(h.compute_lo_s, h.prev_lo_s)  # on this report and the one before
-        if ref < MIN_COMPUTE_S or slow < m.config.slow_ratio * ref:
+        if ref < MIN_COMPUTE_S or slow < ratio * ref:
             continue
         agent = m.agents.get(info.node_rank)
         out.append(
