@@ -341,16 +341,28 @@ class _Scale:
         }
 
     def idle(self, window_s: float) -> dict[str, Any]:
-        """The running job, no fault: manager thread CPU share and frames per second."""
+        """The running job, no fault: manager thread CPU share and frames per second, over at
+        least ``window_s`` from the end of one decision that judged every rank to the end of
+        another (:attr:`Cadence.judged <ms_recover.manager.cadence.Cadence.judged>`): those
+        take up to 1/40 of the thread in one piece every few seconds at scale (200 ms every
+        8 s at 65,536 ranks), so a window that does not span whole periods of them reads
+        their share as either nothing or several times its size."""
         assert self.thread is not None
         srv = self.server
+        judged = srv.cadence.judged
+        self._wait(lambda: srv.cadence.judged > judged, "a decision that judges every rank")
         cpu0, t0 = _thread_cpu(self.thread), time.time()
         in0, out0, relayed0 = srv.frames_in, _frames_out(srv), srv.relay.items_in
+        first = srv.cadence.judged
         time.sleep(window_s)  # a measurement window, not a wait for a condition
-        wall = time.time() - t0
+        judged = srv.cadence.judged
+        self._wait(lambda: srv.cadence.judged > judged, "a decision that judges every rank")
+        # the window ends as the last judging decision ends: no share of the next one in it
+        cpu, wall = _thread_cpu(self.thread) - cpu0, time.time() - t0
         return {
             "window_s": wall,
-            "cpu_pct": (_thread_cpu(self.thread) - cpu0) / wall * 100,
+            "judged": srv.cadence.judged - first,
+            "cpu_pct": cpu / wall * 100,
             "in_per_s": (srv.frames_in - in0) / wall,
             "out_per_s": (_frames_out(srv) - out0) / wall,
             "relayed_per_s": (srv.relay.items_in - relayed0) / wall,
@@ -573,6 +585,14 @@ def _target(limit: float | None, op: str, ranks: int) -> dict[str, Any]:
     return {}
 
 
+def _windowed(row: Measure, idle: dict[str, Any]) -> Measure:
+    """``row`` with the idle window it was measured over in its note."""
+    if "judged" not in idle:
+        return row
+    window = f"{idle['window_s']:.1f} s window, {idle['judged']} decisions judging every rank"
+    return dataclasses.replace(row, note=f"{row.note}; {window}" if row.note else window)
+
+
 def scale_rows(s: dict[str, Any]) -> list[Measure]:
     """One scale's rows; names depend on the scale only, so runs compare row by row."""
     n = s["ranks"]
@@ -593,12 +613,15 @@ def scale_rows(s: dict[str, Any]) -> list[Measure]:
             failed="" if formed else failed,
             **_target(aim.form_s, "<=", n),
         ),
-        Measure(
-            f"{label}: manager CPU between faults",
-            idle.get("cpu_pct"),
-            "% of a core",
-            failed="" if formed else failed,
-            **_target(aim.cpu_pct, "<", n),
+        _windowed(
+            Measure(
+                f"{label}: manager CPU between faults",
+                idle.get("cpu_pct"),
+                "% of a core",
+                failed="" if formed else failed,
+                **_target(aim.cpu_pct, "<", n),
+            ),
+            idle,
         ),
         Measure(f"{label}: manager frames received", idle.get("in_per_s"), "/s"),
         Measure(f"{label}: manager frames sent", idle.get("out_per_s"), "/s"),
@@ -744,7 +767,10 @@ def _report(
         ),
         "Simulated agents and ranks run in a few local processes and answer at once; they share "
         "this host's cores with the manager, so the times are an upper bound for the manager.",
-        f"'Between faults': the running job watched for {args.idle:g} s before the first fault; "
+        f"'Between faults': the running job watched for at least {args.idle:g} s before the "
+        "first fault, from the end of one decision that judged every rank (their silence and "
+        "timing reports: at most 1/40 of the manager thread, in one piece every few seconds at "
+        "scale) to the end of another, so the window holds whole periods of them; "
         "frames counted in ManagerServer.dispatch (received) and sent (one per direct recipient, "
         "one per node batch); 'rank messages relayed' counts the rank messages and folded "
         "heartbeats those frames carried in.",

@@ -113,7 +113,15 @@ def _scale(ranks: int, formed: bool) -> dict[str, Any]:
         "agents": ranks // 8,
         "failed": "" if formed else "did not form within 60 s at heartbeat 0.5 s",
         "formation_s": 4.0 if formed else None,
-        "idle": {"cpu_pct": 12.0, "in_per_s": 900.0, "out_per_s": 10.0} if formed else None,
+        "idle": {
+            "cpu_pct": 12.0,
+            "in_per_s": 900.0,
+            "out_per_s": 10.0,
+            "window_s": 8.5,
+            "judged": 2,
+        }
+        if formed
+        else None,
         "stop_all": stop,
         "manager_cpu": {"n": 2, "median": 0.1, "min": 0.1, "max": 0.1} if formed else empty,
         "nodes_cpu": {"n": 2, "median": 0.2, "min": 0.2, "max": 0.2} if formed else empty,
@@ -131,6 +139,7 @@ def test_full_scale_rows_carry_design_targets() -> None:
     assert (stop.op, stop.limit, stop.verdict) == ("<=", 0.3, "PASS")
     cpu = rows[f"{label}: manager CPU between faults"]
     assert (cpu.op, cpu.limit, cpu.verdict) == ("<", 10.0, "MISS")  # 12 %
+    assert cpu.note == "8.5 s window, 2 decisions judging every rank"
     assert rows[f"{label}: manager frames received"].value == 900.0
     nodes = rows[f"{label}: simulated nodes' CPU during stop-all"]
     assert (nodes.value, nodes.verdict) == (0.2, "-")  # context: the fakes share the cores
