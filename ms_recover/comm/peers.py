@@ -19,12 +19,16 @@ Point to point (repair, MindIO's ``send_recv``) needs the destination: a repair 
 
 So a rank needs at most ``2 * log2(n) + 1`` peers per group it belongs to, world included:
 about 29 at 16,384 ranks instead of 16,383, and the endpoints a job's formation sends grow
-linearly with its ranks. Pure: no zmq, no numpy (the manager imports it).
+linearly with its ranks. The manager sends one REBUILD per node, with what the node's ranks
+need together; each rank keeps its own part (:func:`own_rebuild`). Pure: no zmq, no numpy
+(the manager imports it).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 def group_targets(order: Sequence[int], index: int) -> set[int]:
@@ -84,3 +88,41 @@ def _add_group(out: dict[int, set[int]], order: list[int], members: set[int]) ->
         if rank in out:
             targets = _targets(order, index, powers)
             out[rank].update(targets if inside else targets & members)
+
+
+def rank_needs(
+    rank: int, world: Sequence[int], groups: Iterable[tuple[str, Sequence[int]]] = ()
+) -> set[int]:
+    """:func:`needs` of one rank of a sorted, duplicate-free ``world``, its place found by
+    bisection instead of a pass over the world (a rank of a 65,536-rank job reads its peers
+    from its node's REBUILD in microseconds)."""
+    place = bisect.bisect_left(world, rank)
+    if place == len(world) or world[place] != rank:
+        return set()
+    out = _targets(world, place, _powers(len(world)))
+    members: set[int] | None = None
+    for _, ranks in groups:
+        if rank not in ranks:
+            continue
+        order = list(ranks)
+        if members is None:
+            members = set(world)
+        inside = members.issuperset(order)
+        powers = _powers(len(order))
+        for index, member in enumerate(order):
+            if member == rank:
+                targets = _targets(order, index, powers)
+                out.update(targets if inside else targets & members)
+    return out
+
+
+def own_rebuild(
+    rank: int, world: list[int], endpoints: dict[int, str], group_log: list[list[Any]]
+) -> tuple[dict[int, str], list[list[Any]]]:
+    """What ``rank`` keeps of a REBUILD made for its node's ranks together: every member of
+    the sorted ``world`` with the data endpoint of each peer it sends to (:func:`rank_needs`)
+    and "" for the others, and the logged groups (``GroupLog`` wire entries) it is a member
+    of, in log order."""
+    groups = [entry for entry in group_log if rank in entry[1]]
+    wanted = rank_needs(rank, world, [(entry[0], entry[1]) for entry in groups])
+    return {r: endpoints.get(r, "") if r in wanted else "" for r in world}, groups

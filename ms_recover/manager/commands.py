@@ -26,31 +26,41 @@ ASKED_TO_STOP = "asked to stop"
 
 
 def rebuild(m: JobModel, active: frozenset[int] | None = None) -> list[SendRanks]:
-    """REBUILD for every member, each with what that rank uses and nothing else, so a
-    formation's payload grows with the ranks and the group sizes, not with ranks squared:
+    """REBUILD for every member, one per node (per node and ``full``: see below), with what
+    the node's ranks use together and nothing else, so a formation's payload grows with the
+    ranks and the group sizes, not with ranks squared, and the manager builds, packs and
+    queues one message per node, not per rank:
 
-    * the data endpoints of exactly the peers it sends to in this world and its groups
-      (:func:`~ms_recover.comm.peers.needs_all`), at most ``2 * log2(n) + 1`` per group;
-    * the logged groups it is a member of, in log order (it takes no part in the others).
+    * the data endpoints of exactly the peers its ranks send to in this world and their groups
+      (:func:`~ms_recover.comm.peers.needs_all`), at most ``2 * log2(n) + 1`` per rank and group;
+    * the logged groups one of its ranks is a member of, in log order.
 
-    ``full`` marks the first REBUILD a rank acknowledges in its incarnation.
+    Each rank keeps its own part (:func:`~ms_recover.comm.peers.own_rebuild`): the endpoints of
+    the peers it sends to, the groups it is a member of. ``full`` marks the first REBUILD a
+    rank acknowledges in its incarnation (a node's new ranks get their own REBUILD).
     """
     world = sorted(m.active if active is None else active)
     wire_world, entries = runs(world), m.group_log.to_wire()
     wanted = needs_all(world, m.group_log)
+    place = {id(entry): i for i, entry in enumerate(entries)}  # log order
     groups_of: dict[int, list[list[Any]]] = {r: [] for r in world}
     for entry in entries:
         for r in entry[1]:
             if r in groups_of:
                 groups_of[r].append(entry)
-    sends = []
-    ranks = m.ranks
-    where = {r: ranks[r].endpoint for r in world}
+    ranks, node_of = m.ranks, m.config.node_of
+    batches: dict[tuple[int, bool], list[int]] = {}  # (node, full) -> its ranks, in order
     for r in world:
-        endpoints = {q: where[q] for q in wanted[r]}  # ints: a set's order is deterministic
-        full = ranks[r].acked_epoch(Ack.REBUILD) < 0
-        msg = Rebuild(wire_world, endpoints, full, groups_of[r])
-        sends.append(SendRanks("rebuild", (r,), msg))
+        batches.setdefault((node_of(r), ranks[r].acked_epoch(Ack.REBUILD) < 0), []).append(r)
+    where = {r: ranks[r].endpoint for r in world}
+    sends = []
+    for (_, full), members in batches.items():
+        peers = set().union(*(wanted[r] for r in members))
+        endpoints = {q: where[q] for q in sorted(peers)}
+        groups = {id(e): e for r in members for e in groups_of[r]}
+        logged = sorted(groups.values(), key=lambda e: place[id(e)])
+        msg = Rebuild(wire_world, endpoints, full, logged)
+        sends.append(SendRanks("rebuild", tuple(members), msg))
     return sends
 
 

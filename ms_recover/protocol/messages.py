@@ -472,12 +472,14 @@ class Stop(Message):
 class Rebuild(Message):
     """manager -> worker: rebuild the world and every logged group.
 
+    One per node: the manager sends the same REBUILD to the node's ranks (those it names).
     ``world`` lists the member ranks as inclusive ``[first, last]`` runs (see :func:`runs`).
-    ``endpoints`` holds the data endpoints of exactly the members this rank sends to in this
+    ``endpoints`` holds the data endpoints of exactly the members those ranks send to in this
     world and the logged groups (:mod:`ms_recover.comm.peers`: ring successor, barrier and
-    recursive-doubling partners), replacing any it had: O(log n) per group, not the world's.
-    ``group_log`` holds the logged groups this rank is a member of, in log order.
-    ``full`` is True for the first Rebuild this rank acknowledges in its incarnation.
+    recursive-doubling partners): O(log n) per rank and group, not the world's. ``group_log``
+    holds the logged groups one of them is a member of, in log order. Each rank keeps its own
+    part (:func:`ms_recover.comm.peers.own_rebuild`), replacing any it had. ``full`` is True
+    for the first Rebuild these ranks acknowledge in their incarnation.
     """
 
     KIND: ClassVar[bytes] = b"rebuild"

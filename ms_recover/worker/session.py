@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 from ms_recover.comm.base import CommBackend, ReduceOp
 from ms_recover.comm.grouplog import GroupLog
+from ms_recover.comm.peers import own_rebuild
 from ms_recover.config import JobConfig
 from ms_recover.dumpfiles import check_dump_dir
 from ms_recover.errors import CommError, Interrupted, RecoveryError, RepairError
@@ -419,8 +420,8 @@ class Session:
         elif isinstance(msg, M.Stop):
             self.link.send(M.Stopped(self.rank, self.committed, self._digest()), epoch)
         elif isinstance(msg, M.Rebuild):
-            members = self._members_of(msg)
-            self.comm.rebuild(epoch, members, GroupLog.from_wire(msg.group_log))
+            members, groups = self._members_of(msg)
+            self.comm.rebuild(epoch, members, GroupLog.from_wire(groups))
             self.members = sorted(members)
             self.link.send(M.Rebuilt(self.rank), epoch)
         elif isinstance(msg, M.Repair):
@@ -440,9 +441,10 @@ class Session:
             self._exit(msg)
         return False
 
-    def _members_of(self, msg: M.Rebuild) -> dict[int, str]:
-        """Rank -> data endpoint of the new world; "" for a member this rank does not send to
-        (REBUILD carries only the peers it sends to, see :mod:`ms_recover.comm.peers`)."""
+    def _members_of(self, msg: M.Rebuild) -> tuple[dict[int, str], list[list[Any]]]:
+        """Rank -> data endpoint of the new world, "" for a member this rank does not send to,
+        and the logged groups it is a member of: its own part of its node's REBUILD
+        (:func:`~ms_recover.comm.peers.own_rebuild`)."""
         try:
             world = M.ranks_of(msg.world, self.comm.world_size)
         except ValueError as exc:
@@ -453,7 +455,7 @@ class Session:
                 f"rank {self.rank}: malformed REBUILD: endpoints of ranks {strangers} "
                 "outside its world"
             )
-        return {r: msg.endpoints.get(r, "") for r in world}
+        return own_rebuild(self.rank, world, msg.endpoints, msg.group_log)
 
     def _dump(self, epoch: int, msg: M.Dump) -> None:
         assert self.link is not None

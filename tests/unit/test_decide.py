@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ms_recover import exitcodes
+from ms_recover.comm.peers import own_rebuild
 from ms_recover.config import JobConfig
 from ms_recover.manager import actions as A
 from ms_recover.manager.decide import decide
@@ -203,6 +204,12 @@ def msgs(sent: list[tuple[str, M.Message]], kind: type[M.Message]) -> list[tuple
     return [(who, m) for who, m in sent if isinstance(m, kind)]
 
 
+def own(rank: int, msg: M.Rebuild) -> dict[int, str]:
+    """The endpoints ``rank`` keeps of its node's REBUILD (the peers it sends to)."""
+    members, _ = own_rebuild(rank, M.ranks_of(msg.world, 4), msg.endpoints, msg.group_log)
+    return {q: ep for q, ep in members.items() if ep}
+
+
 # ============================================================================ formation
 def test_forming_waits_for_every_rank(make_job: Callable[..., Job]) -> None:
     job = make_job()
@@ -218,12 +225,15 @@ def test_forming_waits_for_every_rank(make_job: Callable[..., Job]) -> None:
     assert job.model.state is JobState.REBUILDING and job.model.epoch == 1
     rebuilds = msgs(job.take(), M.Rebuild)
     assert [who for who, _ in rebuilds] == ["r0", "r1", "r2", "r3"]
-    # Each rank gets the endpoints of the ranks it sends to (ring +1, +2, XOR 1 and 2).
+    # One REBUILD per node (r0 and r1 get the same), with the endpoints its ranks send to
+    # together; each rank keeps those of the ranks it sends to (ring +1, +2, XOR 1 and 2).
+    assert rebuilds[0][1] is rebuilds[1][1] and rebuilds[2][1] is rebuilds[3][1]
     sends_to = {0: [1, 2], 1: [0, 2, 3], 2: [3, 0], 3: [0, 1, 2]}
+    everyone = {q: f"tcp://h{q}:5{q}" for q in range(4)}
     for who, msg in rebuilds:
         rank = int(who[1:])
-        endpoints = {q: f"tcp://h{q}:5{q}" for q in sorted(sends_to[rank])}
-        assert msg == M.Rebuild([[0, 3]], endpoints, True, [])
+        assert msg == M.Rebuild([[0, 3]], everyone, True, [])
+        assert own(rank, msg) == {q: f"tcp://h{q}:5{q}" for q in sorted(sends_to[rank])}
 
 
 def test_formation_round_runs_to_running_with_a_job_start_event(
@@ -588,10 +598,14 @@ def test_a_replacement_s_new_endpoint_goes_to_the_ranks_that_send_to_it(
     job.tick()
     rebuilds = dict(msgs(job.take(), M.Rebuild))
     ep = {0: "tcp://h0:50", 1: "tcp://h1:51", 2: "tcp://h2:52", 3: "tcp://h3:7000"}
+    # the new rank 3 gets a REBUILD of its own (full), rank 2 of node 1 another
     assert rebuilds["r3"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (0, 1, 2)}, True, [])
-    assert rebuilds["r0"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (1, 2)}, False, [])
-    assert rebuilds["r1"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (0, 2, 3)}, False, [])
     assert rebuilds["r2"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (0, 3)}, False, [])
+    assert rebuilds["r0"] is rebuilds["r1"]  # node 0's ranks: one, with what both send to
+    assert rebuilds["r0"] == M.Rebuild([[0, 3]], {q: ep[q] for q in (0, 1, 2, 3)}, False, [])
+    sends_to = {0: (1, 2), 1: (0, 2, 3), 2: (0, 3), 3: (0, 1, 2)}
+    for rank, peers in sends_to.items():  # what each keeps
+        assert own(rank, rebuilds[f"r{rank}"]) == {q: ep[q] for q in peers}
 
 
 def test_a_stop_ack_of_an_older_epoch_does_not_count(make_job: Callable[..., Job]) -> None:

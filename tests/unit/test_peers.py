@@ -1,13 +1,15 @@
 """Which data endpoints a rank needs (ms_recover.comm.peers), and that a formation's REBUILDs
-carry O(log n + groups) endpoints per rank, linear in total, at 16,384 ranks."""
+(one per node) carry O(log n + groups) endpoints per rank, linear in total, at 16,384 ranks,
+of which each rank keeps exactly its own."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from ms_recover.comm.peers import group_targets, needs, needs_all
+from ms_recover.comm.peers import group_targets, needs, needs_all, own_rebuild, rank_needs
 from ms_recover.config import JobConfig
 from ms_recover.manager.commands import peers_of_group, rebuild
 from ms_recover.manager.model import JobModel
@@ -60,16 +62,22 @@ def test_formation_at_16384_ranks_sends_endpoints_linear_in_ranks() -> None:
     for local in range(8):
         m.group_log.add(f"dp{local}", list(range(local, 16384, 8)))
     sends = rebuild(m)
-    assert [s.ranks for s in sends] == [(r,) for r in range(16384)]
+    assert [s.ranks for s in sends] == [tuple(config.ranks_of(node)) for node in range(2048)]
     counts = [len(s.msg.endpoints) for s in sends if isinstance(s.msg, Rebuild)]
-    # world (n = 16,384) + dp (2,048) + tp (8): at most 2 * (14 + 11 + 3) + 3 peers
-    assert max(counts) <= 2 * (14 + 11 + 3) + 3
+    # world (n = 16,384) + dp (2,048) + tp (8): at most 2 * (14 + 11 + 3) + 3 peers a rank
+    assert max(counts) <= 8 * (2 * (14 + 11 + 3) + 3)
     assert sum(counts) <= 59 * 16384  # linear: not 16,384 * 16,383
-    for s in sends[:64]:  # every endpoint sent is one of the rule's, with the right address
-        (rank,) = s.ranks
+    world = list(range(16384))
+    for s in sends[:8]:  # every endpoint sent is one of the rule's, with the right address
         assert isinstance(s.msg, Rebuild)
-        assert set(s.msg.endpoints) == needs(rank, range(16384), m.group_log)
+        assert set(s.msg.endpoints) == set().union(
+            *(needs(rank, world, m.group_log) for rank in s.ranks)
+        )
         assert all(m.ranks[q].endpoint == ep for q, ep in s.msg.endpoints.items())
+        for rank in s.ranks:  # ... and each rank keeps its own: its peers, its groups
+            members, groups = own_rebuild(rank, world, s.msg.endpoints, s.msg.group_log)
+            assert {q for q, ep in members.items() if ep} == needs(rank, world, m.group_log)
+            assert [name for name, _ in groups] == [f"tp{rank // 8}", f"dp{rank % 8}"]
 
 
 def test_the_answer_to_a_new_group_names_the_peers_a_member_sends_to() -> None:
@@ -92,9 +100,34 @@ def _formation_bytes(nodes: int) -> list[int]:
 
 
 def test_formation_payload_grows_linearly_not_with_the_square() -> None:
-    """Bytes per rank's REBUILD: a few hundred at 16,384 ranks (every endpoint was ~430 KB),
-    and from 2,048 to 16,384 ranks they grow like log n, not like n."""
+    """Bytes per node's REBUILD: a few thousand at 16,384 ranks (every endpoint was ~430 KB a
+    rank), and from 2,048 to 16,384 ranks they grow like log n, not like n."""
     small, large = _formation_bytes(256), _formation_bytes(2048)
-    assert len(large) == 16384 and max(large) < 1024
+    assert len(large) == 2048 and max(large) < 8 * 1024
     per_rank_small, per_rank_large = sum(small) / len(small), sum(large) / len(large)
     assert per_rank_large < 1.5 * per_rank_small  # quadratic would be 8x
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_ranks_needs_are_the_rules(seed: int) -> None:
+    """rank_needs (a rank reading its part of its node's REBUILD) agrees with needs_all on
+    worlds with holes and groups in their own order, inside the world or reaching past it."""
+    rng = random.Random(seed)
+    n = rng.choice([5, 16, 37, 200])
+    world = sorted(rng.sample(range(n + 20), n))
+    groups = [
+        (f"g{k}", rng.sample(world if k % 2 else range(n + 20), rng.randint(1, min(n, 24))))
+        for k in range(4)
+    ]
+    everyone = needs_all(world, groups)
+    for rank in [*world, n + 40]:
+        assert rank_needs(rank, world, groups) == everyone.get(rank, set())
+
+
+def test_a_rank_keeps_its_own_part_of_its_nodes_rebuild() -> None:
+    endpoints = {q: f"tcp://h{q}:1" for q in range(8)}
+    log = [["even", [0, 2, 4, 6]], ["odd", [1, 3, 5, 7]], ["low", [0, 1]]]
+    members, groups = own_rebuild(1, list(range(8)), endpoints, log)
+    assert groups == [["odd", [1, 3, 5, 7]], ["low", [0, 1]]]
+    peers = needs(1, range(8), [("odd", [1, 3, 5, 7]), ("low", [0, 1])])
+    assert members == {q: (f"tcp://h{q}:1" if q in peers else "") for q in range(8)}

@@ -41,6 +41,7 @@ from typing import Any
 from ms_recover import exitcodes
 from ms_recover.comm.base import CommBackend
 from ms_recover.comm.grouplog import GroupLog
+from ms_recover.comm.peers import own_rebuild
 from ms_recover.config import JobConfig
 from ms_recover.errors import CommError
 from ms_recover.integrations.mindio.enums import Action, RepairType, ReportState
@@ -303,8 +304,8 @@ class Processor:
 
     def _on_rebuild(self, epoch: int, msg: M.Rebuild) -> None:
         world = M.ranks_of(msg.world, self.world_size)
-        # Only the peers this rank sends to come with an endpoint (ms_recover.comm.peers).
-        members = {r: msg.endpoints.get(r, "") for r in world}
+        # Only the peers this rank sends to keep an endpoint (ms_recover.comm.peers).
+        members, groups = own_rebuild(self.rank, world, msg.endpoints, msg.group_log)
         if self._formed and not self.reboot:
             fn, ctx = self._handler("clean")
             is_uce = self._report in (ReportState.RS_UCE, ReportState.RS_UCE_CORRUPTED)
@@ -318,7 +319,7 @@ class Processor:
             if msg.full and not self._formed:
                 self.data_plane.init(epoch, members)
             else:
-                self.data_plane.rebuild(epoch, members, GroupLog.from_wire(msg.group_log))
+                self.data_plane.rebuild(epoch, members, GroupLog.from_wire(groups))
 
     def _on_repair(self, msg: M.Repair) -> M.Repaired:
         ok = M.Repaired(self.rank, msg.attempt, True, self.committed, -1, "")
