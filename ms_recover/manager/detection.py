@@ -54,12 +54,6 @@ class HangLimit:
     rule: str
 
 
-def busy(m: JobModel) -> list[RankInfo]:
-    """The live members still training."""
-    active = m.active
-    return [i for i in m.ranks.values() if i.alive and not i.done and i.rank in active]
-
-
 def reports(m: JobModel, ranks: list[RankInfo]) -> list[tuple[RankInfo, RankHealth]] | None:
     """Each rank with its report of the current epoch, or None if one has none."""
     get, epoch = m.health.get, m.epoch
@@ -73,8 +67,8 @@ def reports(m: JobModel, ranks: list[RankInfo]) -> list[tuple[RankInfo, RankHeal
 
 
 def busy_reports(m: JobModel) -> list[tuple[RankInfo, RankHealth]] | None:
-    """:func:`reports` of :func:`busy`, in one pass (a judging decision of a 65,536-rank job
-    reads them once for the hang and fail-slow rules together)."""
+    """:func:`reports` of the live members still training, in one pass (a judging decision
+    of a 65,536-rank job reads them once for the hang and fail-slow rules together)."""
     get, epoch, active = m.health.get, m.epoch, m.active
     found = []
     for info in m.ranks.values():
