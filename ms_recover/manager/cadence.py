@@ -23,8 +23,8 @@ a small job can afford, would cost the manager its whole thread. :class:`Cadence
 
 The rules that read every rank (its silence, its timing report: adaptive hangs, fail-slow
 ranks) run with a decision only once :data:`JUDGE_SHARE` times the last such decision's
-duration has passed since it began: on every decision of a small job, every one to three
-seconds at 65,536 ranks, whose reports take 40-80 ms to read. Lost nodes, reported faults and phases
+duration has passed since it began: on every decision of a small job, about every three
+seconds at 65,536 ranks, whose reports take 60-75 ms to read. Lost nodes, reported faults and phases
 are decided on every tick as before, and the SHARE wait after a judging decision is that of an
 ordinary one (a fault reported right after one is not held back by its cost).
 
