@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 from ms_recover.config import JobConfig
-from ms_recover.manager.health import RankHealth
+from ms_recover.manager.health import COLL, COMPUTE, COMPUTE_LO, IDLE, LONG, P99, RankHealth
 from ms_recover.manager.model import Fault, JobModel, RankInfo
 from ms_recover.observability.schema import FaultKind, FlaggedRecord
 
@@ -54,11 +55,12 @@ class HangLimit:
     rule: str
 
 
-def reports(m: JobModel, ranks: list[RankInfo]) -> list[tuple[RankInfo, RankHealth]] | None:
-    """Each rank with its report of the current epoch, or None if one has none."""
+def reports(m: JobModel, ranks: Iterable[RankInfo]) -> list[tuple[RankInfo, RankHealth]] | None:
+    """Each rank with its report of the current epoch, or None if one has none (one pass,
+    stopping at the first rank without one)."""
     get, epoch = m.health.get, m.epoch
     found = []
-    for info in ranks:  # one pass, stopping at the first rank without one
+    for info in ranks:
         h = get(info.rank)
         if h is None or h.epoch != epoch:
             return None
@@ -67,17 +69,10 @@ def reports(m: JobModel, ranks: list[RankInfo]) -> list[tuple[RankInfo, RankHeal
 
 
 def busy_reports(m: JobModel) -> list[tuple[RankInfo, RankHealth]] | None:
-    """:func:`reports` of the live members still training, in one pass (a judging decision
-    of a 65,536-rank job reads them once for the hang and fail-slow rules together)."""
-    get, epoch, active = m.health.get, m.epoch, m.active
-    found = []
-    for info in m.ranks.values():
-        if info.alive and not info.done and info.rank in active:
-            h = get(info.rank)
-            if h is None or h.epoch != epoch:
-                return None
-            found.append((info, h))
-    return found
+    """:func:`reports` of the live members still training (a judging decision of a
+    65,536-rank job reads them once for the hang and fail-slow rules together)."""
+    active = m.active
+    return reports(m, (i for i in m.ranks.values() if i.alive and not i.done and i.rank in active))
 
 
 def hang_limit(cfg: JobConfig, timed: list[RankHealth]) -> HangLimit | None:
@@ -85,12 +80,12 @@ def hang_limit(cfg: JobConfig, timed: list[RankHealth]) -> HangLimit | None:
     if not cfg.hang_adaptive or not timed:
         return None
     p99 = -1.0
-    for h in timed:  # one pass, each report's list read once (HEALTH_FIELDS: p99_s, long)
+    for h in timed:  # one pass, each report's list read once
         v = h.values
-        if v[6] or v[3] < 0:
+        if v[LONG] or v[P99] < 0:
             return None
-        if v[3] > p99:
-            p99 = v[3]
+        if v[P99] > p99:
+            p99 = v[P99]
     seconds = min(cfg.hang_timeout_s, max(cfg.hang_k * p99, cfg.hang_floor_s))
     rule = f"max({cfg.hang_k:g} x p99 {p99 * 1000:.0f}ms, floor {cfg.hang_floor_s:g}s)"
     return HangLimit(seconds, rule)
@@ -98,7 +93,7 @@ def hang_limit(cfg: JobConfig, timed: list[RankHealth]) -> HangLimit | None:
 
 def stalled(h: RankHealth, heard: float, cap: float) -> float:
     """How long the rank has not committed, from its report extrapolated by at most ``cap``."""
-    return h.idle_s + min(max(heard - h.at, 0.0), cap)
+    return h.values[IDLE] + min(max(heard - h.at, 0.0), cap)
 
 
 def detect_hang(
@@ -116,8 +111,8 @@ def detect_hang(
     for _, h in pairs:  # min(stalled(h, heard, cap)), without two calls per rank
         late = heard - h.at
         late = cap if late > cap else 0.0 if late < 0.0 else late
-        if h.values[1] + late < quiet:
-            quiet = h.values[1] + late
+        if h.values[IDLE] + late < quiet:
+            quiet = h.values[IDLE] + late
     if quiet < limit.seconds:
         return silent_culprits(pairs, limit, now, heard, m.config.heartbeat_s)
     named = culprits(pairs)
@@ -152,7 +147,7 @@ def silent_culprits(
     fresh = [h for _, h in pairs if heard - h.at <= cap]
     if not fresh or len(fresh) + len(silent) != len(pairs):
         return []
-    if any(h.coll_s < 0 for h in fresh):  # one of the others is not waiting on anyone
+    if any(h.values[COLL] < 0 for h in fresh):  # one of the others is not waiting on anyone
         return []
     waited = min(stalled(h, heard, cap) for h in fresh)
     if waited < limit.seconds:
@@ -176,9 +171,9 @@ def silent_culprits(
 
 def culprits(pairs: list[tuple[RankInfo, RankHealth]]) -> list[RankInfo]:
     """The ranks not inside a collective, when at least one other rank is in one."""
-    if not any(h.coll_s >= 0 for _, h in pairs):
+    if not any(h.values[COLL] >= 0 for _, h in pairs):
         return []
-    return [i for i, h in pairs if h.coll_s < 0]
+    return [i for i, h in pairs if h.values[COLL] < 0]
 
 
 def median(values: list[float]) -> float:
@@ -192,21 +187,25 @@ def slow_flags(
     """The members whose compute time is persistently slow, not flagged before. ``pairs``:
     the busy ranks' reports (:func:`busy_reports`) if the caller read them already."""
     pairs = (busy_reports(m) if pairs is None else pairs) or []
-    # HEALTH_FIELDS' long, compute_s and compute_lo_s, straight from each report's list
-    timed = [(i, h) for i, h in pairs if not h.values[6] and h.values[4] > 0 and h.values[5] > 0]
-    peers = median([h.values[5] for _, h in timed]) if len(timed) >= PEERS else -1.0
+    timed = [
+        (i, h)
+        for i, h in pairs
+        if not h.values[LONG] and h.values[COMPUTE] > 0 and h.values[COMPUTE_LO] > 0
+    ]
+    peers = median([h.values[COMPUTE_LO] for _, h in timed]) if len(timed) >= PEERS else -1.0
     ratio = m.config.slow_ratio
     if peers > 0:  # the rule below against the members' median, as one filter first
         if peers < MIN_COMPUTE_S:
             return []
         bar = ratio * peers  # slow on this report and the one before
-        timed = [(i, h) for i, h in timed if h.values[5] >= bar and h.prev_lo_s >= bar]
+        timed = [(i, h) for i, h in timed if h.values[COMPUTE_LO] >= bar and h.prev_lo_s >= bar]
     out = []
     for info, h in timed:
         if info.rank in m.flagged:
             continue
         ref, basis = (peers, "the members' median") if peers > 0 else (h.baseline(), "its own")
-        slow = min(h.compute_lo_s, h.prev_lo_s)  # on this report and the one before
+        lo = h.values[COMPUTE_LO]
+        slow = min(lo, h.prev_lo_s)  # on this report and the one before
         if ref < MIN_COMPUTE_S or slow < ratio * ref:
             continue
         agent = m.agents.get(info.node_rank)
@@ -218,12 +217,12 @@ def slow_flags(
                 step=h.step,
                 reason="slow",
                 detail=(
-                    f"compute time per step {h.compute_s * 1000:.1f}ms (tenth percentile "
-                    f"{h.compute_lo_s * 1000:.1f}ms) is {h.compute_lo_s / ref:.2f}x {basis} "
+                    f"compute time per step {h.values[COMPUTE] * 1000:.1f}ms (tenth percentile "
+                    f"{lo * 1000:.1f}ms) is {lo / ref:.2f}x {basis} "
                     f"{ref * 1000:.1f}ms (flagged at >= {m.config.slow_ratio:g}x)"
                 ),
-                score=round(h.compute_lo_s / ref, 3),
-                compute_s=round(h.compute_s, 6),
+                score=round(lo / ref, 3),
+                compute_s=round(h.values[COMPUTE], 6),
                 reference_s=round(ref, 6),
             )
         )

@@ -18,14 +18,23 @@ if typing.TYPE_CHECKING:
 
 BASELINE_REPORTS = 3  # own-history reports whose median is a rank's baseline (jobs of < 3 ranks)
 
+#: Where each field of a report sits in :attr:`RankHealth.values` (HEALTH_FIELDS' order):
+#: the epoch the rank is in; seconds since its last commit; seconds inside its current
+#: collective (-1: in none); its step time's p99 (-1: too few steps timed); the median compute
+#: time per step over its window and its tenth percentile (-1: too few; scheduling noise only
+#: adds time); nonzero inside a declared long stretch, paused or done.
+EPOCH, IDLE, COLL, P99, COMPUTE, COMPUTE_LO, LONG = map(
+    HEALTH_FIELDS.index, ("epoch", "idle_s", "coll_s", "p99_s", "compute_s", "compute_lo_s", "long")
+)
+
 
 @dataclasses.dataclass(slots=True)  # not frozen: a third of the cost of making one
 class RankHealth:
     """One rank's last timing report, heard at ``at`` (the manager's clock). The rank's next
     report of the same epoch updates it in place (at 65,536 ranks: 26,000 reports a second):
-    the report's list is kept as it came (``values``, laid out as HEALTH_FIELDS) and read
-    through the properties below when a rule judges it, every few seconds; its first report
-    of an epoch replaces it. Read within one decision, never kept."""
+    the report's list is kept as it came (``values``, read by the indices above when a rule
+    judges it, every few seconds); its first report of an epoch replaces it. Read within one
+    decision, never kept."""
 
     at: float
     epoch: int
@@ -36,36 +45,6 @@ class RankHealth:
     prev_lo_s: float = -1.0
     #: The rank's first compute percentiles of this epoch, for a baseline of its own.
     early: tuple[float, ...] = ()
-
-    @property
-    def idle_s(self) -> float:
-        """Seconds since its last commit, when it reported."""
-        return self.values[1]
-
-    @property
-    def coll_s(self) -> float:
-        """Seconds inside its current collective (-1: in none)."""
-        return self.values[2]
-
-    @property
-    def p99_s(self) -> float:
-        """Its step time's 99th percentile (-1: too few steps timed)."""
-        return self.values[3]
-
-    @property
-    def compute_s(self) -> float:
-        """Median compute time per step over its window (-1: too few)."""
-        return self.values[4]
-
-    @property
-    def compute_lo_s(self) -> float:
-        """The compute time's tenth percentile (scheduling noise only adds time)."""
-        return self.values[5]
-
-    @property
-    def long(self) -> bool:
-        """In a declared long stretch, paused or done."""
-        return bool(self.values[6])
 
     def baseline(self) -> float:
         """The median of the rank's first BASELINE_REPORTS percentiles of this epoch, or -1."""
@@ -80,14 +59,14 @@ def note(m: JobModel, rank: int, step: int, values: list[float], now: float) -> 
         return
     m.health_rev += 1
     h = m.health.get(rank)
-    lo = values[5]
-    if h is None or h.epoch != values[0]:  # the rank's first report of its epoch
+    lo = values[COMPUTE_LO]
+    if h is None or h.epoch != values[EPOCH]:  # the rank's first report of its epoch
         early = (lo,) if lo > 0 else ()
-        m.health[rank] = RankHealth(now, int(values[0]), step, values, -1.0, early)
+        m.health[rank] = RankHealth(now, int(values[EPOCH]), step, values, -1.0, early)
         return
     if lo > 0 and len(h.early) < BASELINE_REPORTS:
         h.early = (*h.early, lo)
-    h.prev_lo_s = h.values[5]
+    h.prev_lo_s = h.values[COMPUTE_LO]
     h.at, h.step, h.values = now, step, values
 
 
