@@ -56,22 +56,32 @@ def needs(
     pairs: Iterable[tuple[int, int]] = (),
 ) -> set[int]:
     """The ranks whose data endpoints ``rank`` needs in ``world`` with ``groups`` (name, ranks
-    in the group's order) and point-to-point ``pairs`` (src, dst). Only world members count."""
-    return needs_all(world, groups, pairs, only=(rank,)).get(rank, set())
+    in the group's order) and point-to-point ``pairs`` (src, dst). Only world members count.
+    Its place in the world is found by bisection and only the groups it is in are read (a
+    rank of a 65,536-rank job reads its peers from its node's REBUILD in a few ms)."""
+    ordered = sorted(set(world))
+    place = bisect.bisect_left(ordered, rank)
+    if place == len(ordered) or ordered[place] != rank:
+        return set()
+    out = _targets(ordered, place, _powers(len(ordered)))
+    members = set(ordered)
+    for _, ranks in groups:
+        if rank in ranks:
+            _add_group({rank: out}, list(ranks), members)
+    out.update(dst for src, dst in pairs if src == rank and dst in members and dst != rank)
+    return out
 
 
 def needs_all(
     world: Iterable[int],
     groups: Iterable[tuple[str, Sequence[int]]] = (),
     pairs: Iterable[tuple[int, int]] = (),
-    only: Iterable[int] | None = None,
 ) -> dict[int, set[int]]:
-    """:func:`needs` for every world member (or the ``only`` ones), in time linear in the
-    total size of the world and the groups, times ``log2`` of the largest group."""
+    """:func:`needs` for every world member, in time linear in the total size of the world
+    and the groups, times ``log2`` of the largest group."""
     ordered = sorted(set(world))
     members = set(ordered)
-    wanted = members if only is None else members & set(only)
-    out: dict[int, set[int]] = {r: set() for r in wanted}
+    out: dict[int, set[int]] = {r: set() for r in members}
     _add_group(out, ordered, members)
     for _, ranks in groups:
         _add_group(out, list(ranks), members)
@@ -90,39 +100,13 @@ def _add_group(out: dict[int, set[int]], order: list[int], members: set[int]) ->
             out[rank].update(targets if inside else targets & members)
 
 
-def rank_needs(
-    rank: int, world: Sequence[int], groups: Iterable[tuple[str, Sequence[int]]] = ()
-) -> set[int]:
-    """:func:`needs` of one rank of a sorted, duplicate-free ``world``, its place found by
-    bisection instead of a pass over the world (a rank of a 65,536-rank job reads its peers
-    from its node's REBUILD in microseconds)."""
-    place = bisect.bisect_left(world, rank)
-    if place == len(world) or world[place] != rank:
-        return set()
-    out = _targets(world, place, _powers(len(world)))
-    members: set[int] | None = None
-    for _, ranks in groups:
-        if rank not in ranks:
-            continue
-        order = list(ranks)
-        if members is None:
-            members = set(world)
-        inside = members.issuperset(order)
-        powers = _powers(len(order))
-        for index, member in enumerate(order):
-            if member == rank:
-                targets = _targets(order, index, powers)
-                out.update(targets if inside else targets & members)
-    return out
-
-
 def own_rebuild(
     rank: int, world: list[int], endpoints: dict[int, str], group_log: list[list[Any]]
 ) -> tuple[dict[int, str], list[list[Any]]]:
     """What ``rank`` keeps of a REBUILD made for its node's ranks together: every member of
-    the sorted ``world`` with the data endpoint of each peer it sends to (:func:`rank_needs`)
+    ``world`` with the data endpoint of each peer it sends to (:func:`needs`)
     and "" for the others, and the logged groups (``GroupLog`` wire entries) it is a member
     of, in log order."""
     groups = [entry for entry in group_log if rank in entry[1]]
-    wanted = rank_needs(rank, world, [(entry[0], entry[1]) for entry in groups])
+    wanted = needs(rank, world, [(entry[0], entry[1]) for entry in groups])
     return {r: endpoints.get(r, "") if r in wanted else "" for r in world}, groups

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ms_recover.comm.peers import group_targets, needs, needs_all, own_rebuild, rank_needs
+from ms_recover.comm.peers import group_targets, needs, needs_all, own_rebuild
 from ms_recover.config import JobConfig
 from ms_recover.manager.commands import peers_of_group, rebuild
 from ms_recover.manager.model import JobModel
@@ -110,7 +110,7 @@ def test_formation_payload_grows_linearly_not_with_the_square() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_one_ranks_needs_are_the_rules(seed: int) -> None:
-    """rank_needs (a rank reading its part of its node's REBUILD) agrees with needs_all on
+    """needs (a rank reading its part of its node's REBUILD) agrees with needs_all on
     worlds with holes and groups in their own order, inside the world or reaching past it."""
     rng = random.Random(seed)
     n = rng.choice([5, 16, 37, 200])
@@ -121,7 +121,7 @@ def test_one_ranks_needs_are_the_rules(seed: int) -> None:
     ]
     everyone = needs_all(world, groups)
     for rank in [*world, n + 40]:
-        assert rank_needs(rank, world, groups) == everyone.get(rank, set())
+        assert needs(rank, world, groups) == everyone.get(rank, set())
 
 
 def test_a_rank_keeps_its_own_part_of_its_nodes_rebuild() -> None:
