@@ -246,9 +246,11 @@ class AgentSide:
         steps: dict[int, int],
         health: dict[int, list[float]] | None = None,
         via: int = -1,
+        now: float | None = None,
     ) -> None:
         """An agent's heartbeat: directly (answered when due), or through the leader of its
-        heartbeat group ``via`` (not answered: :mod:`~ms_recover.manager.groups`)."""
+        heartbeat group ``via`` (not answered: :mod:`~ms_recover.manager.groups`), heard at
+        ``now`` (the clock's if None; a leader's batch reads it once)."""
         claims = self.slots.claims  # almost always empty: no slot-claim checks then
         claim = self.slots.claimant(node_rank, ident) if claims else None
         if claim is not None:  # the claimant: is the old one gone now?
@@ -259,9 +261,10 @@ class AgentSide:
         if claims and node_rank not in self.model.switching:  # a hot switch's new pod waits
             self._refuse_claims(node_rank)
         agent = self.model.agents[node_rank]
-        now = agent.last_seen = self.clock()
+        now = agent.last_seen = self.clock() if now is None else now
         agent.via = via
-        self.relay.fold(ident, steps, now, health)
+        if steps:  # most beats carry none (rank_report_s): 12,000 a second at 65,536 ranks
+            self.relay.fold(ident, steps, now, health)
         if via < 0:
             self.frames_out += self._beat.send(self._sock, ident)
 

@@ -49,7 +49,6 @@ from ms_recover.manager.acks import FastAcks
 from ms_recover.manager.cadence import Cadence, SharedBeat
 from ms_recover.manager.model import JobModel
 from ms_recover.manager.relay import ManagerRelay
-from ms_recover.manager.slots import Slots
 from ms_recover.protocol import messages as M
 from ms_recover.protocol.codec import DropLog, Envelope
 
@@ -64,7 +63,6 @@ class GroupSide:
     drops: DropLog
     frames_out: int
     _agent_ids: dict[int, bytes]
-    slots: Slots
     _beat: SharedBeat
     _sock: zmq.Socket[bytes]
     _group_at: dict[int, str]  # leader node -> where it takes its group's heartbeats
@@ -133,24 +131,15 @@ class GroupSide:
         if not len(msg.idents) == len(msg.steps) == len(msg.health) == n:
             self.drops.drop("group_beats columns of different lengths", env.sender)
             return
-        agents, ids, now = self.model.agents, self._agent_ids, self.clock()
+        agents, now = self.model.agents, self.clock()
         agents[leader].last_seen = now  # the batch says the leader is alive too
-        claims, fold = self.slots.claims, self.relay.fold
         for node, member, steps, health in zip(
             msg.nodes, msg.idents, msg.steps, msg.health, strict=True
         ):
             if node not in members:
                 self.drops.drop(f"node {node} is not in node {leader}'s group", env.sender)
                 continue
-            agent = agents.get(node)
-            if claims or agent is None or not agent.alive or ids.get(node) != member:
-                self._agent_beat(member, node, steps, health, leader)  # checked and refused
-                continue
-            # _agent_beat's common case inline (a registered, live agent; no slot claims):
-            # about 11,000 of these a second at 65,536 ranks.
-            agent.last_seen, agent.via = now, leader
-            if steps:
-                fold(member, steps, now, health)
+            self._agent_beat(member, node, steps, health, leader, now)
         self.frames_out += self._beat.send(self._sock, ident, force=True)
 
     def _routes(self) -> dict[bytes, tuple[int, int, bytes]]:
