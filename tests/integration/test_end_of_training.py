@@ -70,8 +70,11 @@ def test_node_lost_at_the_last_step_is_rescheduled_and_repaired(tmp_path, refere
     (rec,) = job.find("recovery", ok=True)
     assert rec["strategy"] == "recover" and rec["replaced"] == [2, 3]
     # Rank 3 dies with its node, perhaps before its part of step LAST's allreduce reached the
-    # survivors: then nobody committed LAST and the target is the step before; nothing lost.
-    assert rec["target_step"] in (LAST - 1, LAST) and rec["lost_steps"] == 0
+    # survivors: then they never committed LAST and the target is the step before. Rank 2 may
+    # have had every part and committed LAST before it died: that step is counted lost once
+    # (test_decide's rule for a faulty rank ahead of the survivors), never more.
+    assert rec["target_step"] in (LAST - 1, LAST)
+    assert rec["target_step"] + rec["lost_steps"] in (rec["target_step"], LAST)
 
 
 def test_a_pod_back_after_the_end_is_told_the_job_is_over(tmp_path, reference):
