@@ -42,7 +42,7 @@ def _call(test: Callable[[Any], bool], value: Any) -> bool:
     return test(value)  # operator.call, which Python 3.10 (still supported) lacks
 
 
-_STOP, _REBUILD = (Ack.STOP, 0), (Ack.REBUILD, 0)  # RankInfo.ack's keys, without the call
+_STOP, _REBUILD, _REPAIR = (Ack.STOP, 0), (Ack.REBUILD, 0), (Ack.REPAIR, 0)  # RankInfo.ack's keys
 
 
 def _stop(info: RankInfo, epoch: int, step: int, digest: str) -> None:
@@ -55,6 +55,11 @@ def _rebuild(info: RankInfo, epoch: int, step: int, digest: str) -> None:
     info.acks[_REBUILD] = epoch
 
 
+def _repaired_first(info: RankInfo, epoch: int, step: int, digest: str) -> None:
+    info.acks[_REPAIR] = epoch  # info.ack(Ack.REPAIR, epoch, 0): the first attempt's success
+    info.committed_step = step
+
+
 def _beat(info: RankInfo, epoch: int, step: int, digest: str) -> None:
     if step > info.committed_step:  # ``last_progress`` follows ``last_seen``, set just before
         info.committed_step, info.last_progress = step, info.last_seen
@@ -62,11 +67,13 @@ def _beat(info: RankInfo, epoch: int, step: int, digest: str) -> None:
 
 #: kind -> (message class, what its handler records for a current, registered rank, given
 #: the message's ``committed_step`` and ``digest`` where it has them). A relayed heartbeat is
-#: one that closes a RESUME (the agent folds the others into its own).
+#: one that closes a RESUME (the agent folds the others into its own); a REPAIRED in columns
+#: is the success of the round's first attempt (:data:`~ms_recover.protocol.relay.ACK_IMPLIED`).
 COLUMNS: dict[str, tuple[type[M.Message], Callable[[RankInfo, int, int, str], None]]] = {
     "stopped": (M.Stopped, _stop),
     "rebuilt": (M.Rebuilt, _rebuild),
     "worker_hb": (M.WorkerHeartbeat, _beat),
+    "repaired": (M.Repaired, _repaired_first),
 }
 
 

@@ -70,7 +70,11 @@ SHARE = 4
 #: answer owed is handled the manager stops reading and decides at once (:meth:`Cadence.owed`),
 #: instead of after a drain that heartbeats keep alive or a SHARE wait (at 16,384 ranks both
 #: held a finished stop-all back by up to 0.13 s).
-ANSWERS: dict[type[M.Message], type[M.Message]] = {M.Stop: M.Stopped, M.Rebuild: M.Rebuilt}
+ANSWERS: dict[type[M.Message], type[M.Message]] = {
+    M.Stop: M.Stopped,
+    M.Rebuild: M.Rebuilt,
+    M.Repair: M.Repaired,
+}
 
 #: The manager answers an agent's heartbeat once per 1/GRACE_SHARE of the agent's grace.
 GRACE_SHARE = 4

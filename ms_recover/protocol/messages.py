@@ -139,13 +139,15 @@ class RelayUp(Message):
 class RelayAcks(Message):
     """agent -> manager: one kind of answer from several of this node's ranks, column by
     column (docs/design.md §1c): the commonest relayed frames (every rank's STOPPED in a stop-all,
-    REBUILT in a rebuild, the heartbeat that closes a RESUME) without a map per rank.
+    REBUILT in a rebuild, REPAIRED in a repair, the heartbeat that closes a RESUME) without a map
+    per rank.
 
     Item ``i`` is one rank frame the agent authenticated and replay-checked: the rank's local
     identity at the agent (``idents[i]``), its envelope (``senders``, ``nonces``, ``seqs``,
     and ``epoch``, shared by the items) and its message of ``kind``: ``ranks[i]``, with
     ``steps[i]`` (the ``committed_step``) and ``digests[i]`` where ``kind`` has those fields;
-    a column ``kind`` does not have is empty (:data:`ms_recover.protocol.relay.ACK_COLUMNS`).
+    a column ``kind`` does not have is empty (:data:`ms_recover.protocol.relay.ACK_COLUMNS`),
+    and its other fields are implied (:data:`ms_recover.protocol.relay.ACK_IMPLIED`).
     """
 
     KIND: ClassVar[bytes] = b"relay_acks"

@@ -2,7 +2,7 @@
 
 Ranks launched by ``ms-recover agent`` talk to their node's agent, which relays their frames to
 the manager in :class:`~ms_recover.protocol.messages.RelayUp` batches (runs of STOPPED,
-REBUILT and RESUME-closing reports in the columns of a
+REBUILT, REPAIRED and RESUME-closing reports in the columns of a
 :class:`~ms_recover.protocol.messages.RelayAcks`: :data:`ACK_COLUMNS`) and fans the manager's
 :class:`~ms_recover.protocol.messages.RelayDown` batches out to them. The manager addresses a
 relayed rank by a **virtual identity** that names the agent's ROUTER identity and the rank's
@@ -87,22 +87,37 @@ RawItem = tuple[bytes, str, int, int, int, str, Any]
 ACK_FIELDS = ("committed_step", "digest")
 
 #: What an agent sends in RelayAcks columns: kind -> its fields after ``rank`` (a prefix of
-#: :data:`ACK_FIELDS`; the columns past them are empty).
+#: :data:`ACK_FIELDS`; the columns past them are empty). The other fields of a kind are
+#: implied (:data:`ACK_IMPLIED`): only a message that has exactly those travels in columns.
 ACK_COLUMNS: dict[str, tuple[str, ...]] = {
     "stopped": ACK_FIELDS,
     "rebuilt": (),
     "worker_hb": ACK_FIELDS[:1],
+    "repaired": ACK_FIELDS[:1],
+}
+
+#: The fields a kind's column items have without a column: a heartbeat in columns carries no
+#: step timing and is not urgent; a REPAIRED in columns is the success of a round's first
+#: repair attempt (any other, a failure or a retry's, travels in a RelayUp).
+ACK_IMPLIED: dict[str, dict[str, Any]] = {
+    "worker_hb": {"health": [], "urgent": False},
+    "repaired": {"attempt": 0, "ok": True, "failed_peer": -1, "reason": ""},
 }
 
 
 def ack_run(msg: M.Message, epoch: int) -> tuple[str, int] | None:
     """The (kind, epoch) of the RelayAcks batch that carries ``msg`` of ``epoch``, None if it
-    travels in a RelayUp: consecutive items with one such key share a batch. An urgent
-    heartbeat travels in a RelayUp: its step timing has no column."""
-    if isinstance(msg, M.WorkerHeartbeat) and msg.urgent:
-        return None
+    travels in a RelayUp: consecutive items with one such key share a batch. A message whose
+    fields without a column are not the implied ones (:data:`ACK_IMPLIED`: an urgent
+    heartbeat, whose step timing has no column; a failed or retried repair) travels in a
+    RelayUp."""
     kind = msg.KIND.decode()
-    return (kind, epoch) if kind in ACK_COLUMNS else None
+    if kind not in ACK_COLUMNS:
+        return None
+    implied = ACK_IMPLIED.get(kind)
+    if implied and any(getattr(msg, name) != value for name, value in implied.items()):
+        return None
+    return kind, epoch
 
 
 def relay_acks(
@@ -139,8 +154,8 @@ def ack_item(msg: M.RelayAcks, i: int) -> RawItem:
     body: dict[str, Any] = {"rank": msg.ranks[i]}
     for name, col in zip(ACK_COLUMNS[msg.kind], _extra(msg), strict=False):
         body[name] = col[i]
-    if msg.kind == "worker_hb":  # a heartbeat in columns carries no step timing, and is not urgent
-        body.update(health=[], urgent=False)
+    for name, value in ACK_IMPLIED.get(msg.kind, {}).items():
+        body[name] = value[:] if type(value) is list else value  # each item its own list
     return (msg.idents[i], msg.senders[i], msg.nonces[i], msg.seqs[i], msg.epoch, msg.kind, body)
 
 

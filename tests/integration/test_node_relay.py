@@ -536,6 +536,19 @@ def test_columnar_acks_are_recorded_without_a_dispatch_each(ctx, server) -> None
     assert [k for k in handled if k != M.RelayAcks.KIND] == [b"rebuilt"]
 
 
+def test_columnar_repairs_are_the_first_attempts_successes(ctx, server) -> None:
+    """A node's REPAIRED in columns is recorded as each rank's own success at the round's
+    first attempt would be (its ack and committed step, no failure), with no per-rank
+    dispatch; an item of a rank not registered under that identity takes the general path."""
+    agent, handled = _acks_job(ctx, server, fast=True)
+    agent.send(_acks("repaired", 1, [(b"L0", 0, 2), (b"Lx", 1, 2)]))  # Lx: not rank 1's
+    _pump(server, 1)
+    r0, r1 = server.model.ranks[0], server.model.ranks[1]
+    assert r0.acked(Ack.REPAIR, 1) and r0.committed_step == 7 and r0.repair_failure is None
+    assert not r1.acked(Ack.REPAIR, 1) and r1.repair_failure is None
+    assert [k for k in handled if k != M.RelayAcks.KIND] == [b"repaired"]
+
+
 def test_stale_columnar_acks_take_the_general_path(ctx, server) -> None:
     """A batch of another epoch is left, item by item, to the rank's own path: a stale
     STOPPED is dropped there with its reason, a replayed item as a replay."""
@@ -557,7 +570,7 @@ def test_malformed_columnar_acks_are_dropped_whole(ctx, server) -> None:
     before = server.drops.total + server.relay.drops.total
     agent.send(_acks("stopped", 1, [(b"L0", 0, 2), (b"L1", 1, 2)], steps=[7]))
     agent.send(_acks("rebuilt", 1, [(b"L0", 0, 3)], steps=[1]))
-    agent.send(_acks("repaired", 1, [(b"L0", 0, 4)]))
+    agent.send(_acks("worker_fault", 1, [(b"L0", 0, 4)]))
     agent.send(_acks("stopped", 1, [(b"L2", 2, 5)]))  # rank 2 is node 1's
     _pump(server, 4)
     assert server.drops.total + server.relay.drops.total == before + 4
@@ -585,13 +598,29 @@ def test_the_agent_sends_runs_of_answers_in_columns_and_the_rest_in_order(ctx, r
     assert (batch.epoch, batch.steps, batch.digests) == (2, [6, 6], ["", ""])
 
 
-def test_ack_columns_name_the_messages_fields() -> None:
-    """What RelayAcks carries per kind is exactly that message's fields after ``rank``, but a
-    heartbeat's step timing (an urgent one travels in a RelayUp; a folded one's timing rides on
-    its agent's heartbeat)."""
-    from ms_recover.protocol.relay import ACK_COLUMNS
+def test_only_a_first_attempts_successful_repair_travels_in_columns(ctx, relay) -> None:
+    """REPAIRED in columns implies attempt 0, ok and no failed peer: both ranks' successes
+    share one RelayAcks; a failure, and a retry's success, travel as themselves."""
+    ranks = {r: _rank(ctx, relay, r) for r in (2, 3)}
+    for r, peer in ranks.items():
+        peer.send(M.Repaired(r, 0, True, 9, -1, ""), epoch=1)
+    (batch,) = _drained(relay, 2)
+    assert isinstance(batch, M.RelayAcks) and batch.kind == "repaired"
+    assert (sorted(batch.ranks), batch.steps, batch.digests) == ([2, 3], [9, 9], [])
+    ranks[2].send(M.Repaired(2, 0, False, 9, 3, "peer 3 vanished"), epoch=2)
+    ranks[3].send(M.Repaired(3, 1, True, 9, -1, ""), epoch=2)
+    batches = _drained(relay, 2)
+    assert [type(b).__name__ for b in batches] == ["RelayUp"] * len(batches)
+    assert [k for b in batches for k in b.kinds] == ["repaired", "repaired"]
 
-    timing = ("health", "urgent")
+
+def test_ack_columns_name_the_messages_fields() -> None:
+    """What RelayAcks carries per kind, with the fields its items imply, is exactly that
+    message's fields: a heartbeat's step timing is implied empty (an urgent one travels in a
+    RelayUp; a folded one's timing rides on its agent's heartbeat)."""
+    from ms_recover.protocol.relay import ACK_COLUMNS, ACK_IMPLIED
+
     for kind, fields in ACK_COLUMNS.items():
-        names = tuple(M.field_types(M.KINDS[kind.encode()]))
-        assert names == ("rank", *fields, *(timing if kind == "worker_hb" else ()))
+        names = M.field_types(M.KINDS[kind.encode()])
+        assert sorted(names) == sorted(["rank", *fields, *ACK_IMPLIED.get(kind, {})]), kind
+    assert ACK_IMPLIED["worker_hb"] == {"health": [], "urgent": False}

@@ -179,6 +179,21 @@ def test_the_last_answer_owed_is_decided_on_at_once(running: JobModel) -> None:
     assert cadence.answered
 
 
+def test_a_repairs_last_answer_is_decided_on_at_once(running: JobModel) -> None:
+    """The last REPAIRED owed (done or failed: decide reads which) ends the reading too: the
+    decision that planned a 65,536-rank repair took about a second, and the repair phase
+    waited SHARE times that after its last answer (3.7 s of a formation that took 1.6 s)."""
+    clock = Clock()
+    cadence = Cadence(running, 0.02, clock)
+    running.state, running.epoch = JobState.REPAIRING, 2
+    assert _decides(cadence, took=1.0, clock=clock)  # the plan's decision: one second
+    cadence.owed(M.Repair, 3)
+    cadence.heard(M.Repaired, 2, 2)  # one node's answers in columns
+    assert not cadence.answered and not cadence.due()
+    cadence.heard(M.Repaired, 2)  # a rank's own REPAIRED (a failure, or a retry's)
+    assert cadence.answered and _decides(cadence)
+
+
 def test_answers_heard_in_one_batch_count_each(running: JobModel) -> None:
     """A node's answers recorded in one pass (a RelayAcks batch) count as that many: the
     batch that brings the last one owed ends the reading, and an empty batch changes nothing."""
