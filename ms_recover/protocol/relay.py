@@ -87,8 +87,8 @@ RawItem = tuple[bytes, str, int, int, int, str, Any]
 ACK_FIELDS = ("committed_step", "digest")
 
 #: What an agent sends in RelayAcks columns: kind -> its fields after ``rank`` (a prefix of
-#: :data:`ACK_FIELDS`; the columns past them are empty). The other fields of a kind are
-#: implied (:data:`ACK_IMPLIED`): only a message that has exactly those travels in columns.
+#: :data:`ACK_FIELDS`; the columns past them are empty). Its other fields are implied
+#: (:data:`ACK_IMPLIED`) or left out (:data:`ACK_DROPPED`).
 ACK_COLUMNS: dict[str, tuple[str, ...]] = {
     "stopped": ACK_FIELDS,
     "rebuilt": (),
@@ -96,26 +96,30 @@ ACK_COLUMNS: dict[str, tuple[str, ...]] = {
     "repaired": ACK_FIELDS[:1],
 }
 
-#: The fields a kind's column items have without a column: a heartbeat in columns carries no
-#: step timing and is not urgent; a REPAIRED in columns is the success of a round's first
-#: repair attempt (any other, a failure or a retry's, travels in a RelayUp).
+#: The values of a kind's fields without a column: only a message that has exactly these
+#: travels in columns. A heartbeat in columns is not urgent (an urgent one's step timing is
+#: judged at once); a REPAIRED in columns is the success of a round's first repair attempt (a
+#: failure, or a retry's answer, travels in a RelayUp).
 ACK_IMPLIED: dict[str, dict[str, Any]] = {
-    "worker_hb": {"health": [], "urgent": False},
+    "worker_hb": {"urgent": False},
     "repaired": {"attempt": 0, "ok": True, "failed_peer": -1, "reason": ""},
 }
+
+#: The list fields a column item leaves out, read as empty: the step timing of a heartbeat in
+#: columns (the one that closes a RESUME; the folded ones' timing rides on the agent's
+#: heartbeat).
+ACK_DROPPED: dict[str, tuple[str, ...]] = {"worker_hb": ("health",)}
 
 
 def ack_run(msg: M.Message, epoch: int) -> tuple[str, int] | None:
     """The (kind, epoch) of the RelayAcks batch that carries ``msg`` of ``epoch``, None if it
-    travels in a RelayUp: consecutive items with one such key share a batch. A message whose
-    fields without a column are not the implied ones (:data:`ACK_IMPLIED`: an urgent
-    heartbeat, whose step timing has no column; a failed or retried repair) travels in a
-    RelayUp."""
+    travels in a RelayUp (a kind without columns, or one whose fields are not the implied
+    ones: :data:`ACK_IMPLIED`): consecutive items with one such key share a batch."""
     kind = msg.KIND.decode()
     if kind not in ACK_COLUMNS:
         return None
-    implied = ACK_IMPLIED.get(kind)
-    if implied and any(getattr(msg, name) != value for name, value in implied.items()):
+    implied = ACK_IMPLIED.get(kind, {})
+    if any(getattr(msg, name) != value for name, value in implied.items()):
         return None
     return kind, epoch
 
@@ -154,8 +158,8 @@ def ack_item(msg: M.RelayAcks, i: int) -> RawItem:
     body: dict[str, Any] = {"rank": msg.ranks[i]}
     for name, col in zip(ACK_COLUMNS[msg.kind], _extra(msg), strict=False):
         body[name] = col[i]
-    for name, value in ACK_IMPLIED.get(msg.kind, {}).items():
-        body[name] = value[:] if type(value) is list else value  # each item its own list
+    body.update(ACK_IMPLIED.get(msg.kind, {}))
+    body.update({name: [] for name in ACK_DROPPED.get(msg.kind, ())})
     return (msg.idents[i], msg.senders[i], msg.nonces[i], msg.seqs[i], msg.epoch, msg.kind, body)
 
 

@@ -274,8 +274,9 @@ def test_heartbeats_are_folded_except_the_one_that_closes_a_resume(ctx, relay) -
     assert rank.recv().msg == M.Resume(13)
     rank.send(M.WorkerHeartbeat(2, 12))  # the periodic beat before the step ran: folded
     assert _drained(relay, 1) == []
-    rank.send(M.WorkerHeartbeat(2, 13))  # the report the manager waits for: at once
-    batches = _drained(relay, 1)
+    timing = [4.0, 0.01, -1.0, 0.05, 0.04, 0.03, 0.0]
+    rank.send(M.WorkerHeartbeat(2, 13, timing))  # the report the manager waits for: at once,
+    batches = _drained(relay, 1)  # in columns, without its timing
     assert [(b.kind, b.epoch, b.ranks, b.steps, b.digests) for b in batches] == [
         ("worker_hb", 0, [2], [13], [])
     ]
@@ -615,12 +616,13 @@ def test_only_a_first_attempts_successful_repair_travels_in_columns(ctx, relay) 
 
 
 def test_ack_columns_name_the_messages_fields() -> None:
-    """What RelayAcks carries per kind, with the fields its items imply, is exactly that
-    message's fields: a heartbeat's step timing is implied empty (an urgent one travels in a
-    RelayUp; a folded one's timing rides on its agent's heartbeat)."""
-    from ms_recover.protocol.relay import ACK_COLUMNS, ACK_IMPLIED
+    """What RelayAcks carries per kind, with the fields its items imply or leave out, is
+    exactly that message's fields; only a heartbeat's step timing is left out (an urgent one
+    travels in a RelayUp; a folded one's timing rides on its agent's heartbeat)."""
+    from ms_recover.protocol.relay import ACK_COLUMNS, ACK_DROPPED, ACK_IMPLIED
 
     for kind, fields in ACK_COLUMNS.items():
         names = M.field_types(M.KINDS[kind.encode()])
-        assert sorted(names) == sorted(["rank", *fields, *ACK_IMPLIED.get(kind, {})]), kind
-    assert ACK_IMPLIED["worker_hb"] == {"health": [], "urgent": False}
+        rest = [*ACK_IMPLIED.get(kind, {}), *ACK_DROPPED.get(kind, ())]
+        assert sorted(names) == sorted(["rank", *fields, *rest]), kind
+    assert ACK_DROPPED == {"worker_hb": ("health",)}
