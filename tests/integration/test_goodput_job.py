@@ -38,4 +38,8 @@ def test_goodput_of_a_job_with_one_killed_rank(tmp_path):
     round_s = rec.mttr_s - rec.phases["detect"]
     assert sum(times[p] for p in phases) == pytest.approx(round_s, abs=1e-3)
     assert times["detect"] >= rec.phases["detect"] - 1e-6
-    assert times["startup"] > 0.0 and times["other"] == 0.0
+    # The ledger ends the round at the recovery event's stamp, taken when it is written, after
+    # the phase events; its durations end at the decision's clock reading just before. What
+    # lies between the two is counted as ``other``: microseconds, but 8 ms once on a loaded
+    # 2-core CI host. More than a stamping delay would be time the ledger cannot place.
+    assert times["startup"] > 0.0 and times["other"] < 0.05
