@@ -182,7 +182,7 @@ def test_the_last_answer_owed_is_decided_on_at_once(running: JobModel) -> None:
 def test_a_repairs_last_answer_is_decided_on_at_once(running: JobModel) -> None:
     """The last REPAIRED owed (done or failed: decide reads which) ends the reading too: the
     decision that planned a 65,536-rank repair took about a second, and the repair phase
-    waited SHARE times that after its last answer (3.7 s of a formation that took 1.6 s)."""
+    waited SHARE times that after its last answer (3.7 s where it takes 1.6 s now)."""
     clock = Clock()
     cadence = Cadence(running, 0.02, clock)
     running.state, running.epoch = JobState.REPAIRING, 2
