@@ -42,24 +42,21 @@ def rebuild(m: JobModel, active: frozenset[int] | None = None) -> list[SendRanks
     world = sorted(m.active if active is None else active)
     wire_world, entries = runs(world), m.group_log.to_wire()
     wanted = needs_all(world, m.group_log)
-    place = {id(entry): i for i, entry in enumerate(entries)}  # log order
-    groups_of: dict[int, list[list[Any]]] = {r: [] for r in world}
-    for entry in entries:
-        for r in entry[1]:
-            if r in groups_of:
-                groups_of[r].append(entry)
     ranks, node_of = m.ranks, m.config.node_of
+    key = {r: (node_of(r), ranks[r].acked_epoch(Ack.REBUILD) < 0) for r in world}
     batches: dict[tuple[int, bool], list[int]] = {}  # (node, full) -> its ranks, in order
     for r in world:
-        batches.setdefault((node_of(r), ranks[r].acked_epoch(Ack.REBUILD) < 0), []).append(r)
+        batches.setdefault(key[r], []).append(r)
+    logged: dict[tuple[int, bool], list[list[Any]]] = {k: [] for k in batches}
+    for entry in entries:  # in log order
+        for k in {key[r] for r in entry[1] if r in key}:
+            logged[k].append(entry)
     where = {r: ranks[r].endpoint for r in world}
     sends = []
-    for (_, full), members in batches.items():
+    for k, members in batches.items():
         peers = set().union(*(wanted[r] for r in members))
         endpoints = {q: where[q] for q in sorted(peers)}
-        groups = {id(e): e for r in members for e in groups_of[r]}
-        logged = sorted(groups.values(), key=lambda e: place[id(e)])
-        msg = Rebuild(wire_world, endpoints, full, logged)
+        msg = Rebuild(wire_world, endpoints, k[1], logged[k])
         sends.append(SendRanks("rebuild", tuple(members), msg))
     return sends
 
